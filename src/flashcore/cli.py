@@ -1,0 +1,33 @@
+"""`flashcore` console script: one sub-command per job.
+
+Each sub-command lives in its own module and registers itself through ``register(subparsers)``
+(sets ``func`` on its parser); ``func(args) -> int`` is the exit code.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flashcore", description="Fused attention for Hopper GPUs: demo, benchmarks, audits.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    from . import demo
+    from .bench import cli as bench_cli
+    from .audit import cli as audit_cli
+
+    demo.register(sub)
+    bench_cli.register(sub)
+    audit_cli.register(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

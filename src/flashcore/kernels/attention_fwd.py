@@ -1,0 +1,191 @@
+"""Fused attention forward (FlashAttention-2 style online softmax) in Triton.
+
+One kernel, specialised by ``constexpr`` flags rather than copied:
+
+* fast path: key blocks that need no mask run an unmasked stage; only the blocks that straddle
+  the causal diagonal or the end of the keys run the masked stage. Loop bounds come from the
+  (public) lengths, so a packed ``VARLEN`` launch has length-dependent trip counts.
+* ``SECURE``: the constant-time path. True lengths are read on the device from ``SEQLENS_*``
+  and only ever enter arithmetic selects; the loop covers every key block of the padded
+  ``seqlen_k`` (causal block skipping only on the public diagonal, see ``SECURE_PUBLIC_DIAG``),
+  every load is bounded by the public padded shape, and rows past the true length are zeroed by
+  a select before an unconditional (publicly bounded) store.
+
+Scores are kept in base 2: ``qk_scale = scale * log2(e)``, so the softmax uses ``exp2``.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@triton.jit
+def _load_rows(ptrs, rows, row_bound, offs_d, HEAD_DIM: tl.constexpr, MASK_ROWS: tl.constexpr, EVEN_D: tl.constexpr):
+    """Load a [rows, BLOCK_D] tile; masks only what the constexpr flags say can be out of range."""
+    if MASK_ROWS:
+        if EVEN_D:
+            t = tl.load(ptrs, mask=rows[:, None] < row_bound, other=0.0)
+        else:
+            t = tl.load(ptrs, mask=(rows[:, None] < row_bound) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    else:
+        if EVEN_D:
+            t = tl.load(ptrs)
+        else:
+            t = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    return t
+
+
+@triton.jit
+def _attn_step(acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
+               seqlen_k, key_limit, diag, qk_scale,
+               HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, MASK_LOADS: tl.constexpr,
+               CAUSAL: tl.constexpr, SECURE: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr):
+    """One key block of the online softmax.
+
+    ``seqlen_k`` bounds the loads (public); ``key_limit`` bounds the keys that count (the true
+    length in secure mode, equal to ``seqlen_k`` otherwise); ``diag`` is the causal offset.
+    """
+    cols = start_n + offs_n
+    k = _load_rows(k_ptrs, cols, seqlen_k, offs_d, HEAD_DIM, MASK_LOADS, EVEN_D)
+    qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+    if MASKED:
+        valid = cols[None, :] < key_limit
+        if CAUSAL:
+            valid = valid & (cols[None, :] <= offs_m[:, None] + diag)
+        qk = tl.where(valid, qk * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        # a row with no visible key so far keeps m = -inf; shift by 0 so exp2 gives 0, not NaN
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(qk - m_shift[:, None])
+    else:
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # valid because qk_scale > 0
+        m_shift = m_new
+        p = tl.math.exp2(qk * qk_scale - m_shift[:, None])
+    alpha = tl.math.exp2(m_i - m_shift)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    v = _load_rows(v_ptrs, cols, seqlen_k, offs_d, HEAD_DIM, MASK_LOADS, EVEN_D)
+    if SECURE:
+        # padding may hold NaN/Inf and 0 * NaN = NaN inside the MMA: zero it with a select
+        v = tl.where((cols < key_limit)[:, None], v, 0.0)
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def attn_fwd_kernel(
+    Q, K, V, O, LSE, SEQLENS_Q, SEQLENS_K, CU_SEQLENS_Q, CU_SEQLENS_K,
+    qk_scale,
+    stride_qb, stride_qh, stride_qs,
+    stride_kb, stride_kh, stride_ks,
+    stride_vb, stride_vh, stride_vs,
+    stride_ob, stride_oh, stride_os,
+    stride_lb, stride_lh,
+    seqlen_q, seqlen_k, num_heads_q, gqa_group,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, VARLEN: tl.constexpr, SECURE: tl.constexpr, SECURE_PUBLIC_DIAG: tl.constexpr,
+    EVEN_N: tl.constexpr, RETURN_LSE: tl.constexpr, PRECISION: tl.constexpr,
+):
+    EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // num_heads_q
+    h = pid_bh % num_heads_q
+    h_kv = h // gqa_group
+    if CAUSAL:
+        # the blocks near the end do the most work under a causal mask: schedule them first
+        start_m = tl.num_programs(0) - 1 - pid_m
+    else:
+        start_m = pid_m
+
+    if VARLEN:
+        q_start = tl.load(CU_SEQLENS_Q + b)
+        k_start = tl.load(CU_SEQLENS_K + b)
+        seqlen_q = tl.load(CU_SEQLENS_Q + b + 1) - q_start
+        seqlen_k = tl.load(CU_SEQLENS_K + b + 1) - k_start
+        if start_m * BLOCK_M >= seqlen_q:
+            return
+        q_base = q_start.to(tl.int64) * stride_qs
+        k_base = k_start.to(tl.int64) * stride_ks
+        v_base = k_start.to(tl.int64) * stride_vs
+        o_base = q_start.to(tl.int64) * stride_os
+        lse_base = q_start.to(tl.int64)
+    else:
+        q_base = b.to(tl.int64) * stride_qb
+        k_base = b.to(tl.int64) * stride_kb
+        v_base = b.to(tl.int64) * stride_vb
+        o_base = b.to(tl.int64) * stride_ob
+        lse_base = b.to(tl.int64) * stride_lb
+    q_base += h.to(tl.int64) * stride_qh
+    k_base += h_kv.to(tl.int64) * stride_kh
+    v_base += h_kv.to(tl.int64) * stride_vh
+    o_base += h.to(tl.int64) * stride_oh
+    lse_base += h.to(tl.int64) * stride_lh
+
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    q_ptrs = Q + q_base + offs_m[:, None] * stride_qs + offs_d[None, :]
+    k_ptrs = K + k_base + offs_n[:, None] * stride_ks + offs_d[None, :]
+    v_ptrs = V + v_base + offs_n[:, None] * stride_vs + offs_d[None, :]
+    q = _load_rows(q_ptrs, offs_m, seqlen_q, offs_d, HEAD_DIM, True, EVEN_D)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    if SECURE:
+        # Secret lengths: clamped arithmetically, used only in selects below.
+        len_q = tl.minimum(tl.maximum(tl.load(SEQLENS_Q + b), 0), seqlen_q)
+        len_k = tl.minimum(tl.maximum(tl.load(SEQLENS_K + b), 0), seqlen_k)
+        diag = len_k - len_q
+        hi = seqlen_k
+        if CAUSAL:
+            if SECURE_PUBLIC_DIAG:
+                # len_q == len_k and Sq == Sk, so diag == 0: the diagonal is a public fact
+                hi = tl.minimum(seqlen_k, (start_m + 1) * BLOCK_M)
+        for start_n in range(0, hi, BLOCK_N):
+            acc, l_i, m_i = _attn_step(acc, l_i, m_i, q, k_ptrs + start_n * stride_ks, v_ptrs + start_n * stride_vs,
+                                       start_n, offs_m, offs_n, offs_d, seqlen_k, len_k, diag, qk_scale,
+                                       HEAD_DIM, True, not EVEN_N, CAUSAL, True, EVEN_D, PRECISION)
+    else:
+        diag = seqlen_k - seqlen_q
+        if CAUSAL:
+            hi = tl.minimum(seqlen_k, tl.maximum(start_m * BLOCK_M + BLOCK_M + diag, 0))
+            # blocks wholly below the diagonal of the block's first row need no mask
+            full = tl.minimum(tl.maximum(start_m * BLOCK_M + diag + 1, 0) // BLOCK_N * BLOCK_N,
+                              seqlen_k // BLOCK_N * BLOCK_N)
+        else:
+            hi = seqlen_k
+            full = seqlen_k // BLOCK_N * BLOCK_N
+        for start_n in range(0, full, BLOCK_N):
+            acc, l_i, m_i = _attn_step(acc, l_i, m_i, q, k_ptrs + start_n * stride_ks, v_ptrs + start_n * stride_vs,
+                                       start_n, offs_m, offs_n, offs_d, seqlen_k, seqlen_k, diag, qk_scale,
+                                       HEAD_DIM, False, False, CAUSAL, False, EVEN_D, PRECISION)
+        for start_n in range(full, hi, BLOCK_N):
+            acc, l_i, m_i = _attn_step(acc, l_i, m_i, q, k_ptrs + start_n * stride_ks, v_ptrs + start_n * stride_vs,
+                                       start_n, offs_m, offs_n, offs_d, seqlen_k, seqlen_k, diag, qk_scale,
+                                       HEAD_DIM, True, True, CAUSAL, False, EVEN_D, PRECISION)
+
+    # Rows that saw no key have l == 0 and acc == 0: divide by 1 to output exact zeros.
+    # fdiv without IEEE rounding is the approximate divide: no data-dependent slow path.
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    inv_l = tl.fdiv(tl.full([BLOCK_M], 1.0, tl.float32), l_safe, ieee_rounding=False)
+    out = acc * inv_l[:, None]
+    if SECURE:
+        row_valid = offs_m < len_q
+        out = tl.where(row_valid[:, None], out, 0.0)
+    o_ptrs = O + o_base + offs_m[:, None] * stride_os + offs_d[None, :]
+    if EVEN_D:
+        o_mask = offs_m[:, None] < seqlen_q
+    else:
+        o_mask = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=o_mask)
+    if RETURN_LSE:
+        lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453  # log2 -> natural log
+        if SECURE:
+            lse = tl.where(row_valid, lse, float("-inf"))
+        tl.store(LSE + lse_base + offs_m, lse, mask=offs_m < seqlen_q)

@@ -1,0 +1,104 @@
+"""Bad input gets a ValueError/TypeError naming the argument, before any kernel runs."""
+import pytest
+import torch
+
+import flashcore
+
+
+def t(*shape, dtype=torch.float16):
+    return torch.randn(*shape).to(dtype)
+
+
+GOOD = dict(q=t(1, 4, 16, 64), k=t(1, 2, 16, 64), v=t(1, 2, 16, 64))
+
+
+def call(**kw):
+    args = dict(GOOD)
+    args.update(kw)
+    q, k, v = args.pop("q"), args.pop("k"), args.pop("v")
+    args.setdefault("backend", "reference")
+    return flashcore.attention(q, k, v, **args)
+
+
+@pytest.mark.parametrize("kw,exc,match", [
+    (dict(k=t(1, 2, 16, 64, dtype=torch.float32)), ValueError, "dtype"),
+    (dict(q=t(1, 4, 16, 64).to(torch.int32)), TypeError, "q must be float16"),
+    (dict(v=torch.randint(0, 3, (1, 2, 16, 64))), TypeError, "v must be float16"),
+    (dict(q="not a tensor"), TypeError, "q must be a torch.Tensor"),
+    (dict(k=t(1, 2, 16, 32), v=t(1, 2, 16, 32)), ValueError, "head dim"),
+    (dict(q=t(1, 3, 16, 64)), ValueError, "multiple of the number of k/v heads"),
+    (dict(q=t(1, 4, 16, 12), k=t(1, 2, 16, 12), v=t(1, 2, 16, 12)), ValueError, "head dim 12"),
+    (dict(q=t(1, 4, 16, 264), k=t(1, 2, 16, 264), v=t(1, 2, 16, 264)), ValueError, "head dim 264"),
+    (dict(q=t(4, 16, 64)), ValueError, "q must be 4-D"),
+    (dict(q=t(1, 4, 16, 128)[..., ::2]), ValueError, "unit stride"),
+    (dict(k=t(1, 2, 16, 64), v=t(1, 2, 17, 64)), ValueError, "same shape"),
+    (dict(q=t(2, 4, 16, 64)), ValueError, "batch"),
+    (dict(layout="sbhd"), ValueError, "layout"),
+    (dict(backend="cuda"), ValueError, "backend"),
+    (dict(scale=-1.0), ValueError, "scale"),
+    (dict(scale=float("nan")), ValueError, "scale"),
+    (dict(scale="x"), TypeError, "scale"),
+    (dict(secure=True), ValueError, "seqlens_k"),
+    (dict(seqlens_k=torch.ones(1, dtype=torch.int32)), ValueError, "secure=True"),
+    (dict(secure=True, seqlens_k=torch.ones(1, dtype=torch.int64)), TypeError, "seqlens_k must be int32"),
+    (dict(secure=True, seqlens_k=torch.ones(2, dtype=torch.int32)), ValueError, r"seqlens_k must have shape \[B\]"),
+    (dict(secure=True, seqlens_k=[16]), TypeError, "seqlens_k"),
+    (dict(out=torch.empty(1, 4, 16, 32, dtype=torch.float16)), ValueError, "out must match"),
+])
+def test_dense_bad_input(kw, exc, match):
+    with pytest.raises(exc, match=match):
+        call(**kw)
+
+
+def test_secure_needs_seqlens_q_when_lengths_differ():
+    q = t(1, 2, 8, 64)
+    k = t(1, 2, 16, 64)
+    with pytest.raises(ValueError, match="seqlens_q"):
+        flashcore.attention(q, k, k, secure=True, seqlens_k=torch.tensor([3], dtype=torch.int32), backend="reference")
+
+
+@pytest.mark.interp
+def test_secure_out_of_range_lengths_raise():
+    q = t(2, 2, 16, 32)
+    for bad in ([17, 3], [-1, 3]):
+        with pytest.raises(ValueError, match="seqlens"):
+            flashcore.attention(q, q, q, secure=True, seqlens_k=torch.tensor(bad, dtype=torch.int32), backend="triton")
+
+
+def test_triton_backend_on_cpu_without_interpreter_is_explained(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        call(backend="triton")
+
+
+def _varlen(**kw):
+    q, k = t(10, 4, 32), t(12, 2, 32)
+    args = dict(q=q, k=k, v=k.clone(), cu_seqlens_q=torch.tensor([0, 4, 10], dtype=torch.int32),
+                cu_seqlens_k=torch.tensor([0, 5, 12], dtype=torch.int32), max_seqlen_q=6, max_seqlen_k=7)
+    args.update(kw)
+    return flashcore.attention_varlen(**args, backend="reference")
+
+
+@pytest.mark.parametrize("kw,exc,match", [
+    (dict(cu_seqlens_q=torch.tensor([0, 6, 4], dtype=torch.int32)), ValueError, "non-decreasing"),
+    (dict(cu_seqlens_q=torch.tensor([1, 4, 10], dtype=torch.int32)), ValueError, "start at 0"),
+    (dict(cu_seqlens_k=torch.tensor([0, 5, 13], dtype=torch.int32)), ValueError, "only 12 tokens"),
+    (dict(max_seqlen_q=5), ValueError, "max_seqlen_q=5 is smaller"),
+    (dict(max_seqlen_k=-1), ValueError, "max_seqlen_k"),
+    (dict(cu_seqlens_q=torch.tensor([0, 4, 10], dtype=torch.int64)), TypeError, "cu_seqlens_q must be int32"),
+    (dict(cu_seqlens_k=torch.tensor([0, 12], dtype=torch.int32)), ValueError, "N\\+1 entries"),
+    (dict(q=t(10, 4, 1, 32)), ValueError, "q must be 3-D"),
+    (dict(q=t(10, 3, 32)), ValueError, "multiple of the number of k/v heads"),
+    (dict(q=t(10, 4, 32, dtype=torch.float32)), ValueError, "dtype"),
+])
+def test_varlen_bad_input(kw, exc, match):
+    with pytest.raises(exc, match=match):
+        _varlen(**kw)
+
+
+@pytest.mark.interp
+def test_varlen_bad_cu_seqlens_checked_on_triton_path_too():
+    with pytest.raises(ValueError, match="smaller than a real sequence length"):
+        q, k = t(10, 4, 32), t(12, 2, 32)
+        flashcore.attention_varlen(q, k, k, torch.tensor([0, 4, 10], dtype=torch.int32),
+                                   torch.tensor([0, 5, 12], dtype=torch.int32), 5, 7, backend="triton")

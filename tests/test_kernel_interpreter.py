@@ -1,0 +1,178 @@
+"""The Triton kernels on CPU (interpreter), fp16/fp32, against the float64 reference."""
+import math
+import warnings
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st, HealthCheck
+
+import flashcore
+from conftest import rel_err
+
+pytestmark = pytest.mark.interp
+warnings.filterwarnings("ignore", category=RuntimeWarning)
+
+TOL = {torch.float16: 2e-3, torch.float32: 1e-5}
+
+
+def _rand(*shape, dtype, gen):
+    return torch.randn(*shape, generator=gen, dtype=torch.float32).to(dtype)
+
+
+def _check(out, lse, ref, ref_lse, dtype):
+    assert not torch.isnan(out).any()
+    assert rel_err(out, ref) < TOL[dtype], rel_err(out, ref)
+    seen = torch.isfinite(ref_lse)
+    assert torch.allclose(lse[seen].double(), ref_lse[seen], atol=1e-4, rtol=1e-5)
+    assert bool((lse[~seen] == float("-inf")).all())
+    # rows that see no key are exact zeros
+    assert bool((out.double()[~seen] == 0).all()) if out.dim() == lse.dim() + 1 and out.shape[:-1] == lse.shape else True
+
+
+CASES = [
+    # B, Hq, Hkv, Sq, Sk, D, causal
+    (1, 2, 2, 37, 53, 64, False),
+    (1, 2, 2, 53, 37, 64, True),    # Sq > Sk causal: first rows see nothing
+    (2, 4, 2, 70, 70, 32, True),    # GQA, causal square
+    (1, 4, 1, 33, 100, 40, True),   # MQA, non-power-of-two D, Sk > Sq
+    (1, 1, 1, 1, 1, 8, False),      # the smallest shape
+    (1, 2, 1, 17, 16, 128, True),
+    (1, 1, 1, 9, 40, 256, False),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("B,Hq,Hkv,Sq,Sk,D,causal", CASES)
+def test_dense_matches_reference(B, Hq, Hkv, Sq, Sk, D, causal, dtype):
+    gen = torch.Generator().manual_seed(hash((B, Hq, Sq, Sk, D, causal)) % 2**31)
+    q, k, v = (_rand(B, h, s, D, dtype=dtype, gen=gen) for h, s in ((Hq, Sq), (Hkv, Sk), (Hkv, Sk)))
+    out, lse = flashcore.attention(q, k, v, causal=causal, return_lse=True, backend="triton")
+    ref, ref_lse = flashcore.reference.attention(q, k, v, causal=causal, return_lse=True)
+    assert out.dtype == dtype and out.shape == q.shape and lse.shape == (B, Hq, Sq) and lse.dtype == torch.float32
+    _check(out, lse, ref, ref_lse, dtype)
+    if causal and Sq > Sk:
+        assert bool((out[:, :, : Sq - Sk] == 0).all())
+
+
+def test_custom_scale_and_bshd_strided_views():
+    gen = torch.Generator().manual_seed(7)
+    base_q = _rand(2, 40, 3, 64, dtype=torch.float16, gen=gen)
+    q = base_q[..., :48]                                           # strided rows, D=48
+    k = _rand(2, 4, 50, 1, 48, dtype=torch.float16, gen=gen).select(1, 2)  # [B, S, 1, D], non-contiguous batch
+    v = _rand(2, 50, 1, 96, dtype=torch.float16, gen=gen)[..., 48:]
+    assert not q.is_contiguous() and not k.is_contiguous() and not v.is_contiguous()
+    out = flashcore.attention(q, k, v, layout="bshd", causal=True, scale=0.3, backend="triton")
+    ref = flashcore.reference.attention(q, k, v, layout="bshd", causal=True, scale=0.3)
+    assert out.shape == q.shape and out.is_contiguous()
+    assert rel_err(out, ref) < TOL[torch.float16]
+
+
+def test_bhsd_transposed_view_is_not_copied():
+    gen = torch.Generator().manual_seed(8)
+    q = _rand(1, 24, 2, 32, dtype=torch.float32, gen=gen).transpose(1, 2)  # bhsd view of bshd storage
+    k = _rand(1, 30, 2, 32, dtype=torch.float32, gen=gen).transpose(1, 2)
+    v = _rand(1, 30, 2, 32, dtype=torch.float32, gen=gen).transpose(1, 2)
+    out = flashcore.attention(q, k, v, backend="triton")
+    assert rel_err(out, flashcore.reference.attention(q, k, v)) < TOL[torch.float32]
+
+
+def test_out_buffer_is_fully_written():
+    gen = torch.Generator().manual_seed(9)
+    q, k, v = (_rand(1, 2, 45, 32, dtype=torch.float32, gen=gen) for _ in range(3))
+    out = torch.full_like(q, float("nan"))  # poison
+    res = flashcore.attention(q, k, v, causal=True, backend="triton", out=out)
+    assert res is out and not torch.isnan(out).any()
+    assert rel_err(out, flashcore.reference.attention(q, k, v, causal=True)) < TOL[torch.float32]
+
+
+def _pack(lens, H, D, dtype, gen):
+    cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(lens).cumsum(0)
+    return _rand(int(cu[-1]), H, D, dtype=dtype, gen=gen), cu
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_varlen_with_empty_sequences(causal, dtype):
+    gen = torch.Generator().manual_seed(11 + causal)
+    lens_q, lens_k = [5, 0, 33, 17, 1], [9, 4, 33, 0, 20]
+    q, cu_q = _pack(lens_q, 4, 32, dtype, gen)
+    k, cu_k = _pack(lens_k, 2, 32, dtype, gen)
+    v, _ = _pack(lens_k, 2, 32, dtype, gen)
+    out, lse = flashcore.attention_varlen(q, k, v, cu_q, cu_k, 33, 33, causal=causal, return_lse=True, backend="triton")
+    ref, ref_lse = flashcore.reference.attention_varlen(q, k, v, cu_q, cu_k, 33, 33, causal=causal, return_lse=True)
+    assert lse.shape == (4, q.shape[0])
+    assert not torch.isnan(out).any()
+    assert rel_err(out, ref) < TOL[dtype]
+    seen = torch.isfinite(ref_lse)
+    assert torch.allclose(lse[seen].double(), ref_lse[seen], atol=1e-4)
+    assert bool((lse[~seen] == float("-inf")).all())
+    # sequence 3 has no keys: its rows are zeros
+    assert bool((out[cu_q[3]:cu_q[4]] == 0).all())
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(B=st.integers(1, 2), groups=st.sampled_from([(1, 1), (2, 1), (4, 2)]), Sq=st.integers(1, 48),
+       Sk=st.integers(1, 48), D=st.sampled_from([8, 16, 24, 64, 80]), causal=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_property_random_shapes(B, groups, Sq, Sk, D, causal, seed):
+    Hq, Hkv = groups
+    gen = torch.Generator().manual_seed(seed)
+    q = _rand(B, Hq, Sq, D, dtype=torch.float32, gen=gen) * 3
+    k = _rand(B, Hkv, Sk, D, dtype=torch.float32, gen=gen) * 3
+    v = _rand(B, Hkv, Sk, D, dtype=torch.float32, gen=gen)
+    out, lse = flashcore.attention(q, k, v, causal=causal, return_lse=True, backend="triton")
+    ref, ref_lse = flashcore.reference.attention(q, k, v, causal=causal, return_lse=True)
+    _check(out, lse, ref, ref_lse, torch.float32)
+
+
+# ---- secure mode -----------------------------------------------------------------------------
+
+def _poison_padding(q, k, v, lq, lk):
+    for b in range(q.shape[0]):
+        q[b, :, int(lq[b]):] = float("nan")
+        k[b, :, int(lk[b]):] = float("inf")
+        v[b, :, int(lk[b]):] = float("nan")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("same_lengths", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_secure_matches_reference_with_poisoned_padding(causal, same_lengths, dtype):
+    gen = torch.Generator().manual_seed(21 + 2 * causal + same_lengths)
+    B, H, S, D = 4, 2, 45, 32
+    q, k, v = (_rand(B, H, S, D, dtype=dtype, gen=gen) for _ in range(3))
+    lk = torch.tensor([45, 20, 0, 1], dtype=torch.int32)
+    lq = lk if same_lengths else torch.tensor([30, 45, 3, 0], dtype=torch.int32)
+    _poison_padding(q, k, v, lq, lk)
+    out, lse = flashcore.attention(q, k, v, causal=causal, return_lse=True, backend="triton", secure=True,
+                                   seqlens_q=None if same_lengths else lq, seqlens_k=lk)
+    ref, ref_lse = flashcore.reference.attention(q, k, v, causal=causal, return_lse=True, seqlens_q=lq, seqlens_k=lk)
+    assert not torch.isnan(out).any()
+    assert rel_err(out, ref) < TOL[dtype]
+    for b in range(B):
+        assert bool((out[b, :, int(lq[b]):] == 0).all())
+        assert bool((lse[b, :, int(lq[b]):] == float("-inf")).all())
+
+
+def test_secure_padding_contents_do_not_change_output():
+    gen = torch.Generator().manual_seed(5)
+    B, H, S, D = 2, 2, 40, 16
+    q, k, v = (_rand(B, H, S, D, dtype=torch.float32, gen=gen) for _ in range(3))
+    lens = torch.tensor([23, 7], dtype=torch.int32)
+    base = flashcore.attention(q, k, v, backend="triton", secure=True, seqlens_k=lens, causal=True)
+    for fill in (0.0, float("nan"), float("inf"), -1e30):
+        q2, k2, v2 = q.clone(), k.clone(), v.clone()
+        for b in range(B):
+            for t in (q2, k2, v2):
+                t[b, :, int(lens[b]):] = fill
+        again = flashcore.attention(q2, k2, v2, backend="triton", secure=True, seqlens_k=lens, causal=True)
+        assert torch.equal(again, base), fill
+
+
+def test_secure_full_length_equals_fast_path():
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (_rand(2, 2, 33, 32, dtype=torch.float32, gen=gen) for _ in range(3))
+    lens = torch.full((2,), 33, dtype=torch.int32)
+    sec = flashcore.attention(q, k, v, backend="triton", secure=True, seqlens_k=lens, causal=True)
+    fast = flashcore.attention(q, k, v, backend="triton", causal=True)
+    assert rel_err(sec, fast.double()) < 1e-6
