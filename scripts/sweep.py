@@ -16,11 +16,13 @@ SHAPES = [  # B, H, S, D, causal
     (4, 32, 4096, 64, False), (4, 32, 4096, 128, False), (4, 32, 4096, 128, True),
     (1, 32, 16384, 128, False), (1, 32, 16384, 128, True),
 ]
+def _both(cfgs):
+    return [Config(*c, tma=t) for c in cfgs for t in (False, True)]
+
+
 CANDS = {
-    64: [Config(128, 64, 4, 3), Config(128, 64, 4, 4), Config(128, 128, 8, 3), Config(128, 64, 8, 3),
-         Config(64, 64, 4, 3), Config(128, 128, 4, 2), Config(64, 128, 4, 3), Config(128, 32, 4, 4)],
-    128: [Config(128, 64, 8, 3), Config(128, 128, 8, 2), Config(128, 64, 8, 2), Config(128, 64, 4, 3),
-          Config(64, 64, 4, 3), Config(128, 32, 8, 4), Config(128, 128, 8, 3)],
+    64: _both([(128, 64, 4, 3), (128, 64, 8, 3), (64, 128, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3)]),
+    128: _both([(128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)]),
 }
 
 
@@ -45,7 +47,7 @@ def main():
         lens = torch.full((B,), S, dtype=torch.int32, device="cuda")
         for cfg in CANDS[D]:
             for secure in ((False, True) if (a.secure and S >= 4096) else (False,)):
-                key = f"{'sec' if secure else 'fc'}_{cfg.block_m}x{cfg.block_n}_w{cfg.num_warps}_s{cfg.num_stages}"
+                key = f"{'sec' if secure else 'fc'}_{cfg.block_m}x{cfg.block_n}_w{cfg.num_warps}_s{cfg.num_stages}{'_tma' if cfg.tma else ''}"
                 fn = lambda: ops._dense_impl(q, k, v, lens if secure else None, lens if secure else None, causal, D ** -0.5,
                                              False, secure, False, None, cfg)[0]
                 try:

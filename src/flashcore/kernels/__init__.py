@@ -41,12 +41,18 @@ def launch_attention(q, k, v, o, lse, *, seqlens_q, seqlens_k, cu_seqlens_q, cu_
     varlen = cu_seqlens_q is not None
     cfg = config or configs.choose(_arch(q.device), head_dim=head_dim, dtype_bytes=q.element_size(), causal=causal,
                                    secure=secure, seqlen_q=seqlen_q, seqlen_k=seqlen_k)
+    use_tma = cfg.tma and not varlen and all(_tma_ok(t) for t in (q, k, v))
     grid = (triton_cdiv(seqlen_q, cfg.block_m), batch * num_heads_q)
     if grid[0] == 0 or grid[1] == 0:
         return cfg
     dummy = q  # unused pointer arguments still need a tensor
+    bd = configs.block_d(head_dim)
+    if use_tma:
+        qa, ka, va = (_descriptor(t, rows, bd) for t, rows in ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n)))
+    else:
+        qa, ka, va = q, k, v
     attn_fwd_kernel[grid](
-        q, k, v, o, lse if lse is not None else dummy,
+        qa, ka, va, o, lse if lse is not None else dummy,
         seqlens_q if seqlens_q is not None else dummy, seqlens_k if seqlens_k is not None else dummy,
         cu_seqlens_q if varlen else dummy, cu_seqlens_k if varlen else dummy,
         scale * LOG2E,
@@ -55,10 +61,22 @@ def launch_attention(q, k, v, o, lse, *, seqlens_q, seqlens_k, cu_seqlens_q, cu_
         HEAD_DIM=head_dim, BLOCK_D=configs.block_d(head_dim), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         CAUSAL=bool(causal), VARLEN=varlen, SECURE=bool(secure), SECURE_PUBLIC_DIAG=bool(secure_public_diag),
         EVEN_N=(seqlen_k % cfg.block_n == 0), RETURN_LSE=lse is not None,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_TMA=use_tma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return cfg
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    """The copy engine needs a 16-byte aligned base and 16-byte multiples for every outer stride."""
+    es = t.element_size()
+    return t.dim() == 4 and t.data_ptr() % 16 == 0 and all((st * es) % 16 == 0 for st in t.stride()[:-1])
+
+
+def _descriptor(t: torch.Tensor, rows: int, block_d: int):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, block_d])
 
 
 def triton_cdiv(a: int, b: int) -> int:
@@ -103,7 +121,7 @@ def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0)) -> list[dict]:
                             constexprs = dict(HEAD_DIM=hd, BLOCK_D=configs.block_d(hd), BLOCK_M=cfg.block_m,
                                               BLOCK_N=cfg.block_n, CAUSAL=causal, VARLEN=varlen, SECURE=secure,
                                               SECURE_PUBLIC_DIAG=public_diag, EVEN_N=even_n, RETURN_LSE=True,
-                                              PRECISION="ieee" if dtype == torch.float32 else "tf32")
+                                              PRECISION="ieee" if dtype == torch.float32 else "tf32", USE_TMA=False)
                             sig = kernel_signature(dtype)
                             sig.update({k: "constexpr" for k in constexprs})
                             secret = {"Q", "K", "V"} | ({"SEQLENS_Q", "SEQLENS_K"} if secure else {"CU_SEQLENS_Q", "CU_SEQLENS_K"})

@@ -39,35 +39,58 @@ def _load_rows(ptrs, rows, row_bound, offs_d, HEAD_DIM: tl.constexpr, MASK_ROWS:
 
 
 @triton.jit
-def _attn_step(acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
-               seqlen_k, key_limit, diag, qk_scale,
-               HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, MASK_LOADS: tl.constexpr,
-               CAUSAL: tl.constexpr, SECURE: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr):
+def _load_kv(src, base, start_n, offs_n, seqlen_k, stride_s, b, h_kv, offs_d,
+             BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+             MASK_LOADS: tl.constexpr, EVEN_D: tl.constexpr, USE_TMA: tl.constexpr):
+    """A [BLOCK_N, BLOCK_D] tile of K or V starting at key ``start_n``.
+
+    TMA: the descriptor spans [B, H, S, D], so rows past S and columns past D arrive as zeros
+    and the copy engine computes addresses (no pointer tensors held in registers)."""
+    if USE_TMA:
+        t = src.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+    else:
+        ptrs = src + base + (start_n + offs_n)[:, None] * stride_s + offs_d[None, :]
+        t = _load_rows(ptrs, start_n + offs_n, seqlen_k, offs_d, HEAD_DIM, MASK_LOADS, EVEN_D)
+    return t
+
+
+@triton.jit
+def _attn_step(acc, l_i, m_i, q, K, V, k_base, v_base, b, h_kv, start_n, offs_m, offs_n, offs_d,
+               seqlen_k, key_limit, diag, qk_scale, stride_ks, stride_vs,
+               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+               MASK_KEYS: tl.constexpr, MASK_CAUSAL: tl.constexpr, MASK_LOADS: tl.constexpr,
+               SECURE: tl.constexpr, EVEN_D: tl.constexpr, USE_TMA: tl.constexpr, PRECISION: tl.constexpr):
     """One key block of the online softmax.
 
     ``seqlen_k`` bounds the loads (public); ``key_limit`` bounds the keys that count (the true
     length in secure mode, equal to ``seqlen_k`` otherwise); ``diag`` is the causal offset.
+    Masking selects -inf on the raw scores, so masked and unmasked blocks share the one FFMA
+    that scales and shifts (-inf * qk_scale stays -inf because qk_scale > 0).
     """
     cols = start_n + offs_n
-    k = _load_rows(k_ptrs, cols, seqlen_k, offs_d, HEAD_DIM, MASK_LOADS, EVEN_D)
+    k = _load_kv(K, k_base, start_n, offs_n, seqlen_k, stride_ks, b, h_kv, offs_d,
+                 BLOCK_N, HEAD_DIM, BLOCK_D, MASK_LOADS, EVEN_D, USE_TMA)
     qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-    if MASKED:
-        valid = cols[None, :] < key_limit
-        if CAUSAL:
-            valid = valid & (cols[None, :] <= offs_m[:, None] + diag)
-        qk = tl.where(valid, qk * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
+    if MASK_KEYS or MASK_CAUSAL:
+        if MASK_KEYS and MASK_CAUSAL:
+            valid = (cols[None, :] < key_limit) & (cols[None, :] <= offs_m[:, None] + diag)
+        elif MASK_KEYS:
+            valid = cols[None, :] < key_limit
+        else:
+            valid = cols[None, :] <= offs_m[:, None] + diag
+        qk = tl.where(valid, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         # a row with no visible key so far keeps m = -inf; shift by 0 so exp2 gives 0, not NaN
         m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(qk - m_shift[:, None])
     else:
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # valid because qk_scale > 0
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         m_shift = m_new
-        p = tl.math.exp2(qk * qk_scale - m_shift[:, None])
+    p = tl.math.exp2(qk * qk_scale - m_shift[:, None])
     alpha = tl.math.exp2(m_i - m_shift)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
-    v = _load_rows(v_ptrs, cols, seqlen_k, offs_d, HEAD_DIM, MASK_LOADS, EVEN_D)
+    v = _load_kv(V, v_base, start_n, offs_n, seqlen_k, stride_vs, b, h_kv, offs_d,
+                 BLOCK_N, HEAD_DIM, BLOCK_D, MASK_LOADS, EVEN_D, USE_TMA)
     if SECURE:
         # padding may hold NaN/Inf and 0 * NaN = NaN inside the MMA: zero it with a select
         v = tl.where((cols < key_limit)[:, None], v, 0.0)
@@ -87,7 +110,7 @@ def attn_fwd_kernel(
     seqlen_q, seqlen_k, num_heads_q, gqa_group,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, VARLEN: tl.constexpr, SECURE: tl.constexpr, SECURE_PUBLIC_DIAG: tl.constexpr,
-    EVEN_N: tl.constexpr, RETURN_LSE: tl.constexpr, PRECISION: tl.constexpr,
+    EVEN_N: tl.constexpr, RETURN_LSE: tl.constexpr, PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
     pid_m = tl.program_id(0)
@@ -128,10 +151,11 @@ def attn_fwd_kernel(
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    q_ptrs = Q + q_base + offs_m[:, None] * stride_qs + offs_d[None, :]
-    k_ptrs = K + k_base + offs_n[:, None] * stride_ks + offs_d[None, :]
-    v_ptrs = V + v_base + offs_n[:, None] * stride_vs + offs_d[None, :]
-    q = _load_rows(q_ptrs, offs_m, seqlen_q, offs_d, HEAD_DIM, True, EVEN_D)
+    if USE_TMA:
+        q = Q.load([b, h, start_m * BLOCK_M, 0]).reshape(BLOCK_M, BLOCK_D)
+    else:
+        q_ptrs = Q + q_base + offs_m[:, None] * stride_qs + offs_d[None, :]
+        q = _load_rows(q_ptrs, offs_m, seqlen_q, offs_d, HEAD_DIM, True, EVEN_D)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -142,17 +166,21 @@ def attn_fwd_kernel(
         len_q = tl.minimum(tl.maximum(tl.load(SEQLENS_Q + b), 0), seqlen_q)
         len_k = tl.minimum(tl.maximum(tl.load(SEQLENS_K + b), 0), seqlen_k)
         diag = len_k - len_q
-        hi = seqlen_k
-        if CAUSAL:
-            if SECURE_PUBLIC_DIAG:
-                # len_q == len_k and Sq == Sk, so diag == 0: the diagonal is a public fact
-                hi = tl.minimum(seqlen_k, (start_m + 1) * BLOCK_M)
-        for start_n in range(0, hi, BLOCK_N):
-            acc, l_i, m_i = _attn_step(acc, l_i, m_i, q, k_ptrs + start_n * stride_ks, v_ptrs + start_n * stride_vs,
-                                       start_n, offs_m, offs_n, offs_d, seqlen_k, len_k, diag, qk_scale,
-                                       HEAD_DIM, True, not EVEN_N, CAUSAL, True, EVEN_D, PRECISION)
+        key_limit = len_k
+        if CAUSAL and SECURE_PUBLIC_DIAG:
+            # len_q == len_k and Sq == Sk, so diag == 0 whatever the lengths: the diagonal is
+            # public, and so are the blocks wholly below it (they need only the length mask).
+            hi = tl.minimum(seqlen_k, (start_m + 1) * BLOCK_M)
+            full = tl.minimum((start_m * BLOCK_M + 1) // BLOCK_N * BLOCK_N, hi)
+        elif CAUSAL:
+            hi = seqlen_k
+            full = 0
+        else:
+            hi = seqlen_k
+            full = seqlen_k
     else:
         diag = seqlen_k - seqlen_q
+        key_limit = seqlen_k
         if CAUSAL:
             hi = tl.minimum(seqlen_k, tl.maximum(start_m * BLOCK_M + BLOCK_M + diag, 0))
             # blocks wholly below the diagonal of the block's first row need no mask
@@ -161,14 +189,18 @@ def attn_fwd_kernel(
         else:
             hi = seqlen_k
             full = seqlen_k // BLOCK_N * BLOCK_N
-        for start_n in range(0, full, BLOCK_N):
-            acc, l_i, m_i = _attn_step(acc, l_i, m_i, q, k_ptrs + start_n * stride_ks, v_ptrs + start_n * stride_vs,
-                                       start_n, offs_m, offs_n, offs_d, seqlen_k, seqlen_k, diag, qk_scale,
-                                       HEAD_DIM, False, False, CAUSAL, False, EVEN_D, PRECISION)
-        for start_n in range(full, hi, BLOCK_N):
-            acc, l_i, m_i = _attn_step(acc, l_i, m_i, q, k_ptrs + start_n * stride_ks, v_ptrs + start_n * stride_vs,
-                                       start_n, offs_m, offs_n, offs_d, seqlen_k, seqlen_k, diag, qk_scale,
-                                       HEAD_DIM, True, True, CAUSAL, False, EVEN_D, PRECISION)
+    # Stage 1: no causal mask (fast: no mask at all; secure: the secret length mask only).
+    for start_n in range(0, full, BLOCK_N):
+        acc, l_i, m_i = _attn_step(acc, l_i, m_i, q, K, V, k_base, v_base, b, h_kv, start_n, offs_m, offs_n, offs_d,
+                                   seqlen_k, key_limit, diag, qk_scale, stride_ks, stride_vs,
+                                   BLOCK_N, HEAD_DIM, BLOCK_D, SECURE, False, SECURE and not EVEN_N,
+                                   SECURE, EVEN_D, USE_TMA, PRECISION)
+    # Stage 2: blocks on the causal diagonal or past the end of the keys.
+    for start_n in range(full, hi, BLOCK_N):
+        acc, l_i, m_i = _attn_step(acc, l_i, m_i, q, K, V, k_base, v_base, b, h_kv, start_n, offs_m, offs_n, offs_d,
+                                   seqlen_k, key_limit, diag, qk_scale, stride_ks, stride_vs,
+                                   BLOCK_N, HEAD_DIM, BLOCK_D, True, CAUSAL, not (SECURE and EVEN_N),
+                                   SECURE, EVEN_D, USE_TMA, PRECISION)
 
     # Rows that saw no key have l == 0 and acc == 0: divide by 1 to output exact zeros.
     # fdiv without IEEE rounding is the approximate divide: no data-dependent slow path.

@@ -15,6 +15,7 @@ class Config:
     block_n: int
     num_warps: int
     num_stages: int
+    tma: bool = False  # load q/k/v through host-built TMA descriptors (Hopper; dense, aligned inputs)
 
 
 # The interpreter runs each program in numpy: small tiles keep CI fast, and BLOCK_M != BLOCK_N
@@ -28,13 +29,17 @@ def block_d(head_dim: int) -> int:
 
 
 def hopper(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q: int, seqlen_k: int) -> Config:
+    """Measured on H100 (sweeps of 2026-11-21, docs/perf-notes.md): 128x64 tiles with 8 warps and
+    3 stages win or tie everywhere on the fast path; the secure path (all blocks masked, V
+    sanitised through registers) prefers 64x64/4 warps at D=64 and 128x128/8 warps at D=128.
+    TMA descriptors measured no better than cp.async pointers here, so they stay off."""
     bd = block_d(head_dim)
     if dtype_bytes == 4:  # fp32 runs the IEEE (non tensor-core) path: keep register tiles small
         return Config(64, 32, 4, 2) if bd <= 64 else Config(32, 32, 4, 2)
     if bd <= 64:
-        return Config(128, 64, 4, 3)
+        return Config(64, 64, 4, 3) if secure else Config(128, 64, 8, 3)
     if bd <= 128:
-        return Config(128, 64, 8, 3)
+        return Config(128, 128, 8, 3) if secure else Config(128, 64, 8, 3)
     return Config(64, 64, 4, 2)
 
 

@@ -1,0 +1,191 @@
+"""`flashcore bench` and `flashcore info`.
+
+Exit codes of ``bench``: 0 the run completed (and flashcore was correct wherever it ran);
+1 flashcore was wrong, failed or could not be imported on a shape, or the CUDA context was lost; 2 usage errors (bad
+suite, unknown backend, missing file) and no CUDA device.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from rich.console import Console
+
+DEFAULT_OUT = os.path.join("bench", "results")
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def register(sub) -> None:
+    _register_bench(sub)
+    _register_info(sub)
+
+
+def _register_bench(sub) -> None:
+    p = sub.add_parser("bench", help="benchmark attention backends (needs a CUDA GPU)",
+                       description="Check every available attention backend against the float64 reference, "
+                                   "then time it (median of CUDA events, cold L2). Writes one JSON file per run.")
+    p.add_argument("--suite", default="seed", metavar="SUITE",
+                   help="seed | large | all | path of a JSON suite file (default: seed)")
+    p.add_argument("--backends", nargs="+", metavar="NAME",
+                   help="backends to run (default: all): flashcore flashcore-secure sdpa-default sdpa-cudnn "
+                        "sdpa-flash sdpa-efficient sdpa-math flex fa4 unfused")
+    p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16", help="input dtype (default: bf16)")
+    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"result directory (default: {DEFAULT_OUT})")
+    p.add_argument("--plot", action="store_true", help="also write a PNG chart next to the JSON")
+    p.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"),
+                   help="compare two result files (per shape x backend B/A) instead of running")
+    p.add_argument("--rep-ms", type=_positive_float, default=100.0, metavar="MS",
+                   help="timing budget per backend and shape, as do_bench's rep (default: 100)")
+    p.add_argument("--tolerance", type=_positive_float, default=2e-2,
+                   help="max relative error vs the float64 reference (default: 2e-2)")
+    p.add_argument("--math-max-seq", type=int, default=8192, metavar="S",
+                   help="skip SDPA's math backend above this sequence length (default: 8192; 0 = never skip)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
+    p.set_defaults(func=run_bench)
+
+
+def _register_info(sub) -> None:
+    p = sub.add_parser("info", help="show the device, library versions and available benchmark backends")
+    p.set_defaults(func=run_info)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _err_console() -> Console:
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _wide_console() -> Console:
+    """Tables are wide; a captured (non-terminal) run would otherwise be squeezed into 80 columns."""
+    console = Console(highlight=False)
+    return console if console.is_terminal else Console(highlight=False, width=200)
+
+
+def _usage_error(message: str) -> int:
+    _err_console().print(f"flashcore bench: error: {message}", markup=False)
+    return EXIT_USAGE
+
+
+# ---------------------------------------------------------------- bench
+def run_bench(args) -> int:
+    if args.compare:
+        return run_compare(*args.compare)
+    from .backends import parse_backend_names
+    from .suites import SuiteError, resolve_suite
+
+    try:
+        shapes = resolve_suite(args.suite)
+        names = parse_backend_names(args.backends)
+    except (SuiteError, ValueError) as e:
+        return _usage_error(str(e))
+    import torch
+
+    if not torch.cuda.is_available():
+        return _no_cuda_message(torch)
+    return _run_and_save(args, shapes, names)
+
+
+def _no_cuda_message(torch) -> int:
+    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+    _err_console().print(
+        "flashcore bench: no CUDA device is present (torch " + torch.__version__ + ", " + build + ").\n"
+        "The benchmark times GPU kernels, so it needs an NVIDIA GPU (it is tuned for H100).\n"
+        "Without a GPU you can still run `flashcore info` and compare saved runs with "
+        "`flashcore bench --compare A.json B.json`.", markup=False)
+    return EXIT_USAGE
+
+
+def _run_and_save(args, shapes, names) -> int:
+    from .results import result_filename, save_document
+    from .runner import DTYPE_NAMES, run_suite
+
+    console = _wide_console()
+    target = {}
+
+    def checkpoint(doc):
+        if "path" not in target:
+            target["path"] = os.path.join(args.out, result_filename(doc))
+        save_document(doc, target["path"])
+
+    doc = run_suite(shapes, names, DTYPE_NAMES[args.dtype], progress=not args.no_progress, rep_ms=args.rep_ms,
+                    tolerance=args.tolerance, math_max_seq=args.math_max_seq or None, suite_name=args.suite,
+                    console=console, checkpoint=checkpoint)
+    from .report import results_table, summary_table
+
+    console.print(results_table(doc))
+    console.print(summary_table(doc))
+    console.print(f"results: {target['path']}", markup=False, highlight=False)
+    if args.plot:
+        from .plot import plot_document
+
+        png = os.path.splitext(target["path"])[0] + ".png"
+        plot_document(doc, png)
+        console.print(f"plot: {png}", markup=False, highlight=False)
+    return _exit_code(doc, console)
+
+
+def _exit_code(doc: dict, console: Console) -> int:
+    if doc.get("aborted"):
+        console.print(f"run aborted: {doc['aborted']}", style="bold red", markup=False)
+        return EXIT_FAILED
+    bad = [(e["label"], n, r["status"]) for e in doc["results"] for n, r in e["backends"].items()
+           if n.startswith("flashcore") and r["status"] in ("wrong", "error", "unavailable")]
+    for label, name, status in bad:
+        console.print(f"{name} is {status} on {label}", style="bold red", markup=False)
+    return EXIT_FAILED if bad else EXIT_OK
+
+
+def run_compare(path_a: str, path_b: str) -> int:
+    from .report import compare_summary_table, compare_table
+    from .results import compare_documents, load_document
+
+    try:
+        a, b = load_document(path_a), load_document(path_b)
+    except ValueError as e:
+        return _usage_error(str(e))
+    cmp = compare_documents(a, b)
+    console = _wide_console()
+    for warning in cmp["warnings"]:
+        console.print(f"warning: {warning}", style="yellow", markup=False)
+    console.print(compare_table(cmp, path_a, path_b))
+    if cmp["by_backend"]:
+        console.print(compare_summary_table(cmp))
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------- info
+def run_info(args) -> int:
+    from .backends import make_registry
+    from .report import info_tables
+    from .results import collect_environment
+
+    env = collect_environment()
+    registry = make_registry()
+    availability = {name: b.available() for name, b in registry.items()}
+    console = _wide_console()
+    for table in info_tables(env, availability, {n: b.label for n, b in registry.items()}):
+        console.print(table)
+    return EXIT_OK
+
+
+def main(argv=None) -> int:
+    """Stand-alone entry (``python -m flashcore.bench.cli``), same sub-commands as ``flashcore``."""
+    parser = argparse.ArgumentParser(prog="flashcore")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    register(sub)
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

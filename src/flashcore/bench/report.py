@@ -1,0 +1,186 @@
+"""Terminal output (rich): the results table, the comparison table, `flashcore info`."""
+from __future__ import annotations
+
+from typing import Optional
+
+from rich.table import Table
+from rich.text import Text
+
+STATUS_STYLE = {"ok": "green", "wrong": "bold red", "error": "red", "oom": "magenta", "unsupported": "yellow",
+                "skipped": "dim", "unavailable": "dim"}
+FLASHCORE = ("flashcore", "flashcore-secure")
+
+
+def _num(value: Optional[float], fmt: str = "{:.1f}") -> str:
+    return "–" if value is None else fmt.format(value)
+
+
+def _ratio(value: Optional[float]) -> Text:
+    if value is None:
+        return Text("–")
+    style = "green" if value >= 1.0 else "red"
+    return Text(f"{value:.2f}×", style=style)
+
+
+def one_line(shape, name: str, result: dict) -> Text:
+    """A log line per finished (shape, backend)."""
+    line = Text(f"{shape.label:<24} {name:<17} ")
+    line.append(f"{result['status']:<11}", style=STATUS_STYLE.get(result["status"], ""))
+    if result["status"] == "ok":
+        t = result["timing"]
+        line.append(f" {t['median_us']:10.1f} µs  p99 {t['p99_us']:.1f}  rel err {result['rel_err']:.1e}")
+    elif result["reason"]:
+        line.append(" " + result["reason"][:120], style="dim")
+    return line
+
+
+def results_table(doc: dict) -> Table:
+    env = doc["environment"]
+    gpu = (env.get("gpu") or {}).get("name", "no GPU")
+    table = Table(title=f"flashcore bench — {gpu} — {doc['config']['dtype']} — {env['date']}", title_style="bold",
+                  caption=_caption(doc), caption_justify="left")
+    for header, justify in (("shape", "left"), ("backend", "left"), ("status", "left"), ("median µs", "right"),
+                            ("µs/head", "right"), ("TFLOP/s", "right"), ("%mm", "right"), ("%BW", "right"),
+                            ("vs SDPA", "right"), ("vs peer", "right"), ("host µs", "right"), ("graph µs", "right"),
+                            ("note", "left")):
+        table.add_column(header, justify=justify, no_wrap=header != "note", overflow="fold")
+    for entry in doc["results"]:
+        names = list(entry["backends"])
+        for i, name in enumerate(names):
+            table.add_row(*_result_cells(entry, name, first=i == 0), end_section=i == len(names) - 1,
+                          style="bold" if name in FLASHCORE else None)
+    return table
+
+
+def _result_cells(entry: dict, name: str, first: bool) -> list:
+    r = entry["backends"][name]
+    status = Text(r["status"], style=STATUS_STYLE.get(r["status"], ""))
+    shape = entry["label"] if first else ""
+    if r["status"] != "ok":
+        return [shape, name, status] + ["–"] * 9 + [Text(r["reason"][:70], style="dim")]
+    t = r["timing"]
+    note = f"err {r['rel_err']:.1e}"
+    if name == entry.get("fastest_peer"):
+        note += ", fastest peer"
+    if r.get("cuda_graph_status") not in (None, "ok"):
+        note += ", " + r["cuda_graph_status"][:40]
+    return [shape, name, status, f"{t['median_us']:.1f}", _num(r["us_per_head"], "{:.2f}"), _num(r["tflops"]),
+            _num(_pct(r["frac_matmul_ceiling"]), "{:.0f}%"), _num(_pct(r["frac_copy_ceiling"]), "{:.0f}%"),
+            _ratio(r["vs_sdpa_default"]), _ratio(r["vs_fastest_peer"]), _num(r["host_latency_us"]),
+            _num(r["cuda_graph_us"], "{:.2f}"), Text(note, style="dim")]
+
+
+def _pct(frac: Optional[float]) -> Optional[float]:
+    return None if frac is None else 100.0 * frac
+
+
+def _caption(doc: dict) -> str:
+    c = doc.get("ceilings")
+    parts = []
+    if c:
+        parts.append(f"ceilings (this run): {c['matmul']['dtype']} matmul 8192³ {c['matmul_tflops']:.0f} TFLOP/s "
+                     f"(%mm), copy {c['copy_gbps']:.0f} GB/s (%BW: q,k,v,o bytes / time)")
+    parts.append("vs SDPA / vs peer: speed-up (>1 faster) over SDPA default / the fastest non-flashcore backend")
+    parts.append("timing: median of CUDA events, cold L2 (flush or input rotation); host/graph µs for small shapes")
+    if doc.get("aborted"):
+        parts.append(f"ABORTED: {doc['aborted']}")
+    return "\n".join(parts)
+
+
+def summary_table(doc: dict) -> Table:
+    """One row per shape: flashcore against the fastest peer and SDPA (the at-a-glance view)."""
+    table = Table(title="summary: flashcore vs the fastest peer", title_style="bold")
+    for header, justify in (("shape", "left"), ("flashcore µs", "right"), ("TFLOP/s", "right"), ("%mm", "right"),
+                            ("secure µs", "right"), ("secure/fast", "right"), ("fastest peer", "left"),
+                            ("peer µs", "right"), ("vs peer", "right"), ("vs SDPA", "right")):
+        table.add_column(header, justify=justify, no_wrap=True)
+    for entry in doc["results"]:
+        fc = entry["backends"].get("flashcore") or {}
+        sec = entry["backends"].get("flashcore-secure") or {}
+        peer_name = entry.get("fastest_peer")
+        peer = entry["backends"].get(peer_name) if peer_name else None
+        fc_us, sec_us = _median_us(fc), _median_us(sec)
+        table.add_row(
+            entry["label"],
+            _num(fc_us) if fc_us is not None else Text(fc.get("status", "–"), style=STATUS_STYLE.get(fc.get("status"), "")),
+            _num(fc.get("tflops")), _num(_pct(fc.get("frac_matmul_ceiling")), "{:.0f}%"),
+            _num(sec_us) if sec_us is not None else Text(sec.get("status", "–"), style="dim"),
+            _num(sec_us / fc_us if (sec_us and fc_us) else None, "{:.2f}×"),
+            peer_name or "–", _num(_median_us(peer)), _ratio(fc.get("vs_fastest_peer")), _ratio(fc.get("vs_sdpa_default")))
+    return table
+
+
+def _median_us(result: Optional[dict]) -> Optional[float]:
+    if result and result.get("status") == "ok" and result.get("timing"):
+        return result["timing"]["median_us"]
+    return None
+
+
+def compare_table(cmp: dict, path_a: str, path_b: str) -> Table:
+    a, b = cmp["a"], cmp["b"]
+    table = Table(title=f"B/A median time — A: {path_a} ({a['gpu']}, {a['git_sha'][:7] if a['git_sha'] else '?'}) "
+                        f"· B: {path_b} ({b['gpu']}, {b['git_sha'][:7] if b['git_sha'] else '?'})",
+                  caption="B/A < 1: B is faster", caption_justify="left")
+    for header, justify in (("shape", "left"), ("backend", "left"), ("A µs", "right"), ("B µs", "right"),
+                            ("B/A", "right"), ("change", "right"), ("note", "left")):
+        table.add_column(header, justify=justify)
+    last_key = None
+    for row in cmp["rows"]:
+        shape = row["label"] if row["key"] != last_key else ""
+        last_key = row["key"]
+        table.add_row(shape, row["backend"], _num(row["a_us"]), _num(row["b_us"]), _change_ratio(row["ratio"]),
+                      _change_pct(row["ratio"]), Text(row["note"], style="dim"),
+                      style="bold" if row["backend"] in FLASHCORE else None)
+    return table
+
+
+def _change_ratio(ratio: Optional[float]) -> Text:
+    if ratio is None:
+        return Text("–")
+    style = "green" if ratio < 0.97 else ("red" if ratio > 1.03 else "")
+    return Text(f"{ratio:.3f}", style=style)
+
+
+def _change_pct(ratio: Optional[float]) -> Text:
+    if ratio is None:
+        return Text("–")
+    speed = 1.0 / ratio - 1.0
+    return Text(f"{speed:+.1%} speed", style="green" if speed > 0.03 else ("red" if speed < -0.03 else ""))
+
+
+def compare_summary_table(cmp: dict) -> Table:
+    table = Table(title="geometric mean of B/A per backend (shapes timed in both runs)")
+    table.add_column("backend")
+    table.add_column("B/A", justify="right")
+    table.add_column("shapes", justify="right")
+    for name, s in cmp["by_backend"].items():
+        table.add_row(name, _change_ratio(s["geomean_ratio"]), str(s["shapes"]))
+    return table
+
+
+def info_tables(env: dict, availability: dict, labels: dict) -> list:
+    versions = Table(title="flashcore info", show_header=False)
+    versions.add_column("item", style="bold")
+    versions.add_column("value")
+    gpu = env.get("gpu")
+    if gpu:
+        clocks = gpu.get("clocks_mhz") or {}
+        versions.add_row("GPU", f"{gpu['name']} (sm_{gpu['capability'].replace('.', '')}, {gpu['sm_count']} SMs, "
+                                f"{gpu['memory_gib']} GiB)")
+        versions.add_row("driver", str(gpu.get("driver") or "unknown (nvidia-smi not found)"))
+        if clocks:
+            versions.add_row("clocks (MHz)", ", ".join(f"{k} {v}" for k, v in clocks.items()))
+    else:
+        versions.add_row("GPU", "no CUDA device")
+    for name, value in env["versions"].items():
+        versions.add_row(name, "–" if value is None else str(value))
+    versions.add_row("git sha", env.get("git_sha", "unknown"))
+    backends = Table(title="benchmark backends")
+    backends.add_column("backend", style="bold")
+    backends.add_column("label")
+    backends.add_column("available")
+    backends.add_column("reason")
+    for name, (ok, reason) in availability.items():
+        backends.add_row(name, labels[name], Text("yes", style="green") if ok else Text("no", style="red"),
+                         Text(reason or "", style="dim"))
+    return [versions, backends]

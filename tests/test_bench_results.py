@@ -1,0 +1,141 @@
+"""Result documents: schema validation, JSON round trip, comparison of two runs."""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from flashcore.bench import results as R
+from flashcore.bench.stats import summarize_ms
+from flashcore.bench.suites import Shape
+
+ENV = {"date": "2025-03-04T05:06:07+00:00", "git_sha": "0123456789abcdef", "gpu": {"name": "NVIDIA H100 80GB HBM3"},
+       "versions": {"torch": "2.11.0", "triton": "3.6.0"}}
+CEILINGS = {"matmul_tflops": 700.0, "copy_gbps": 3000.0, "matmul": {"dtype": "bfloat16"}, "copy": {}}
+
+
+def synthetic_document(medians: dict, env=ENV) -> dict:
+    """medians: {shape: {backend: median µs or a status string}} → a complete result document."""
+    names = sorted({n for per in medians.values() for n in per})
+    config = {"suite": "custom", "dtype": "bf16", "backends": names, "rep_ms": 100.0, "tolerance": 0.02, "method": {}}
+    doc = R.new_document(copy.deepcopy(env), config, dict(CEILINGS),
+                         {n: {"label": n, "available": True, "reason": ""} for n in names})
+    for shape, per in medians.items():
+        entry = {"key": shape.key, "label": shape.label, "shape": shape.to_dict(), "flops": shape.flops,
+                 "io_bytes": shape.io_bytes(2), "method": "l2-flush", "input_sets": 1, "fastest_peer": None,
+                 "backends": {}}
+        for name, value in per.items():
+            if isinstance(value, str):
+                entry["backends"][name] = R.empty_backend_result(value, f"synthetic {value}")
+                continue
+            r = R.empty_backend_result("ok")
+            r["rel_err"] = 4e-3
+            r["timing"] = summarize_ms([value / 1000 * f for f in (0.98, 1.0, 1.0, 1.02, 1.5)])
+            r["timing"]["do_bench_median_us"] = value * 1.01
+            entry["backends"][name] = r
+        R.fill_derived(entry, CEILINGS)
+        doc["results"].append(entry)
+    doc["complete"] = True
+    return doc
+
+
+S1 = Shape.dense(1, 8, 512, 64)
+S2 = Shape.dense(4, 32, 4096, 128, causal=True)
+S3 = Shape.dense(1, 16, 1024, 64)
+
+
+def test_synthetic_document_is_valid_and_round_trips(tmp_path):
+    doc = synthetic_document({S1: {"flashcore": 10.0, "sdpa-default": 20.0, "fa4": 8.0, "sdpa-math": "skipped"},
+                              S2: {"flashcore": 1000.0, "sdpa-default": 1500.0, "fa4": "unsupported"}})
+    R.validate_document(doc)
+    path = R.save_document(doc, str(tmp_path / "out" / R.result_filename(doc)))
+    assert path.endswith("bench-nvidia-h100-80gb-hbm3-20250304-050607-0123456.json")
+    with open(path) as f:
+        raw = json.load(f)
+    assert raw == doc
+    assert R.load_document(path) == doc
+
+
+def test_derived_ratios_and_fractions():
+    doc = synthetic_document({S1: {"flashcore": 10.0, "flashcore-secure": 12.0, "sdpa-default": 20.0, "fa4": 8.0}})
+    e = doc["results"][0]
+    fc = e["backends"]["flashcore"]
+    assert e["fastest_peer"] == "fa4"  # flashcore-secure is not a peer
+    assert fc["vs_sdpa_default"] == pytest.approx(2.0)
+    assert fc["vs_fastest_peer"] == pytest.approx(0.8)
+    assert fc["us_per_head"] == pytest.approx(10.0 / 8)
+    assert fc["tflops"] == pytest.approx(S1.flops / 10e-6 / 1e12)
+    assert fc["frac_matmul_ceiling"] == pytest.approx(fc["tflops"] / 700.0)
+    assert fc["frac_copy_ceiling"] == pytest.approx(S1.io_bytes(2) / 10e-6 / 1e9 / 3000.0)
+
+
+def test_validator_rejects_broken_documents():
+    good = synthetic_document({S1: {"flashcore": 10.0, "sdpa-default": 20.0}})
+
+    def broken(mutate):
+        doc = copy.deepcopy(good)
+        mutate(doc)
+        return doc
+
+    cases = [
+        (lambda d: d.pop("environment"), r"\$: missing key 'environment'"),
+        (lambda d: d.update(schema="other/2"), r"\$.schema"),
+        (lambda d: d["config"].update(rep_ms="100"), r"\$.config.rep_ms"),
+        (lambda d: d["results"][0].update(flops=1.5), r"\$.results\[0\].flops"),
+        (lambda d: d["results"][0]["shape"].update(causal=1), r"shape.causal"),
+        (lambda d: d["results"][0]["backends"]["flashcore"].update(status="fast"), r"backends.flashcore.status"),
+        (lambda d: d["results"][0]["backends"]["flashcore"].update(timing=None), r"backends.flashcore.timing"),
+        (lambda d: d["results"][0]["backends"]["flashcore"]["timing"].pop("p99_us"), r"missing key 'p99_us'"),
+        (lambda d: d["results"][0]["backends"]["flashcore"]["timing"].update(median_us=float("nan")), r"median_us"),
+        (lambda d: d["results"][0]["backends"]["flashcore"]["timing"].update(min_us=1e9), r"min_us <= median_us"),
+        (lambda d: d["results"][0]["backends"]["sdpa-default"].update(tflops=True), r"sdpa-default.tflops"),
+    ]
+    for mutate, message in cases:
+        with pytest.raises(R.SchemaError, match=message):
+            R.validate_document(broken(mutate))
+    with pytest.raises(R.SchemaError):
+        R.validate_document([good])
+
+
+def test_load_document_errors(tmp_path):
+    with pytest.raises(ValueError, match="not found"):
+        R.load_document(str(tmp_path / "nope.json"))
+    p = tmp_path / "x.json"
+    p.write_text("{")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        R.load_document(str(p))
+    p.write_text(json.dumps({"schema": R.SCHEMA_VERSION}))
+    with pytest.raises(ValueError, match="not a flashcore bench result"):
+        R.load_document(str(p))
+
+
+def test_nan_is_written_as_null(tmp_path):
+    doc = synthetic_document({S1: {"flashcore": 10.0}})
+    doc["results"][0]["backends"]["flashcore"]["vs_sdpa_default"] = float("nan")
+    path = R.save_document(doc, str(tmp_path / "n.json"))
+    text = open(path).read()
+    assert "NaN" not in text
+    assert json.loads(text)["results"][0]["backends"]["flashcore"]["vs_sdpa_default"] is None
+
+
+def test_compare_ratios_and_missing_shapes():
+    a = synthetic_document({S1: {"flashcore": 10.0, "sdpa-default": 20.0},
+                            S2: {"flashcore": 1000.0, "sdpa-default": 1500.0, "fa4": "unsupported"}})
+    b = synthetic_document({S1: {"flashcore": 8.0, "sdpa-default": 20.0, "fa4": 7.0},
+                            S3: {"flashcore": 30.0},
+                            S2: {"flashcore": 1100.0, "sdpa-default": 1500.0, "fa4": 900.0}},
+                           env=dict(ENV, gpu={"name": "NVIDIA H200"}))
+    cmp = R.compare_documents(a, b)
+    rows = {(r["key"], r["backend"]): r for r in cmp["rows"]}
+    assert rows[(S1.key, "flashcore")]["ratio"] == pytest.approx(0.8)
+    assert rows[(S1.key, "sdpa-default")]["ratio"] == pytest.approx(1.0)
+    assert rows[(S2.key, "flashcore")]["ratio"] == pytest.approx(1.1)
+    assert rows[(S1.key, "fa4")]["ratio"] is None and rows[(S1.key, "fa4")]["note"] == "backend only in B"
+    assert rows[(S2.key, "fa4")]["note"] == "A unsupported, B ok"
+    assert rows[(S3.key, "flashcore")]["note"] == "shape only in B" and rows[(S3.key, "flashcore")]["ratio"] is None
+    assert cmp["by_backend"]["flashcore"]["shapes"] == 2
+    assert cmp["by_backend"]["flashcore"]["geomean_ratio"] == pytest.approx((0.8 * 1.1) ** 0.5)
+    assert any("gpu differs" in w for w in cmp["warnings"])
+    only_a = R.compare_documents(b, a)
+    assert {r["note"] for r in only_a["rows"] if r["key"] == S3.key} == {"shape only in A"}
