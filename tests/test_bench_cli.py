@@ -11,7 +11,7 @@ from flashcore.bench import cli as bench_cli
 from flashcore.bench import results as R
 from flashcore.bench.suites import Shape
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="these tests check the no-GPU behaviour")
+no_gpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")
 
 
 def _main(argv):
@@ -43,6 +43,7 @@ def test_register_adds_bench_and_info_with_funcs():
     assert (defaults.suite, defaults.dtype, defaults.compare) == ("seed", "bf16", None)
 
 
+@no_gpu_only
 def test_bench_without_gpu_exits_2_with_a_clear_message(capsys):
     assert _main(["bench"]) == 2
     err = capsys.readouterr().err
@@ -89,10 +90,20 @@ def test_bad_rep_ms(capsys):
     assert info.value.code == 2
 
 
-def _write_run(path, medians):
-    from test_bench_results import synthetic_document
+def _synthetic_document(medians):
+    """The document builder of test_bench_results.py, loaded by path (works in any pytest import mode)."""
+    import importlib.util
+    import pathlib
 
-    R.save_document(synthetic_document(medians), str(path))
+    path = pathlib.Path(__file__).with_name("test_bench_results.py")
+    spec = importlib.util.spec_from_file_location("_bench_results_for_cli", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.synthetic_document(medians)
+
+
+def _write_run(path, medians):
+    R.save_document(_synthetic_document(medians), str(path))
     return str(path)
 
 
@@ -116,6 +127,7 @@ def test_compare_with_a_missing_or_invalid_file(tmp_path, capsys):
     assert "not a flashcore bench result" in capsys.readouterr().err
 
 
+@no_gpu_only
 def test_info_works_without_gpu(capsys):
     assert _main(["info"]) == 0
     out = capsys.readouterr().out

@@ -211,3 +211,60 @@ def test_pipeline_aborts_cleanly_when_the_cuda_context_is_lost(fake_gpu, monkeyp
     assert "illegal memory access" in doc["aborted"]
     assert doc["results"] == []  # the shape that lost the context is not reported as measured
     R.validate_document(doc)
+
+
+def test_cli_bench_writes_json_and_png(fake_gpu, tmp_path, capsys):
+    from flashcore.bench import cli as bench_cli
+
+    suite = tmp_path / "tiny.json"
+    suite.write_text(json.dumps([{"B": 1, "Hq": 2, "Sq": 24, "D": 16}, {"Hq": 2, "D": 16, "varlen": [5, 9]}]))
+    out_dir = tmp_path / "results"
+    rc = bench_cli.main(["bench", "--suite", str(suite), "--backends", "flashcore", "sdpa-default",
+                         "--dtype", "fp16", "--out", str(out_dir), "--plot", "--no-progress"])
+    assert rc == 0
+    files = sorted(p.name for p in out_dir.iterdir())
+    assert len(files) == 2 and files[0].endswith(".json") and files[1].endswith(".png")
+    doc = R.load_document(str(out_dir / files[0]))
+    assert doc["config"]["dtype"] == "fp16" and doc["config"]["suite"] == str(suite)
+    assert [e["key"] for e in doc["results"]] == [Shape.dense(1, 2, 24, 16).key, Shape.packed([5, 9], 2, 16).key]
+    assert list(doc["results"][0]["backends"]) == ["flashcore", "sdpa-default"]
+    out = capsys.readouterr().out
+    assert "summary" in out and files[0] in out
+
+
+def test_cli_exit_code_flags_a_wrong_flashcore(fake_gpu, tmp_path):
+    from flashcore.bench import cli as bench_cli
+
+    runner.make_registry()["flashcore"].build = _wrong_build
+    rc = bench_cli.main(["bench", "--suite", _tiny_suite(tmp_path), "--backends", "flashcore", "--out", str(tmp_path),
+                         "--no-progress"])
+    assert rc == 1
+
+
+def _tiny_suite(tmp_path):
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps([{"B": 1, "Hq": 2, "Sq": 16, "D": 16}]))
+    return str(path)
+
+
+def test_internal_errors_keep_earlier_shapes(fake_gpu, monkeypatch):
+    calls = {"n": 0}
+    real = runner.fill_derived
+
+    def flaky(entry, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyError("boom")
+        return real(entry, *a, **k)
+
+    monkeypatch.setattr(runner, "fill_derived", flaky)
+    doc = _run([Shape.dense(1, 2, 32, 16), Shape.dense(1, 2, 40, 16), Shape.dense(1, 2, 48, 16)])
+    assert len(doc["results"]) == 1 and doc["complete"] is False
+    assert "internal error on 1×2×40×16" in doc["aborted"] and "KeyError" in doc["traceback"]
+
+
+def test_time_budget_stops_before_the_next_shape(fake_gpu):
+    doc = _run([Shape.dense(1, 2, 32, 16), Shape.dense(1, 2, 40, 16)], time_budget_s=1e-9)
+    assert doc["results"] == [] and doc["complete"] is False
+    assert "not run: 1×2×32×16, 1×2×40×16" in doc["stopped"]
+    R.validate_document(doc)

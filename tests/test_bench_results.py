@@ -139,3 +139,22 @@ def test_compare_ratios_and_missing_shapes():
     assert any("gpu differs" in w for w in cmp["warnings"])
     only_a = R.compare_documents(b, a)
     assert {r["note"] for r in only_a["rows"] if r["key"] == S3.key} == {"shape only in A"}
+
+
+def test_nvidia_smi_parsing(monkeypatch):
+    class Done:
+        returncode = 0
+        stdout = "NVIDIA H100 80GB HBM3, 535.104, 1980, 1980, 2619, 2619, 700.00, 34, P0\n"
+
+    monkeypatch.setattr(R.shutil, "which", lambda exe: "/usr/bin/nvidia-smi")
+    monkeypatch.setattr(R.subprocess, "run", lambda *a, **k: Done())
+    smi = R._nvidia_smi("NVIDIA H100 80GB HBM3")
+    assert smi["driver_version"] == "535.104" and smi["clocks.max.sm"] == 1980 and smi["power.limit"] == 700
+    assert smi["pstate"] == "P0"
+    monkeypatch.setattr(R.shutil, "which", lambda exe: None)
+    assert R._nvidia_smi("x") is None
+
+
+def test_git_sha_can_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("FLASHCORE_GIT_SHA", "feedbeef" * 5)
+    assert R._git_sha() == "feedbeef" * 5

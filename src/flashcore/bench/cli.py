@@ -41,6 +41,8 @@ def _register_bench(sub) -> None:
                    help="max relative error vs the float64 reference (default: 2e-2)")
     p.add_argument("--math-max-seq", type=int, default=8192, metavar="S",
                    help="skip SDPA's math backend above this sequence length (default: 8192; 0 = never skip)")
+    p.add_argument("--time-budget", type=_positive_float, default=None, metavar="SECONDS",
+                   help="start no new shape after this many seconds (the table, JSON and plot cover what ran)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
     p.set_defaults(func=run_bench)
 
@@ -118,7 +120,7 @@ def _run_and_save(args, shapes, names) -> int:
 
     doc = run_suite(shapes, names, DTYPE_NAMES[args.dtype], progress=not args.no_progress, rep_ms=args.rep_ms,
                     tolerance=args.tolerance, math_max_seq=args.math_max_seq or None, suite_name=args.suite,
-                    console=console, checkpoint=checkpoint)
+                    console=console, checkpoint=checkpoint, time_budget_s=args.time_budget)
     from .report import results_table, summary_table
 
     console.print(results_table(doc))
@@ -134,7 +136,11 @@ def _run_and_save(args, shapes, names) -> int:
 
 
 def _exit_code(doc: dict, console: Console) -> int:
+    if doc.get("stopped"):
+        console.print(f"stopped early: {doc['stopped']}", style="yellow", markup=False)
     if doc.get("aborted"):
+        if doc.get("traceback"):
+            console.print(doc["traceback"], markup=False, highlight=False)
         console.print(f"run aborted: {doc['aborted']}", style="bold red", markup=False)
         return EXIT_FAILED
     bad = [(e["label"], n, r["status"]) for e in doc["results"] for n, r in e["backends"].items()

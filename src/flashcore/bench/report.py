@@ -25,7 +25,7 @@ def _ratio(value: Optional[float]) -> Text:
 def one_line(shape, name: str, result: dict) -> Text:
     """A log line per finished (shape, backend)."""
     line = Text(f"{shape.label:<24} {name:<17} ")
-    line.append(f"{result['status']:<11}", style=STATUS_STYLE.get(result["status"], ""))
+    line.append(f"{result['status']:<12}", style=STATUS_STYLE.get(result["status"], ""))
     if result["status"] == "ok":
         t = result["timing"]
         line.append(f" {t['median_us']:10.1f} µs  p99 {t['p99_us']:.1f}  rel err {result['rel_err']:.1e}")
@@ -84,6 +84,8 @@ def _caption(doc: dict) -> str:
     parts.append("timing: median of CUDA events, cold L2 (flush or input rotation); host/graph µs for small shapes")
     if doc.get("aborted"):
         parts.append(f"ABORTED: {doc['aborted']}")
+    if doc.get("stopped"):
+        parts.append(f"STOPPED EARLY: {doc['stopped']}")
     return "\n".join(parts)
 
 

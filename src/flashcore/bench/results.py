@@ -72,7 +72,8 @@ def _nvidia_smi(gpu_name: Optional[str]) -> Optional[dict]:
     if out.returncode != 0 or not rows:
         return None
     row = next((r for r in rows if gpu_name and r[0] == gpu_name), rows[0])
-    return {field: _maybe_number(value) for field, value in zip(_SMI_FIELDS, row)}
+    text_fields = ("name", "driver_version", "pstate")  # "535.104" is a version, not a number
+    return {field: value if field in text_fields else _maybe_number(value) for field, value in zip(_SMI_FIELDS, row)}
 
 
 def _maybe_number(text: str):

@@ -4,6 +4,8 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+import time
+import traceback
 import warnings
 from typing import Callable, Optional
 
@@ -214,12 +216,15 @@ def _config(suite_name: str, dtype, names, rep_ms, tolerance, math_max_seq) -> d
 def run_suite(shapes, backends=None, dtype=torch.bfloat16, progress=True, *, rep_ms: float = 100.0,
               tolerance: float = check.DEFAULT_TOLERANCE, math_max_seq: Optional[int] = 8192,
               suite_name: str = "custom", console=None, checkpoint: Optional[Callable[[dict], None]] = None,
-              measure_ceilings: bool = True, extras: bool = True) -> dict:
+              measure_ceilings: bool = True, extras: bool = True, time_budget_s: Optional[float] = None) -> dict:
     """Benchmark ``shapes`` (a suite name, Shape objects or suite dicts) and return the result document.
 
     ``backends``: names (default: all registered). ``checkpoint(doc)`` is called after every shape
     (the CLI saves the file there, so an interrupted run keeps what it measured).
+    ``time_budget_s``: no new shape is started after this many seconds (the document then says
+    which shapes were left out, in ``stopped``).
     """
+    started = time.monotonic()
     if not torch.cuda.is_available():
         raise NoCudaDevice("no CUDA device is present; the benchmark times GPU kernels")
     if isinstance(shapes, str):
@@ -233,12 +238,23 @@ def run_suite(shapes, backends=None, dtype=torch.bfloat16, progress=True, *, rep
     env = collect_environment()
     l2_bytes = (env["gpu"] or {}).get("l2_bytes") or timing.DEFAULT_L2_BYTES
     timer = timing.Timer()
-    ceilings = timing.measure_ceilings(timer, dtype, rep_ms) if measure_ceilings else None
+    config = _config(suite_name, dtype, names, rep_ms, tolerance, math_max_seq)
+    ceilings = None
+    if measure_ceilings:
+        try:
+            ceilings = timing.measure_ceilings(timer, dtype, rep_ms)
+        except Exception as exc:  # the run is still useful without the roofs
+            config["ceilings_error"] = f"{type(exc).__name__}: {_first_line(exc)}"
+            _free_memory()
     backends_info = {n: {"label": registry[n].label, "available": availability[n][0], "reason": availability[n][1]}
                      for n in names}
-    doc = new_document(env, _config(suite_name, dtype, names, rep_ms, tolerance, math_max_seq), ceilings, backends_info)
+    doc = new_document(env, config, ceilings, backends_info)
     with _progress(progress, console, len(shape_list) * len(names)) as report:
-        for shape in shape_list:
+        for index, shape in enumerate(shape_list):
+            if time_budget_s is not None and time.monotonic() - started > time_budget_s:
+                left = ", ".join(s.label for s in shape_list[index:])
+                doc["stopped"] = f"time budget of {time_budget_s:g} s reached; not run: {left}"
+                break
             try:
                 entry = bench_shape(shape, names, registry, availability, timer, dtype=dtype, rep_ms=rep_ms,
                                     tolerance=tolerance, ceilings=ceilings, l2_bytes=l2_bytes, on_backend=report,
@@ -246,10 +262,14 @@ def run_suite(shapes, backends=None, dtype=torch.bfloat16, progress=True, *, rep
             except FatalDeviceError as exc:
                 doc["aborted"] = f"CUDA context lost on {shape.label}: {exc}"
                 break
+            except Exception as exc:  # a harness bug: keep what was measured, say where it stopped
+                doc["aborted"] = f"internal error on {shape.label}: {type(exc).__name__}: {_first_line(exc)}"
+                doc["traceback"] = traceback.format_exc()[-4000:]
+                break
             doc["results"].append(entry)
             if checkpoint:
                 checkpoint(doc)
-    doc["complete"] = doc["aborted"] is None
+    doc["complete"] = doc["aborted"] is None and "stopped" not in doc
     if checkpoint:
         checkpoint(doc)
     return doc
@@ -257,13 +277,17 @@ def run_suite(shapes, backends=None, dtype=torch.bfloat16, progress=True, *, rep
 
 @contextlib.contextmanager
 def _progress(enabled: bool, console, total: int):
-    """A rich progress bar plus one log line per (shape, backend); a no-op reporter if disabled."""
+    """A rich progress bar plus one log line per (shape, backend). Without the bar, the log lines
+    still go to ``console`` if one is given (the CLI), and nothing is printed otherwise."""
+    from .report import one_line
+
     if not enabled:
-        yield lambda shape, name, result: None
+        if console is None:
+            yield lambda shape, name, result: None
+        else:
+            yield lambda shape, name, result: console.print(one_line(shape, name, result), highlight=False)
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from .report import one_line
 
     with Progress(TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.description}"), console=console, transient=False) as bar:

@@ -29,41 +29,51 @@ def _arch(device: torch.device):
     return torch.cuda.get_device_capability(device)
 
 
-def launch_attention(q, k, v, o, lse, *, seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlens_k,
-                     scale: float, causal: bool, secure: bool, secure_public_diag: bool,
-                     seqlen_q: int, seqlen_k: int, batch: int, num_heads_q: int, num_heads_kv: int,
-                     q_strides, k_strides, v_strides, o_strides, lse_strides, config: Optional[Config] = None):
-    """Launch the fused forward. Strides are (batch, head, seq) element strides; for varlen the
-    batch stride is unused and ``batch`` is the number of sequences."""
-    from .attention_fwd import attn_fwd_kernel
+def build_launch(q, k, v, o, lse, *, seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlens_k,
+                 scale: float, causal: bool, secure: bool, secure_public_diag: bool,
+                 seqlen_q: int, seqlen_k: int, batch: int, num_heads_q: int, num_heads_kv: int,
+                 q_strides, k_strides, v_strides, o_strides, lse_strides, config: Optional[Config] = None,
+                 arch=None):
+    """Everything a launch of ``attn_fwd_kernel`` needs: (config, grid, positional args, constexprs).
 
+    Shared by the launcher and by :func:`audit_specs`, so the audit compiles exactly what runs.
+    Strides are (batch, head, seq) element strides; for varlen the batch stride is unused and
+    ``batch`` is the number of sequences."""
     head_dim = q.shape[-1]
     varlen = cu_seqlens_q is not None
-    cfg = config or configs.choose(_arch(q.device), head_dim=head_dim, dtype_bytes=q.element_size(), causal=causal,
+    cfg = config or configs.choose(arch, head_dim=head_dim, dtype_bytes=q.element_size(), causal=causal,
                                    secure=secure, seqlen_q=seqlen_q, seqlen_k=seqlen_k)
     use_tma = cfg.tma and not varlen and all(_tma_ok(t) for t in (q, k, v))
-    grid = (triton_cdiv(seqlen_q, cfg.block_m), batch * num_heads_q)
-    if grid[0] == 0 or grid[1] == 0:
-        return cfg
-    dummy = q  # unused pointer arguments still need a tensor
     bd = configs.block_d(head_dim)
     if use_tma:
         qa, ka, va = (_descriptor(t, rows, bd) for t, rows in ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n)))
     else:
         qa, ka, va = q, k, v
-    attn_fwd_kernel[grid](
-        qa, ka, va, o, lse if lse is not None else dummy,
-        seqlens_q if seqlens_q is not None else dummy, seqlens_k if seqlens_k is not None else dummy,
-        cu_seqlens_q if varlen else dummy, cu_seqlens_k if varlen else dummy,
-        scale * LOG2E,
-        *q_strides, *k_strides, *v_strides, *o_strides, *lse_strides,
-        seqlen_q, seqlen_k, num_heads_q, num_heads_q // num_heads_kv,
-        HEAD_DIM=head_dim, BLOCK_D=configs.block_d(head_dim), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+    dummy = q  # unused pointer arguments still need a tensor
+    args = [qa, ka, va, o, lse if lse is not None else dummy,
+            seqlens_q if seqlens_q is not None else dummy, seqlens_k if seqlens_k is not None else dummy,
+            cu_seqlens_q if varlen else dummy, cu_seqlens_k if varlen else dummy,
+            scale * LOG2E,
+            *q_strides, *k_strides, *v_strides, *o_strides, *lse_strides,
+            seqlen_q, seqlen_k, num_heads_q, num_heads_q // num_heads_kv]
+    constexprs = dict(
+        HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         CAUSAL=bool(causal), VARLEN=varlen, SECURE=bool(secure), SECURE_PUBLIC_DIAG=bool(secure_public_diag),
         EVEN_N=(seqlen_k % cfg.block_n == 0), RETURN_LSE=lse is not None,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_TMA=use_tma,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    grid = (triton_cdiv(seqlen_q, cfg.block_m), batch * num_heads_q)
+    return cfg, grid, args, constexprs
+
+
+def launch_attention(q, k, v, o, lse, **kw):
+    """Launch the fused forward (see :func:`build_launch` for the arguments)."""
+    from .attention_fwd import attn_fwd_kernel
+
+    cfg, grid, args, constexprs = build_launch(q, k, v, o, lse, arch=_arch(q.device), **kw)
+    if grid[0] == 0 or grid[1] == 0:
+        return cfg
+    attn_fwd_kernel[grid](*args, **constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return cfg
 
 
@@ -85,48 +95,87 @@ def triton_cdiv(a: int, b: int) -> int:
 
 _ELT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
-
-def kernel_signature(dtype: torch.dtype) -> dict:
-    """Triton signature of ``attn_fwd_kernel`` (types of the runtime arguments)."""
-    e = _ELT[dtype]
-    sig = {"Q": f"*{e}", "K": f"*{e}", "V": f"*{e}", "O": f"*{e}", "LSE": "*fp32",
-           "SEQLENS_Q": "*i32", "SEQLENS_K": "*i32", "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32",
-           "qk_scale": "fp32"}
-    for name in ("stride_qb", "stride_qh", "stride_qs", "stride_kb", "stride_kh", "stride_ks",
-                 "stride_vb", "stride_vh", "stride_vs", "stride_ob", "stride_oh", "stride_os",
-                 "stride_lb", "stride_lh", "seqlen_q", "seqlen_k", "num_heads_q", "gqa_group"):
-        sig[name] = "i32"
-    return sig
+# Public facts that select a different compiled kernel. The default audit covers each code path
+# (dtype families, every BLOCK_D with even and masked head dims, head dims whose row stride is
+# not a multiple of 16 bytes, GQA vs not, seqlen even/odd/not divisible by 16, each causal mode);
+# ``full=True`` enumerates every supported head dim and all three dtypes.
+_AUDIT_HEAD_DIMS = (8, 64, 72, 128, 256)
+_AUDIT_SEQLENS = ((4096, 8, 8), (1000, 8, 2))  # (S, Hq, Hkv)
 
 
-def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0)) -> list[dict]:
-    """Every configuration of the forward kernel that flashcore launches in this mode on ``arch``,
-    as ``{name, fn, signature, constexprs, secret, num_warps, num_stages}`` for the SASS audit.
-
-    Public facts that select a specialisation (head dim, dtype, causal, EVEN_N, lse) are
-    enumerated; the secrets are the data behind q/k/v and, in secure mode, the true lengths.
-    """
+def _spec_from_launch(name, cfg, args, constexprs, secret):
+    """Specialise the runtime arguments exactly as Triton's launcher does (ints equal to 1 become
+    constexprs; pointers and ints divisible by 16 get ``tt.divisibility``)."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
     from .attention_fwd import attn_fwd_kernel
 
+    names = [p.name for p in attn_fwd_kernel.params]
+    signature, attrs, consts = {}, {}, dict(constexprs)
+    for i, (pname, val) in enumerate(zip(names, args)):
+        ty, attr = native_specialize_impl(BaseBackend, val, False, True, True)
+        if ty == "constexpr":
+            signature[pname] = "constexpr"
+            consts[pname] = attr
+        else:
+            signature[pname] = ty
+            if attr == "D":
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    for pname in constexprs:
+        signature[pname] = "constexpr"
+    return dict(name=name, fn=attn_fwd_kernel, signature=signature, constexprs=consts, attrs=attrs,
+                secret=set(secret), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0), full: bool = False) -> list[dict]:
+    """Every kernel configuration flashcore launches in this mode on ``arch`` (see above), as
+    ``{name, fn, signature, constexprs, attrs, secret, num_warps, num_stages}`` for the SASS audit.
+
+    Secrets: the data behind q/k/v and, in secure mode, the true lengths (``SEQLENS_*``); for the
+    fast path the cumulative lengths of a varlen launch (its loop bounds depend on them)."""
+    dtypes = (torch.bfloat16, torch.float16, torch.float32) if full else (torch.bfloat16, torch.float32)
+    head_dims = tuple(range(8, 257, 8)) if full else _AUDIT_HEAD_DIMS
+    modes = [(False, False), (True, False), (True, True)] if secure else [(False, False), (True, False)]
     specs = []
-    dtypes = (torch.bfloat16, torch.float16, torch.float32)
-    head_dims = (64, 128, 256, 72) if secure else (64, 128)
-    for dtype in dtypes if secure else (torch.bfloat16,):
+    for dtype in dtypes:
         for hd in head_dims:
-            for causal in (False, True):
-                for public_diag in ((False, True) if (secure and causal) else (False,)):
-                    for even_n in (True, False) if secure else (True,):
-                        for varlen in ((False,) if secure else (False, True)):
-                            cfg = configs.hopper(hd, torch.tensor([], dtype=dtype).element_size(), causal, secure, 4096, 4096)
-                            constexprs = dict(HEAD_DIM=hd, BLOCK_D=configs.block_d(hd), BLOCK_M=cfg.block_m,
-                                              BLOCK_N=cfg.block_n, CAUSAL=causal, VARLEN=varlen, SECURE=secure,
-                                              SECURE_PUBLIC_DIAG=public_diag, EVEN_N=even_n, RETURN_LSE=True,
-                                              PRECISION="ieee" if dtype == torch.float32 else "tf32", USE_TMA=False)
-                            sig = kernel_signature(dtype)
-                            sig.update({k: "constexpr" for k in constexprs})
-                            secret = {"Q", "K", "V"} | ({"SEQLENS_Q", "SEQLENS_K"} if secure else {"CU_SEQLENS_Q", "CU_SEQLENS_K"})
-                            name = (f"{'secure' if secure else 'fast'}_{_ELT[dtype]}_d{hd}_{'causal' if causal else 'full'}"
-                                    f"{'_pubdiag' if public_diag else ''}{'' if even_n else '_oddn'}{'_varlen' if varlen else ''}")
-                            specs.append(dict(name=name, fn=attn_fwd_kernel, signature=sig, constexprs=constexprs,
-                                              secret=secret, num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+            for causal, public_diag in modes:
+                for S, Hq, Hkv in _AUDIT_SEQLENS:
+                    for varlen in ((False,) if secure else (False, True)):
+                        specs.append(_audit_spec(dtype, hd, causal, public_diag, S, Hq, Hkv, secure, varlen, arch))
     return specs
+
+
+def _audit_spec(dtype, hd, causal, public_diag, S, Hq, Hkv, secure, varlen, arch):
+    B = 2
+    # Representative tensors: only dtype, alignment and strides matter to specialisation.
+    def like(h, s):
+        return torch.empty(B, h, s, hd, dtype=dtype).as_strided((B, h, s, hd), (h * s * hd, s * hd, hd, 1))
+    q, k, v, o = like(Hq, S), like(Hkv, S), like(Hkv, S), like(Hq, S)
+    lse = torch.empty(B, Hq, S, dtype=torch.float32)
+    lens = torch.full((B,), S, dtype=torch.int32)
+    if varlen:
+        cu = torch.tensor([0, S, 2 * S], dtype=torch.int32)
+        qv, kv, vv, ov = (t.reshape(B * S, t.shape[1], hd) if t.shape[2] == S else t for t in
+                          (q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous(),
+                           v.transpose(1, 2).contiguous(), o.transpose(1, 2).contiguous()))
+        qv, kv, vv, ov = (t.reshape(B * S, -1, hd) for t in (qv, kv, vv, ov))
+        cfg, _, args, ce = build_launch(
+            qv, kv, vv, ov, lse, seqlens_q=None, seqlens_k=None, cu_seqlens_q=cu, cu_seqlens_k=cu,
+            scale=hd ** -0.5, causal=causal, secure=False, secure_public_diag=False, seqlen_q=S, seqlen_k=S,
+            batch=B, num_heads_q=Hq, num_heads_kv=Hkv,
+            q_strides=(0, qv.stride(1), qv.stride(0)), k_strides=(0, kv.stride(1), kv.stride(0)),
+            v_strides=(0, vv.stride(1), vv.stride(0)), o_strides=(0, ov.stride(1), ov.stride(0)),
+            lse_strides=(0, B * S), arch=arch)
+    else:
+        cfg, _, args, ce = build_launch(
+            q, k, v, o, lse, seqlens_q=lens if secure else None, seqlens_k=lens if secure else None,
+            cu_seqlens_q=None, cu_seqlens_k=None, scale=hd ** -0.5, causal=causal, secure=secure,
+            secure_public_diag=public_diag, seqlen_q=S, seqlen_k=S, batch=B, num_heads_q=Hq, num_heads_kv=Hkv,
+            q_strides=q.stride()[:3], k_strides=k.stride()[:3], v_strides=v.stride()[:3], o_strides=o.stride()[:3],
+            lse_strides=(Hq * S, S), arch=arch)
+    secret = {"Q", "K", "V"} | ({"SEQLENS_Q", "SEQLENS_K"} if secure else ({"CU_SEQLENS_Q", "CU_SEQLENS_K"} if varlen else set()))
+    mode = ("causal_pubdiag" if public_diag else "causal") if causal else "full"
+    name = (f"{'secure' if secure else 'fast'}_{_ELT[dtype]}_d{hd}_{mode}_s{S}_gqa{Hq // Hkv}"
+            f"{'_varlen' if varlen else ''}_{cfg.block_m}x{cfg.block_n}w{cfg.num_warps}s{cfg.num_stages}")
+    return _spec_from_launch(name, cfg, args, ce, secret)
