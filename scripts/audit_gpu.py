@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Run flashcore's GPU audit gates in one go (sass if importable, counters, repro, timing).
+"""Run flashcore's GPU audit gates in one go: counters, repro, timing (+ the static sass gate if time is left).
 
     python scripts/audit_gpu.py --out $OUT/audit          # full run, ~6-7 minutes on an H100
-    python scripts/audit_gpu.py --out /tmp/audit --quick  # smoke test, ~1-2 minutes
+    python scripts/audit_gpu.py --out /tmp/audit --quick  # smoke test, ~1-2 minutes (sass skipped)
 
-Writes <out>/{sass?,counters,repro,timing,summary}.json and <out>/timing_samples.npz, and prints a short
-summary table LAST. Exit code: 1 if any gate failed, else 2 if any gate could not run, else 0.
-Budget (full): counters ~1-2 min, repro ~1 min, timing takes what is left of --budget-s (at most 4 min).
+Writes <out>/{counters,repro,timing,summary}.json, <out>/timing_samples.npz (and <out>/sass.json when the
+SASS gate runs), and prints a short summary table LAST. Exit code: 1 if any gate failed, else 2 if any gate
+could not run, else 0. Budget (full, --budget-s 450): counters ~1.5 min, repro ~1 min, timing takes what is
+left (at most 4 min). The SASS gate needs no GPU and takes ~5 min: it runs last only when enough budget is
+left (--sass auto), or always with --sass on.
 """
 from __future__ import annotations
 
@@ -36,12 +38,13 @@ def _gate_args(gate: str, out: str, extra: list) -> argparse.Namespace:
 def _plan(quick: bool) -> dict:
     if quick:
         return {
-            "counters": ["--classes", "random,zeros,huge,nan_pad,len1,len_full,masked_rows", "--causal", "0,1",
+            "counters": ["--classes", "random,zeros,huge,nan_pad,inf_pad,len1,len_half,len_full,masked_rows",
+                         "--causal", "0,1",
                          "--lens-modes", "cross", "--seqlen", "256", "--reps", "2", "--contrast-reps", "1",
                          "--ncu-timeout", "200"],
             "repro": ["--runs", "50", "--procs", "2", "--seqlen", "256", "--child-timeout", "120"],
             "timing": ["--pairs", "5000", "--min-pairs", "2000", "--contrast-pairs", "2000", "--heads", "8",
-                       "--seqlen", "1024", "--pool", "8", "--batch-pairs", "500", "--power-block-s", "0.2"],
+                       "--seqlen", "1024", "--pool", "8", "--power-block-s", "0.2"],
         }
     return {
         "counters": ["--ncu-timeout", "300"],
@@ -106,6 +109,10 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="shrink every gate for a smoke test")
     p.add_argument("--skip", default="", help="comma list of gates to skip (sass, counters, repro, timing)")
     p.add_argument("--budget-s", type=float, default=450.0, help="total wall-time budget; timing gets the rest")
+    p.add_argument("--sass", choices=("auto", "on", "off"), default="auto",
+                   help="the static SASS gate needs no GPU and takes ~5 min (72 configurations): 'auto' runs it "
+                        "last only if --sass-min-s of the budget is left, 'on' always (last), 'off' never")
+    p.add_argument("--sass-min-s", type=float, default=320.0)
     a = p.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -113,7 +120,10 @@ def main(argv=None) -> int:
     plan = _plan(a.quick)
     t0 = time.time()
     results = {}
-    for gate in audit_cli.GATES:
+    if a.sass == "off" or (a.quick and a.sass == "auto"):
+        skip.add("sass")
+    # GPU gates first (timing takes what is left of the budget), the static SASS gate last.
+    for gate in ("counters", "repro", "timing", "sass"):
         if gate in skip:
             continue
         print(f"\n===== audit {gate} =====", flush=True)
@@ -121,7 +131,10 @@ def main(argv=None) -> int:
         try:
             if gate == "sass":
                 mod, why = audit_cli._load_sass()
-                if mod is None:
+                left = a.budget_s - (time.time() - t0)
+                if mod is None or (a.sass == "auto" and left < a.sass_min_s):
+                    why = why or (f"{left:.0f} s of the {a.budget_s:.0f} s budget left, it needs ~{a.sass_min_s:.0f} s; "
+                                  f"run `flashcore audit sass` separately (static: no GPU needed) or pass --sass on")
                     print(f"[sass] skipped: {why}", flush=True)
                     results[gate] = {"code": None, "note": f"skipped: {why}"}
                     continue

@@ -223,6 +223,16 @@ def test_compare_memory_noise_policy():
     beyond = _per_class({"lts__t_sectors.sum": {"random": [1000, 1001], "zeros": [1000, 1001], "len1": [1500, 1501]}})
     rb = C.compare_config(beyond)
     assert not rb["pass"] and rb["metrics"]["lts__t_sectors.sum"]["status"] == "DIFFERS"
+    # one repetition per class: no noise estimate, any difference is a difference
+    single = _per_class({"dram__bytes_read.sum": {"random": [512], "len1": [640]}})
+    assert C.compare_config(single)["metrics"]["dram__bytes_read.sum"]["status"] == "DIFFERS"
+    # realistic: 11 classes x 3 reps of L2 noise; one class shifted far beyond the noise is caught
+    rng = np.random.default_rng(0)
+    noise = {f"c{i}": (45076 + rng.integers(0, 600, 3)).tolist() for i in range(11)}
+    assert C.compare_config(_per_class({"lts__t_sectors.sum": noise}))["pass"]
+    noise["c7"] = [v + 5000 for v in noise["c7"]]
+    r7 = C.compare_config(_per_class({"lts__t_sectors.sum": noise}))
+    assert not r7["pass"] and r7["metrics"]["lts__t_sectors.sum"]["p_class_effect"] < 1e-6
     # informational metrics never fail
     info = _per_class({"gpu__time_duration.sum": {"random": [3000, 3100], "len1": [900, 950]}})
     assert C.compare_config(info)["pass"]
@@ -251,6 +261,17 @@ def test_compare_missing_values_reported():
     assert r["metrics"]["smsp__inst_executed.sum"]["missing_in"] == ["zeros"]
     assert not r["pass"]  # a value missing for one class is not "identical"
     assert r["metrics"]["dram__bytes_write.sum"]["status"] == "unavailable"
+
+
+def test_class_effect_pvalue_against_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(4)
+    groups = [rng.normal(100, 5, 3).tolist() for _ in range(6)] + [rng.normal(108, 5, 3).tolist()]
+    ref = stats.f_oneway(*groups)
+    assert C.class_effect_pvalue(groups) == pytest.approx(float(ref.pvalue), rel=1e-8)
+    assert C.class_effect_pvalue([[1, 1], [1, 1]]) == 1.0
+    assert C.class_effect_pvalue([[1, 1], [2, 2]]) == 0.0
+    assert C.class_effect_pvalue([[1], [2]]) is None
 
 
 def test_metric_policies():

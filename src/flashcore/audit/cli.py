@@ -64,12 +64,14 @@ def _run_sass(args) -> int:
         i = rest.index("--out")
         if i + 1 < len(rest):
             out = rest[i + 1]
-    if not any(r == "--json" or r.startswith("--json=") for r in rest):
-        from pathlib import Path
+    from pathlib import Path
 
-        Path(out).mkdir(parents=True, exist_ok=True)
+    default_json = not any(r == "--json" or r.startswith("--json=") for r in rest)
+    if default_json:
         rest = ["--json", str(Path(out) / "sass.json")] + rest
     ns = sass_parser(mod).parse_args(rest)
+    if getattr(ns, "json", None):
+        Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
     return int(mod.run(ns) or 0)
 
 

@@ -16,10 +16,14 @@ in order. The parent exports the report with ``ncu --import ... --csv --page raw
 Policies:
 * ``exact`` (instructions, per-opcode counts, branches, launch configuration): every class and every
   repetition must give the same value.
-* ``noisy`` (DRAM bytes, L2 sectors, L1 traffic, shared-memory wavefronts): "identical" when equal;
-  otherwise the spread across classes is reported next to the run-to-run spread of repetitions of
-  one class. A spread within that noise is reported as a difference of its size ("within_noise",
-  not a failure unless ``--strict-memory``); a spread beyond it fails ("DIFFERS").
+* ``noisy`` (DRAM bytes, L2 sectors, L1 traffic, shared-memory wavefronts): "identical" when equal.
+  These counters vary run to run for the SAME input (L2 retries, partition traffic, shared-memory
+  arbitration), so otherwise the spread across classes is reported next to the run-to-run spread of
+  the repetitions, and a one-way ANOVA F-test asks whether the class explains the values. "DIFFERS"
+  (a failure) needs p < alpha (1e-3) AND a spread across classes larger than the largest spread among
+  repetitions of one class; otherwise "within_noise": a difference of the reported size that is not
+  attributable to the class (not a failure unless ``--strict-memory``). With one repetition per class
+  there is no noise estimate and any difference is "DIFFERS".
 * ``info`` (time, cycles, predicated-on thread instructions, L2 fabric traffic): reported only.
 
 The same classes run on the fast kernel (attention_varlen over the packed true lengths) for
@@ -259,14 +263,46 @@ def _comparable(cell: Optional[dict]):
     return cell.get("raw")
 
 
-def compare_metric(values: dict, policy: str, *, strict_memory: bool = False) -> dict:
+def class_effect_pvalue(groups: list) -> Optional[float]:
+    """One-way ANOVA F-test of "the class changes the value" for a noisy counter.
+
+    groups: one list of repetitions per class. Returns the F-test p-value (F distribution with
+    G-1 and N-G degrees of freedom, through flashcore.audit.stats.betainc), 1.0 when every value is
+    equal, 0.0 when the classes differ but no class varies within itself, and None when there is no
+    repetition to measure the within-class noise (N == G)."""
+    import numpy as np
+
+    from .stats import betainc
+
+    groups = [np.asarray([float(x) for x in g], dtype=np.float64) for g in groups if len(g) > 0]
+    G = len(groups)
+    N = sum(g.size for g in groups)
+    if G < 2 or N <= G:
+        return None
+    allv = np.concatenate(groups)
+    grand = allv.mean()
+    ssb = float(sum(g.size * (g.mean() - grand) ** 2 for g in groups))
+    ssw = float(sum(((g - g.mean()) ** 2).sum() for g in groups))
+    if ssb == 0.0:
+        return 1.0
+    if ssw == 0.0:
+        return 0.0
+    d1, d2 = G - 1, N - G
+    F = (ssb / d1) / (ssw / d2)
+    x = d2 / (d2 + d1 * F)  # P(F' > F) = I_x(d2/2, d1/2)
+    return float(betainc(d2 / 2.0, d1 / 2.0, x, d1 * F / (d2 + d1 * F)))
+
+
+def compare_metric(values: dict, policy: str, *, strict_memory: bool = False, alpha: float = 1e-3) -> dict:
     """Compare one metric across classes.
 
     values: {class_name: [cell_rep0, cell_rep1, ...]} (cells as parsed; None when missing).
     Returns {"status": identical|within_noise|DIFFERS|info|unavailable, "fail": bool, ...}: for
     numeric metrics min/max/spread, the run-to-run noise (largest spread among repetitions of one
     class) and the classes whose value differs from the reference (first) class; for per-opcode
-    metrics the opcodes whose counts differ.
+    metrics the opcodes whose counts differ. A "noisy" metric that is not identical is "DIFFERS"
+    when an F-test finds a class effect (p < alpha; the repetitions of each class measure the noise)
+    and the spread across classes exceeds the run-to-run spread, else "within_noise".
     """
     comps = {c: [_comparable(x) for x in cells] for c, cells in values.items()}
     present = [v for vs in comps.values() for v in vs if v is not None]
@@ -302,8 +338,14 @@ def compare_metric(values: dict, policy: str, *, strict_memory: bool = False) ->
         res["status"] = "identical"
         return res
     if policy == "noisy" and numeric:
-        between = res["spread"]
-        if between <= res["noise"]:
+        groups = [[v for v in vs if v is not None] for vs in comps.values()]
+        p = class_effect_pvalue(groups)
+        res["p_class_effect"] = p
+        res["alpha"] = alpha
+        # A difference needs both: the class explains the values (F-test p < alpha) AND the spread
+        # across classes exceeds the largest spread among repetitions of one class (a guard against
+        # the F-test's normality assumption on these skewed, discrete counters).
+        if p is not None and (p >= alpha or res["spread"] <= res["noise"]):
             res["status"] = "within_noise"
             res["fail"] = bool(strict_memory)
         else:
@@ -339,7 +381,8 @@ def _opcode_diff(comps: dict) -> dict:
     return diff
 
 
-def compare_config(per_class: dict, *, strict_memory: bool = False, metrics: Optional[list] = None) -> dict:
+def compare_config(per_class: dict, *, strict_memory: bool = False, metrics: Optional[list] = None,
+                   alpha: float = 1e-3) -> dict:
     """per_class: {class: [ {metric: cell} per rep ]}. Compares every metric present (or ``metrics``)."""
     names = set()
     for reps in per_class.values():
@@ -350,7 +393,7 @@ def compare_config(per_class: dict, *, strict_memory: bool = False, metrics: Opt
     out = {}
     for key in keys:
         vals = {c: [cells.get(key) for cells in reps] for c, reps in per_class.items()}
-        out[key] = compare_metric(vals, policy_of(key), strict_memory=strict_memory)
+        out[key] = compare_metric(vals, policy_of(key), strict_memory=strict_memory, alpha=alpha)
         out[key]["group"] = GROUPS.get(key.split(":", 1)[-1], "other")
     failed = sorted(k for k, r in out.items() if r["fail"])
     noisy = sorted(k for k, r in out.items() if r["status"] == "within_noise")
@@ -486,6 +529,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--contrast-reps", type=int, default=2)
     p.add_argument("--strict-memory", action="store_true",
                    help="fail on any DRAM/L2 difference, even one within run-to-run noise")
+    p.add_argument("--noise-alpha", type=float, default=1e-3,
+                   help="memory counters: a class effect with F-test p < alpha (and a spread beyond run-to-run noise) is a difference (default 1e-3)")
     p.add_argument("--ncu", default=None, help="path to ncu (default: PATH, /usr/local/cuda/bin, /opt/nvidia/nsight-compute)")
     p.add_argument("--ncu-timeout", type=int, default=420)
     p.add_argument("--keep-reports", default=None, help="directory to keep the .ncu-rep files in")
@@ -583,7 +628,7 @@ def _tail(s: str, n: int = 4000) -> str:
     return s[-n:] if s else ""
 
 
-def analyse(info: dict, *, strict_memory: bool) -> dict:
+def analyse(info: dict, *, strict_memory: bool, alpha: float = 1e-3) -> dict:
     """Group the profiled rows by configuration and class and compare each configuration."""
     man = info["manifest"]
     launches = man["launches"]
@@ -593,7 +638,7 @@ def analyse(info: dict, *, strict_memory: bool) -> dict:
         by_cfg.setdefault(l["config"], {}).setdefault(l["class"], []).append(mapped[i])
     out = {}
     for key, per_class in by_cfg.items():
-        res = compare_config(per_class, strict_memory=strict_memory)
+        res = compare_config(per_class, strict_memory=strict_memory, alpha=alpha)
         kernels = sorted({cells.get("__kernel__", {}).get("raw", "?") for reps in per_class.values() for cells in reps})
         res.update(config=key, classes=list(per_class), kernels=kernels, reps=max(len(v) for v in per_class.values()))
         out[key] = res
@@ -636,7 +681,7 @@ def run(a) -> int:
             report["classes"] = man.get("classes")
             report["output_checks"] = man.get("output_checks")
         try:
-            configs.update(analyse(info, strict_memory=a.strict_memory))
+            configs.update(analyse(info, strict_memory=a.strict_memory, alpha=a.noise_alpha))
         except ValueError as e:
             report["runs"][k]["error"] = str(e)
             print(f"[counters] {k}: {e}", file=sys.stderr)
@@ -671,13 +716,13 @@ def print_report(report: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    con = Console(width=170)
     for key, res in (report.get("configs") or {}).items():
         secure = key.startswith("secure/")
         t = Table(title=f"{key}: {'PASS' if res['pass'] else ('differences (contrast)' if not secure else 'FAIL')} "
                         f"- {len(res['classes'])} classes x {res['reps']} reps", show_lines=False)
-        for col in ("metric", "group", "status", "min", "max", "spread", "run-to-run"):
-            t.add_column(col, justify="right" if col in ("min", "max", "spread", "run-to-run") else "left")
+        for col in ("metric", "group", "status", "min", "max", "spread", "run-to-run", "p(class)"):
+            t.add_column(col, justify="right" if col in ("min", "max", "spread", "run-to-run", "p(class)") else "left")
         for m, r in sorted(res["metrics"].items(), key=lambda kv: (kv[1].get("group", ""), kv[0])):
             if not secure and r["status"] in ("identical", "unavailable"):
                 continue
@@ -685,7 +730,8 @@ def print_report(report: dict) -> None:
             style = {"identical": "green", "within_noise": "yellow", "DIFFERS": "bold red", "info": "dim"}.get(st, "")
             fmt = lambda x: "" if x is None else (f"{x:,.0f}" if isinstance(x, float) and abs(x) >= 100 else f"{x:,.4g}")
             t.add_row(m, r.get("group", ""), f"[{style}]{st}[/{style}]" if style else st,
-                      fmt(r.get("min")), fmt(r.get("max")), fmt(r.get("spread")), fmt(r.get("noise")))
+                      fmt(r.get("min")), fmt(r.get("max")), fmt(r.get("spread")), fmt(r.get("noise")),
+                      "" if r.get("p_class_effect") is None else f"{r['p_class_effect']:.3g}")
         con.print(t)
         if res["failed"]:
             con.print(f"  [bold red]differing required metrics:[/] {', '.join(res['failed'])}")

@@ -200,7 +200,7 @@ def _print(report: dict) -> None:
                   "[green]identical[/]" if r.get("identical") else "[bold red]DIFFERENT[/]",
                   "[green]identical[/]" if cp.get("identical") else f"[bold red]DIFFERENT[/] {cp.get('errors') or ''}",
                   (r.get("ref_sha256") or "")[:16])
-    Console().print(t)
+    Console(width=170).print(t)
 
 
 if __name__ == "__main__":

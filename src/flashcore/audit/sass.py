@@ -9,8 +9,18 @@ forward data-flow analysis (a monotone fixpoint over the CFG) on the SASS.
 Public API
 ----------
 ``sass_taint(fn, signature, constexprs, secret, target=(9, 0), num_warps=4, num_stages=3) -> Report``
-``audit_kernels(specs) -> list[Report]``  (spec: dict name/fn/signature/constexprs/secret/num_warps/num_stages)
-``main(argv) / add_arguments(parser) / run(args)``: ``flashcore audit sass [--json PATH] [--include-fast]``
+``audit_kernels(specs, jobs=1) -> list[Report]``  (spec: dict name/fn/signature/constexprs/secret/
+num_warps/num_stages; ``jobs > 1`` forks worker processes)
+``main(argv) / add_arguments(parser) / run(args)``:
+``flashcore audit sass [--json PATH] [--include-fast] [--jobs N] [--show N]`` (exit 0 = every
+``audit_specs(secure=True)`` configuration is violation-free; 1 = violations, errors or no kernels;
+2 = ``flashcore.kernels.audit_specs`` unavailable).  Lower-level: ``compile_cubin``,
+``disassemble``, ``analyze_cubin``, ``analyze_listing`` (hand-written SASS).
+
+Compilation uses ``triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))`` (no GPU or
+driver needed; cached per process by (fn, signature, constexprs, target, num_warps, num_stages)).
+Kernels decorated while ``TRITON_INTERPRET=1`` (``InterpretedFunction``) are rebuilt as JIT
+functions and compiled with the interpret knob temporarily off.
 
 Parameters and the constant bank
 --------------------------------
@@ -29,7 +39,13 @@ Abstract domain
 ---------------
 Two lattices, joined by union at CFG merges:
 
-* taint (boolean per location): the value depends on a secret;
+* taint: the value depends on a secret.  Bit-precise (a 32-bit mask) for general/uniform registers
+  and local-memory slots, boolean elsewhere.  ``LOP3.LUT`` (evaluated per bit through its truth
+  table), shifts (``SHF``, ``IMAD.SHL``), moves, ``SEL``, ``PRMT``, ``P2R``/``R2P`` keep bits apart;
+  additions/multiplications taint from the lowest tainted bit upwards; everything else taints all
+  bits.  ptxas packs predicates into GPR bits (``LOP3`` bit set/clear under a predicate, ``P2R``) and
+  spills them; a register-granular analysis would smear one secret mask bit over every packed
+  public predicate (this is what the secure attention kernel needs);
 * provenance (set of pointer-parameter names per location): the value is an address derived from
   that parameter (``IADD3``/``IMAD.WIDE``/``LEA``/``MOV``/... propagate it; every data-flow op
   propagates the union of its sources, an over-approximation).  A global load's data is tainted when
@@ -52,7 +68,10 @@ Modelling choices (over- / under-approximations)
   Unknown opcodes: destinations get 4 registers, the first operand is also read, memory operands
   are a generic read *and* write of unknown memory.  Unknown opcodes are listed in the report.
 * Predicated instructions (``@P0 OP``) act as selects: destinations are tainted if the guard is
-  (weak update: old value kept).  ``SEL/FSEL/FMNMX/IMNMX/PLOP3/ISETP/FSETP/...`` are data flow.
+  (weak update: old value kept; for ``LOP3`` only the bits the instruction can change).  The state
+  also remembers "value under guard": after ``@!P5 MOV R2, 0x4000`` a read of ``R2`` by another
+  ``@!P5`` instruction (``P5`` not redefined in between) sees the guarded value, not its join with
+  the old one.  ``SEL/FSEL/FMNMX/IMNMX/PLOP3/ISETP/FSETP/...`` are data flow.
 * Matrix units: ``HMMA/IMMA/HGMMA`` outputs are tainted if any register input is, and ``HGMMA``
   also if shared memory holds secret data (its descriptor operands read shared memory).
 * A memory access's loaded value is also tainted when its address is (and that is a violation).
@@ -92,17 +111,31 @@ Modelling choices (over- / under-approximations)
 * Not modelled: cache / bank-conflict timing of accesses whose address is public (bank conflicts
   depend on the address only, which is checked), instruction-cache effects, power.
 
+Every violation carries a ``trace``: the chain of instructions through which the secret reached it
+(witnesses recorded during the fixpoint), ending at its source (a secret pointer's load, a secret
+scalar's constant-bank slot, shared/local memory...).
+
+Known limitations
+-----------------
+Shared memory is one coarse location: a warp-specialised kernel whose partitions read a *public*
+control word from shared memory (Triton's ``warp_specialize`` dispatch flag) after secret tiles were
+stored anywhere in shared memory reports that branch (its trace ends at "shared memory").  The
+analysis covers the kernel's own machine code for the one target it is compiled for; it does not
+prove anything about the launcher, other architectures, or code paths not in ``audit_specs``.
+
 Violations
 ----------
 ``branch``: BRA/BRX/JMP/JMX/CALL/RET/EXIT/BREAK/BSSY/BSYNC with a tainted guard, predicate operand or
 target register.  ``address``: a memory access (LD*/ST*/ATOM*/RED/LDS/STS/LDL/STL/LDSM/STSM/LDGSTS/
 TMA/bulk copy/SYNCS/HGMMA descriptors/indexed LDC) with a tainted address register.
 ``predicated-memory``: a memory access under a tainted guard (or tainted source predicate, e.g. a
-cp.async zero-fill predicate).  ``timing``: see above.
+cp.async zero-fill predicate).  ``timing``: see above.  ``coverage``: code the analysis could not
+follow (a call whose target is not in the disassembly) - fails the gate rather than being assumed safe.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import heapq
 import json
@@ -118,7 +151,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 from . import sass_elf
-from .sass_isa import TRANSFER, Instr, Listing, Sem, all_known, decode, parse_nvdisasm, parse_operand
+from .sass_isa import TRANSFER, Instr, Listing, Sem, decode, parse_nvdisasm, parse_operand
 
 __all__ = [
     "Violation",
@@ -254,8 +287,10 @@ class Report:
         else:
             lines.append(f"  {len(self.violations)} violation(s): "
                          + ", ".join(f"{k}={v}" for k, v in self.counts().items()))
-            for v in self.violations:
+            for k, v in enumerate(self.violations):
                 lines.append("    " + str(v))
+                if k < 5:
+                    lines.extend("        " + t for t in v.trace)
         return "\n".join(lines)
 
 
@@ -298,12 +333,56 @@ class _Compiled:
     seconds: float
 
 
+_JIT_FROM_INTERP: dict[int, tuple[Any, Any]] = {}
+_GLOBALS_FROM_INTERP: dict[int, dict] = {}
+
+
+def _interp_to_jit(ifn):
+    """A compilable ``JITFunction`` for a kernel decorated while ``TRITON_INTERPRET=1``.
+
+    Under the interpreter ``@triton.jit`` returns ``InterpretedFunction`` objects (the kernel *and*
+    the helpers it calls through module globals).  We rebuild the Python functions over a copy of
+    their module globals in which every interpreted function is replaced by its JIT twin.
+    """
+    import types
+
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    hit = _JIT_FROM_INTERP.get(id(ifn))
+    if hit is not None and hit[0] is ifn:
+        return hit[1]
+    pyfn = ifn.fn
+    gid = id(pyfn.__globals__)
+    g = _GLOBALS_FROM_INTERP.get(gid)
+    if g is None:
+        g = dict(pyfn.__globals__)
+        _GLOBALS_FROM_INTERP[gid] = g
+        for name, v in list(g.items()):
+            if isinstance(v, InterpretedFunction):
+                g[name] = _interp_to_jit(v)
+    nf = types.FunctionType(pyfn.__code__, g, pyfn.__name__, pyfn.__defaults__, pyfn.__closure__)
+    for attr in ("__qualname__", "__module__", "__doc__", "__annotations__", "__kwdefaults__"):
+        setattr(nf, attr, getattr(pyfn, attr, None))
+    jit = JITFunction(nf, **dict(getattr(ifn, "kwargs", {}) or {}))
+    _JIT_FROM_INTERP[id(ifn)] = (ifn, jit)
+    return jit
+
+
 def _unwrap_jit(fn):
     from triton.runtime.jit import JITFunction
 
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except Exception:  # pragma: no cover
+        InterpretedFunction = ()  # type: ignore[assignment]
     seen = 0
-    while not isinstance(fn, JITFunction) and hasattr(fn, "fn") and seen < 8:
-        fn = fn.fn
+    while not isinstance(fn, JITFunction) and seen < 8:
+        if InterpretedFunction and isinstance(fn, InterpretedFunction):
+            return _interp_to_jit(fn)
+        if not hasattr(fn, "fn"):
+            break
+        fn = fn.fn  # autotuner / heuristics wrappers
         seen += 1
     if not isinstance(fn, JITFunction):
         raise TypeError(f"expected a @triton.jit function, got {type(fn).__name__}")
@@ -322,6 +401,50 @@ def _freeze(x):
         return repr(x)
 
 
+@contextlib.contextmanager
+def _compiler_mode():
+    """Compile as on a GPU machine even when ``TRITON_INTERPRET=1`` (CPU test suites set it).
+
+    Under the interpreter every ``@triton.jit`` function - the kernel, its helpers and Triton's own
+    standard library (``tl.sum``, ``tl.max``, tensor member functions...) - was created as an
+    ``InterpretedFunction``.  For the duration of the compile we switch the knob off and swap the
+    standard-library objects for JIT twins, restoring everything afterwards.
+    """
+    try:
+        from triton import knobs
+        from triton.runtime.interpreter import InterpretedFunction
+    except Exception:  # pragma: no cover - older Triton
+        yield
+        return
+    if not knobs.runtime.interpret:
+        yield
+        return
+    patches: list[tuple[Any, str, Any]] = []
+    try:
+        for modname, mod in list(sys.modules.items()):
+            if mod is None or not (modname == "triton.language" or modname.startswith("triton.language.")):
+                continue
+            for name, v in list(vars(mod).items()):
+                if isinstance(v, InterpretedFunction):
+                    patches.append((mod, name, v))
+                elif isinstance(v, type) and getattr(v, "__module__", "").startswith("triton.language"):
+                    for cname, cv in list(vars(v).items()):
+                        if isinstance(cv, InterpretedFunction):
+                            patches.append((v, cname, cv))
+        seen = set()
+        for owner, name, v in patches:
+            if (id(owner), name) in seen:
+                continue
+            seen.add((id(owner), name))
+            setattr(owner, name, _interp_to_jit(v))
+        with knobs.runtime.scope():
+            knobs.runtime.interpret = False
+            yield
+    finally:
+        for owner, name, v in patches:
+            setattr(owner, name, v)
+
+
 def compile_cubin(fn, signature: dict, constexprs: dict | None = None, target=(9, 0), num_warps: int = 4,
                   num_stages: int = 3) -> _Compiled:
     """Compile ``fn`` for ``sm_<target>`` (``a`` variant on 9.0) without a GPU; cached per process."""
@@ -337,8 +460,9 @@ def compile_cubin(fn, signature: dict, constexprs: dict | None = None, target=(9
         return hit
     t0 = time.perf_counter()
     src = ASTSource(jfn, signature=dict(signature), constexprs=dict(constexprs or {}))
-    compiled = triton.compile(src, target=GPUTarget("cuda", cap, 32),
-                              options={"num_warps": num_warps, "num_stages": num_stages})
+    with _compiler_mode():
+        compiled = triton.compile(src, target=GPUTarget("cuda", cap, 32),
+                                  options={"num_warps": num_warps, "num_stages": num_stages})
     meta = compiled.metadata
     out = _Compiled(
         cubin=compiled.asm["cubin"],
@@ -466,18 +590,20 @@ class _Block:
 
 
 def _is_conditional(ins: Instr) -> bool:
+    """May control fall through to the next instruction (guard, predicate operand, BRA.DIV...)?"""
     if ins.guard is not None:
         return True
     for o in ins.operands:
         op = parse_operand(o)
         if op.kind == "pred" and not (op.reg in ("PT", "UPT") and not op.negated):
             return True
-        if op.kind == "reg" and op.reg not in ("RZ", "URZ"):
-            return True
-    return any(m in ("DIV", "CONV", "U") for m in ins.mods) and ins.base == "BRA"
+        if op.kind == "reg" and op.reg not in ("RZ", "URZ") and ins.base in ("BRA", "JMP"):
+            return True  # BRA.DIV URx: taken depending on a (divergence) mask
+    return ins.base == "BRA" and any(m in ("DIV", "CONV") for m in ins.mods)
 
 
-def _build_cfg(listing: Listing, entry_off: int, notes: list[str]) -> tuple[list[_Block], int]:
+def _build_cfg(listing: Listing, entry_off: int, notes: list[str],
+               unresolved: set[int] | None = None) -> tuple[list[_Block], int]:
     ins = listing.instrs
     n = len(ins)
     pos = {x.offset: i for i, x in enumerate(ins)}
@@ -537,6 +663,8 @@ def _build_cfg(listing: Listing, entry_off: int, notes: list[str]) -> tuple[list
             ts = targets.get(blk.end - 1, [])
             if not ts:
                 notes.append(f"call target outside the listing at 0x{last.offset:04x} ({last.text}); not analysed")
+                if unresolved is not None:
+                    unresolved.add(last.offset)
             blk.succs = [block_of[t] for t in ts] + fall
         elif b == "RET":
             blk.succs = [block_of[r] for r in call_returns if r in block_of] + (fall if cond else [])
@@ -843,7 +971,8 @@ class _Analyzer:
         self.sems: list[Sem] = [decode(x) for x in self.ins]
         self.env = _Env(params)
         self.notes = notes
-        self.blocks, self.entry = _build_cfg(listing, entry_off, notes)
+        self.unresolved: set[int] = set()
+        self.blocks, self.entry = _build_cfg(listing, entry_off, notes, self.unresolved)
         self.iterations = 0
         self.why: dict[int, list[tuple]] = {}
         self.by_offset = {x.offset: x for x in self.ins}
@@ -927,7 +1056,7 @@ class _Analyzer:
             self._record_why(x, s, S, gt, at_regs)
 
         fam = s.family
-        if fam in ("branch", "nop", "timing") and not s.dests:
+        if fam in ("branch", "nop") or (fam == "timing" and not s.dests):
             S.key = None
             return
         if s.local is not None:
@@ -1108,8 +1237,16 @@ class _Analyzer:
                 why.append(("src", f"c[0x{bank:x}][0x{off:x}] = secret scalar {name}"))
         if s.const_indexed and env.secret_scalars:
             why.append(("src", "indexed constant-bank read (secret scalars present)"))
+        if s.local is not None and s.local[0] == "ld":
+            for off in s.local[1]:
+                if S.t(f"L:{off}"):
+                    why.append(("loc", f"L:{off}", S.W.get(f"L:{off}", -1)))
+        elif s.local is not None:
+            for r in s.local[2]:
+                if S.t(r):
+                    why.append(("loc", r, S.W.get(r, -1)))
         for spec in s.reads:
-            if self._read(spec, S)[0]:
+            if self._read(spec, S)[0] and not (s.local is not None and spec[0] == "L" and not S.t("L*")):
                 why.append(("src", self._read_reason(spec, S)))
         if s.is_memory:
             for r in at_regs:
@@ -1153,7 +1290,8 @@ class _Analyzer:
             seen.add((loc, w))
             ins = by_off.get(w)
             why = self.why.get(w, [])
-            out.append(f"{loc} <- /*{w:04x}*/ {ins.text if ins else '?'}")
+            shown = f"local[0x{int(loc[2:]):x}]" if loc.startswith("L:") else loc
+            out.append(f"{shown} <- /*{w:04x}*/ {ins.text if ins else '?'}")
             srcs = [r for r in why if r[0] == "src"]
             if srcs:
                 out.append("   " + srcs[0][1])
@@ -1183,6 +1321,8 @@ class _Analyzer:
         g = f"guard {'!' if x.guard_neg else ''}{x.guard} tainted" if gt else ""
         fam = s.family
         if fam == "branch":
+            if x.offset in self.unresolved:
+                add("coverage", "call into code outside the disassembly: callee not analysed")
             regs = S.which_t(s.branch_srcs)
             if gt or regs:
                 add("branch", "; ".join(filter(None, [g, f"operand {','.join(regs)} tainted" if regs else ""])))
@@ -1259,8 +1399,8 @@ class _Analyzer:
             k = (v.offset, v.kind)
             if k not in seen:
                 seen.add(k)
-                seed = getattr(v, "_seed", None)
-                if seed is not None:
+                seed = v.__dict__.pop("_seed", None)
+                if seed is not None and len(violations) < 50:  # keep reports small: traces for the first 50
                     v.trace = self.trace(*seed)
                 violations.append(v)
         unknown: Counter = Counter()
@@ -1352,28 +1492,56 @@ def sass_taint(fn, signature: dict, constexprs: dict | None, secret: Iterable[st
     return rep
 
 
-def audit_kernels(specs: Iterable[dict], on_error: str = "report") -> list[Report]:
+def _audit_one(spec: dict, on_error: str) -> Report:
+    fn = spec["fn"]
+    name = spec.get("name") or getattr(_safe_unwrap(fn), "__name__", str(fn))
+    nw, ns = int(spec.get("num_warps", 4)), int(spec.get("num_stages", 3))
+    try:
+        rep = sass_taint(fn, spec["signature"], spec.get("constexprs") or {}, spec.get("secret") or (),
+                         target=spec.get("target", (9, 0)), num_warps=nw, num_stages=ns)
+    except Exception as e:  # noqa: BLE001 - a kernel we cannot audit fails the gate
+        if on_error == "raise":
+            raise
+        rep = Report(kernel=getattr(_safe_unwrap(fn), "__name__", "?"), error=f"{type(e).__name__}: {e}",
+                     num_warps=nw, num_stages=ns, secret=sorted(spec.get("secret") or ()))
+    rep.name = name
+    return rep
+
+
+_POOL_SPECS: list[dict] = []
+
+
+def _pool_worker(i: int) -> Report:
+    return _audit_one(_POOL_SPECS[i], "report")
+
+
+def audit_kernels(specs: Iterable[dict], on_error: str = "report", jobs: int = 1) -> list[Report]:
     """Run :func:`sass_taint` over launch specs ``{name, fn, signature, constexprs, secret, num_warps, num_stages}``.
 
     ``on_error="report"`` turns a failure to compile/analyse into a failed :class:`Report` (``error``
-    set, ``ok`` False); ``"raise"`` re-raises.
+    set, ``ok`` False); ``"raise"`` re-raises.  ``jobs > 1`` compiles/analyses in forked worker
+    processes (POSIX only; falls back to serial); results keep the order of ``specs``.
     """
-    reports = []
-    for spec in specs:
-        fn = spec["fn"]
-        name = spec.get("name") or getattr(_safe_unwrap(fn), "__name__", str(fn))
-        nw, ns = int(spec.get("num_warps", 4)), int(spec.get("num_stages", 3))
+    specs = list(specs)
+    if jobs > 1 and len(specs) > 1 and on_error != "raise":
+        import multiprocessing as mp
+
+        global _POOL_SPECS
         try:
-            rep = sass_taint(fn, spec["signature"], spec.get("constexprs") or {}, spec.get("secret") or (),
-                             target=spec.get("target", (9, 0)), num_warps=nw, num_stages=ns)
-        except Exception as e:  # noqa: BLE001 - a kernel we cannot audit fails the gate
-            if on_error == "raise":
-                raise
-            rep = Report(kernel=getattr(_safe_unwrap(fn), "__name__", "?"), error=f"{type(e).__name__}: {e}",
-                         num_warps=nw, num_stages=ns, secret=sorted(spec.get("secret") or ()))
-        rep.name = name
-        reports.append(rep)
-    return reports
+            ctx = mp.get_context("fork")
+        except ValueError:
+            ctx = None
+        if ctx is not None:
+            _POOL_SPECS = specs
+            try:
+                with ctx.Pool(min(jobs, len(specs))) as pool:
+                    return pool.map(_pool_worker, range(len(specs)), chunksize=1)
+            except Exception as e:  # noqa: BLE001 - e.g. unpicklable results: do it serially
+                print(f"flashcore audit sass: parallel audit failed ({type(e).__name__}: {e}); running serially",
+                      file=sys.stderr)
+            finally:
+                _POOL_SPECS = []
+    return [_audit_one(spec, on_error) for spec in specs]
 
 
 def _safe_unwrap(fn):
@@ -1392,28 +1560,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--json", metavar="PATH", default=None, help="write the full reports as JSON to PATH")
     parser.add_argument("--include-fast", action="store_true",
                         help="also audit the fast (non-DHP) kernels; their findings are reported, never fatal")
+    parser.add_argument("--jobs", "-j", type=int, default=min(8, os.cpu_count() or 1), metavar="N",
+                        help="parallel compile/analysis processes (default: CPU count, at most 8)")
     parser.add_argument("--show", type=int, default=8, metavar="N",
                         help="violations to print per kernel (default 8; 0 = none)")
     return parser
 
 
-def _table(title: str, reports: list[Report], console) -> None:
+def _table(title: str, reports: list[Report], console, informational: bool = False) -> None:
     if console is not None:
         from rich.table import Table
 
-        t = Table(title=title, show_lines=False)
-        for col in ("config", "kernel", "warps/stages", "instrs", "blocks", "violations", "unknown ops", "status"):
-            t.add_column(col, overflow="fold")
+        t = Table(title=title, show_lines=False, pad_edge=False, box=None, header_style="bold")
+        t.add_column("config", no_wrap=True)
+        t.add_column("w/s", no_wrap=True)
+        t.add_column("instrs", justify="right", no_wrap=True)
+        t.add_column("blocks", justify="right", no_wrap=True)
+        t.add_column("violations", no_wrap=True)
+        t.add_column("unk", justify="right", no_wrap=True)
+        t.add_column("status", no_wrap=True)
         for r in reports:
-            status = "[green]OK[/]" if r.ok else ("[red]ERROR[/]" if r.error else "[red]FAIL[/]")
+            status = "[green]OK[/]" if r.ok else ("[red]ERROR[/]" if r.error else
+                                                  ("[yellow]findings[/]" if informational else "[red]FAIL[/]"))
             viol = ", ".join(f"{k}={v}" for k, v in r.counts().items()) or "-"
-            t.add_row(r.name or r.kernel, r.kernel, f"{r.num_warps}/{r.num_stages}", str(r.n_instructions),
-                      str(r.n_blocks), viol, str(sum(r.unknown_opcodes.values())), status)
+            label = r.name or r.kernel
+            if r.name and r.kernel and r.kernel not in r.name:
+                label += f" ({r.kernel})"
+            t.add_row(label, f"{r.num_warps}/{r.num_stages}", str(r.n_instructions), str(r.n_blocks), viol,
+                      str(sum(r.unknown_opcodes.values())), status)
         console.print(t)
     else:
         print(title)
         for r in reports:
-            status = "OK" if r.ok else ("ERROR" if r.error else "FAIL")
+            status = "OK" if r.ok else ("ERROR" if r.error else ("findings" if informational else "FAIL"))
             viol = ", ".join(f"{k}={v}" for k, v in r.counts().items()) or "-"
             print(f"  {status:<5} {(r.name or r.kernel):<40} w{r.num_warps}/s{r.num_stages} "
                   f"{r.n_instructions:>6} instrs {r.n_blocks:>4} blocks  {viol}")
@@ -1427,8 +1606,11 @@ def _details(reports: list[Report], show: int, out) -> None:
         if not r.violations or show <= 0:
             continue
         print(f"{r.name or r.kernel}: {len(r.violations)} violation(s)", file=out)
-        for v in r.violations[:show]:
+        for k, v in enumerate(r.violations[:show]):
             print(f"    {v}", file=out)
+            if k == 0:
+                for t in v.trace:
+                    print(f"        {t}", file=out)
         if len(r.violations) > show:
             print(f"    ... {len(r.violations) - show} more (see --json)", file=out)
 
@@ -1443,19 +1625,25 @@ def run(args: argparse.Namespace) -> int:
         from rich.console import Console
 
         console = Console()
+        if not console.is_terminal:
+            console = Console(width=200)
     except Exception:  # pragma: no cover
         console = None
     t0 = time.perf_counter()
-    secure_specs = list(audit_specs(secure=True))
-    secure = audit_kernels(secure_specs)
-    fast: list[Report] = []
-    if getattr(args, "include_fast", False):
-        fast = audit_kernels(list(audit_specs(secure=False)))
+    try:
+        secure_specs = list(audit_specs(secure=True))
+        fast_specs = list(audit_specs(secure=False)) if getattr(args, "include_fast", False) else []
+    except Exception as e:  # noqa: BLE001
+        print(f"flashcore audit sass: audit_specs() failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    jobs = max(1, int(getattr(args, "jobs", 1) or 1))
+    secure = audit_kernels(secure_specs, jobs=jobs)
+    fast: list[Report] = audit_kernels(fast_specs, jobs=jobs) if fast_specs else []
     show = getattr(args, "show", 8)
     _table("DHP-safe (secure) kernels - must be violation-free", secure, console)
     _details(secure, show, sys.stdout)
     if fast:
-        _table("fast kernels - informational (secret-dependent behaviour expected)", fast, console)
+        _table("fast kernels - informational (secret-dependent behaviour expected)", fast, console, informational=True)
         _details(fast, min(show, 3), sys.stdout)
     gate_ok = bool(secure) and all(r.ok for r in secure)
     if not secure:

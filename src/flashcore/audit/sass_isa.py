@@ -410,10 +410,13 @@ def decode(ins: Instr) -> Sem:
                 else:
                     timing += _regs_of(op) + _inner_of(op)
             return Sem("timing", dests=dests, srcs=srcs, timing_srcs=timing)
-        timing = []
-        for op in ops:
-            timing += _regs_of(op) + _inner_of(op)
-        return Sem("timing", timing_srcs=timing)
+        timing, dests = [], []
+        for i, op in enumerate(ops):
+            if i == 0 and op.kind == "pred" and not op.negated:
+                dests += _regs_of(op)  # e.g. USETMAXREG.TRY_ALLOC UP0: success flag (public schedule)
+            else:
+                timing += _regs_of(op) + _inner_of(op)
+        return Sem("timing", dests=dests, timing_srcs=timing, public_dests=bool(dests))
 
     # ---------------- mbarrier (SYNCS.*) ----------------
     if base in SYNC_MEM:
@@ -701,9 +704,7 @@ def _bitop(base: str, mods: list[str], ops: list[Opnd], didx: list[int]):
                 if m in ("B1", "B2", "B3"):
                     shift = 8 * int(m[1])
             return ("r2p", src, int(ops[2].text, 0), shift) if src else None
-        if base in ("LOP3", "ULOP3") and len(reg_dests) == 0:
-            pass
-        else:
+        if not (base in ("LOP3", "ULOP3") and len(reg_dests) == 0):
             return None
     d = reg_dests[0] if reg_dests else None
     dest = ops[d].reg if d is not None else None

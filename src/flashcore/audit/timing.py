@@ -2,38 +2,46 @@
 
 Class pairs (all at one public shape; see ``class_specs``):
 
-* ``fixed_vs_random``: a fixed input (the same values in every pool slot, at distinct addresses so the
-  caches treat both classes alike) versus fresh random inputs, same true lengths (3/4 S_max).
+* ``fixed_vs_random``: a fixed input (the same values copied into every slot dealt to class A) versus
+  fresh random inputs, same true lengths (3/4 S_max).
 * ``short_vs_long``: true length 1 versus S_max, random values.
 * ``pad_zeros_vs_random``: true length S_max/2, padding all zeros versus random non-zero padding.
 * ``values_zeros_vs_random``: all-zero versus random values at full length. This one probes data-
   dependent power/clock effects (out of scope of the threat model, measured anyway): it is reported but
   does not fail the gate unless ``--strict-power``.
 
-Method: for each class a pool of ``--pool`` input sets is built on the GPU before timing (random pools
-are refilled in place between batches, outside the timed regions), and each slot's call is captured as a
-CUDA graph (falls back to eager calls when capture fails), so the host enqueues a call in ~15 µs and the
-GPU, given a short head start (``torch.cuda._sleep``), runs the calls back to back: the events then time
-the kernel, not the host. Measurements are taken in pairs, A then B or B then A in a pre-drawn random
-order, with pre-drawn random pool slots; events are recorded for ``--batch`` pairs, then the host
-synchronises once and reads every elapsed time. Statistics (flashcore.audit.stats): dudect's Welch t
+Method: the inputs live in slots built on the GPU before timing. For the secure kernel all classes
+have one shape, so ``2 x --pool`` slots are shared: before each batch they are dealt at random, half to
+each class, and every slot is rewritten with its class's content (values, padding and the GPU lengths
+tensor; random: new values, fixed: the same values copied again, zeros: zeroed), outside the timed
+regions. Every address thus serves both classes (address effects become noise, not bias) and both
+classes cause the same memory writes. (The fast varlen contrast keeps one pool per class: its shapes
+follow the lengths.) Each slot's call is captured as a CUDA graph (eager calls if capture fails).
+Before each batch the GPU sleeps (``torch.cuda._sleep``) long enough for the host to enqueue the whole
+batch (the lead is calibrated from the measured host cost per pair), so the calls run back to back and
+the events time the kernel, not the host; the idle gaps between pairs are sampled to show it
+(``host_bound_fraction``: gaps over 5 µs). Measurements are taken in pairs, A then B or B then A in a
+pre-drawn random order, as e0, call, e1, call, e2 (e1 ends one call and starts the other), with random
+slots; ``--batch-pairs`` pairs are enqueued between host synchronisations.
+Statistics (flashcore.audit.stats): dudect's Welch t
 (uncropped, 100 percentile crops, second order) on the two classes, and a paired t-test on the per-pair
 differences (order-randomised, so drift cancels). |t| > 4.5 means a difference was detected; the report
 gives the mean difference in ns with a 95% confidence interval and the smallest difference the sample
 could have detected. The fast kernel (attention_varlen, whose loop bounds follow the true lengths) runs
 ``short_vs_long`` and ``fixed_vs_random`` for contrast: short_vs_long should show a huge |t| there.
 GPU clocks, power and temperature (pynvml, else nvidia-smi) are sampled at the start, per batch and at
-the end. Exit code: 0 no difference detected on the secure kernel, 1 one detected, 2 could not run.
+the end, and for each secure test a power probe runs each class alone for ``--power-block-s`` seconds
+(A B B A) and reports average power (NVML energy counter) and throughput per class. Exit code: 0 no difference detected on the secure kernel, 1 one detected, 2 could not run.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -67,156 +75,206 @@ def class_specs(test: str, S_max: int) -> tuple:
     raise ValueError(f"unknown timing test {test!r}")
 
 
-class Pool:
-    """``P`` input sets of one class, each with a callable that runs the kernel on it."""
+class Slots:
+    """Input slots for the timing tests, each with a callable (a CUDA-graph replay once captured).
 
-    def __init__(self, kernel: str, spec: ClassSpec, *, B, H, Hkv, S_max, D, dtype, causal, P, backend, seed):
+    secure kernel: ONE set of ``2P`` slots shared by both classes. Before each batch the slots are
+    dealt at random, P to class A and P to class B, and every slot is rewritten with its class's
+    content (values, padding, and the lengths tensor, which the kernel reads on the GPU). So every
+    memory address serves both classes equally often: address effects (DRAM channels, L2 slices,
+    TLB) become noise instead of a bias, and both classes cause the same memory writes between batches.
+    fast_varlen: the lengths fix the tensor shapes (and ``max_seqlen`` the grid), so each class has its
+    own P slots, allocated and captured alternately.
+    """
+
+    def __init__(self, kernel: str, sa: ClassSpec, sb: ClassSpec, *, P: int, B, H, Hkv, S_max, D, dtype, causal,
+                 backend, seed):
+        import torch
+
+        if kernel not in ("secure", "fast_varlen"):
+            raise ValueError(f"timing supports kernels secure and fast_varlen, not {kernel!r}")
+        self.kernel, self.specs, self.P = kernel, (sa, sb), P
+        self.B, self.H, self.Hkv, self.S_max, self.D, self.dtype = B, H, Hkv, S_max, D, dtype
+        self.causal, self.backend = causal, backend
+        self.dev = torch.device("cuda")
+        self.shared = kernel == "secure"
+        g = torch.Generator(device=self.dev)
+        g.manual_seed(seed * 7919 + 11)
+        self.fixed = {}
+        for spec in (sa, sb):
+            if spec.values == "fixed":
+                self.fixed[spec.name] = [torch.randn(sh, generator=g, device=self.dev, dtype=torch.float32).to(dtype)
+                                         for sh in self._shapes(spec)]
+        self.slots = []       # dicts: q, k, v, sk/cu, spec (current content), owner (fixed class or None)
+        self.eager = []
+        self.runs = []
+        self.mode = "eager"
+        if self.shared:
+            for _ in range(2 * P):
+                self._add_slot(sa, owner=None)
+        else:
+            for _ in range(P):
+                self._add_slot(sa, owner=0)
+                self._add_slot(sb, owner=1)
+        for i, slot in enumerate(self.slots):  # initial contents
+            self._fill(slot, slot["spec"], g)
+        self.assign_a = list(range(0, len(self.slots), 2))
+        self.assign_b = list(range(1, len(self.slots), 2))
+
+    def _shapes(self, spec: ClassSpec):
+        if self.kernel == "secure":
+            return ((self.B, self.H, self.S_max, self.D), (self.B, self.Hkv, self.S_max, self.D),
+                    (self.B, self.Hkv, self.S_max, self.D))
+        L = spec.length
+        return ((self.B * L, self.H, self.D), (self.B * L, self.Hkv, self.D), (self.B * L, self.Hkv, self.D))
+
+    def _add_slot(self, spec: ClassSpec, owner) -> None:
         import torch
         import flashcore
 
-        self.kernel, self.spec, self.P = kernel, spec, P
-        self.mode = "eager"
-        dev = torch.device("cuda")
-        L = spec.length
-        self.tensors = []
-        self.runs = []
-        self._graphs = []
-        if kernel == "secure":
-            qs, ks = (B, H, S_max, D), (B, Hkv, S_max, D)
-        elif kernel == "fast_varlen":
-            qs, ks = (B * L, H, D), (B * L, Hkv, D)
-            cu = torch.arange(0, B + 1, dtype=torch.int32, device=dev) * L
+        q, k, v = (torch.empty(sh, device=self.dev, dtype=self.dtype) for sh in self._shapes(spec))
+        causal, backend = self.causal, self.backend
+        slot = {"q": q, "k": k, "v": v, "spec": spec, "owner": owner}
+        if self.kernel == "secure":
+            sk = torch.full((self.B,), spec.length, dtype=torch.int32, device=self.dev)
+            slot["sk"] = sk
+
+            def fn(q=q, k=k, v=v, sk=sk):
+                return flashcore.attention(q, k, v, causal=causal, seqlens_k=sk, secure=True, backend=backend)
         else:
-            raise ValueError(f"timing supports kernels secure and fast_varlen, not {kernel!r}")
-        g = torch.Generator(device=dev)
-        g.manual_seed(seed)
-        fixed = None
-        if spec.values == "fixed":
-            fixed = [torch.randn(s, generator=g, device=dev, dtype=torch.float32).to(dtype) for s in (qs, ks, ks)]
-        for _ in range(P):
-            q, k, v = (torch.empty(s, device=dev, dtype=dtype) for s in (qs, ks, ks))
-            if fixed is not None:
-                for t, f in zip((q, k, v), fixed):
-                    t.copy_(f)
+            L = spec.length
+            cu = torch.arange(0, self.B + 1, dtype=torch.int32, device=self.dev) * L
+
+            def fn(q=q, k=k, v=v, cu=cu, L=L):
+                return flashcore.attention_varlen(q, k, v, cu, cu, L, L, causal=causal, backend=backend)
+        self.slots.append(slot)
+        self.eager.append(fn)
+        self.runs.append(fn)
+
+    def _fill(self, slot: dict, spec: ClassSpec, gen) -> None:
+        """Write a class's content into a slot: every byte of q, k, v is rewritten whatever the class."""
+        src = self.fixed.get(spec.name)
+        for i, t in enumerate((slot["q"], slot["k"], slot["v"])):
+            if src is not None:
+                t.copy_(src[i])
             elif spec.values == "zeros":
-                for t in (q, k, v):
-                    t.zero_()
+                t.zero_()
             else:
-                for t in (q, k, v):
-                    t.normal_(generator=g)
-            self._apply_pad(q, k, v)
-            self.tensors.append((q, k, v))
-            if kernel == "secure":
-                sk = torch.full((B,), L, dtype=torch.int32, device=dev)
-
-                def fn(q=q, k=k, v=v, sk=sk):
-                    return flashcore.attention(q, k, v, causal=causal, seqlens_k=sk, secure=True, backend=backend)
-            else:
-                def fn(q=q, k=k, v=v):
-                    return flashcore.attention_varlen(q, k, v, cu, cu, L, L, causal=causal, backend=backend)
-            self.runs.append(fn)
-        self._eager = list(self.runs)
-
-    def _apply_pad(self, q, k, v):
-        if self.kernel == "secure" and self.spec.pad == "zeros":
-            L = self.spec.length
-            for t in (q, k, v):
-                t[:, :, L:, :] = 0
-
-    def refresh(self, gen) -> None:
-        """New random values, in place (addresses, hence captured graphs, stay valid). Not timed."""
-        if self.spec.values != "random":
-            return
-        for q, k, v in self.tensors:
-            for t in (q, k, v):
                 t.normal_(generator=gen)
-            self._apply_pad(q, k, v)
+        if self.kernel == "secure":
+            if spec.pad == "zeros":
+                L = spec.length
+                for t in (slot["q"], slot["k"], slot["v"]):
+                    t[:, :, L:, :] = 0
+            slot["sk"].fill_(spec.length)
+        slot["spec"] = spec
 
-    def capture(self) -> str:
-        """Capture each slot's call as a CUDA graph; on any failure keep eager calls. Returns the mode."""
+    def capture(self) -> Optional[str]:
+        """Capture every slot's call as a CUDA graph (slot order alternates the classes). On failure the
+        eager calls stay and the error is returned."""
         import torch
 
-        self.runs[0]()  # compile / warm up outside capture
+        for fn in self.eager[:2]:
+            fn()  # compile / warm up outside any capture
         torch.cuda.synchronize()
-        graphs = []
         try:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                for fn in self._eager[:2]:
+                for fn in self.eager[:2]:
                     fn()
             torch.cuda.current_stream().wait_stream(side)
             torch.cuda.synchronize()
-            for fn in self._eager:
+            graphs = []
+            for fn in self.eager:
                 gr = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(gr):
                     out = fn()
                 graphs.append((gr, out))
             torch.cuda.synchronize()
         except Exception as e:  # capture unsupported: time eager calls (host latency may show up)
-            self.capture_error = f"{type(e).__name__}: {e}"
-            self.runs = list(self._eager)
+            self.runs = list(self.eager)
             self.mode = "eager"
-            return self.mode
+            return f"{type(e).__name__}: {e}"
         self._graphs = graphs
         self.runs = [gr.replay for gr, _ in graphs]
         self.mode = "graph"
-        return self.mode
+        return None
+
+    def prepare_batch(self, gen, rng: np.random.Generator):
+        """Deal the slots (shared design) and rewrite them; returns (slot indices of A, of B). Not timed."""
+        sa, sb = self.specs
+        if self.shared:
+            perm = rng.permutation(len(self.slots)).tolist()
+            self.assign_a, self.assign_b = perm[:self.P], perm[self.P:]
+        for i in self.assign_a:
+            self._fill(self.slots[i], sa, gen)
+        for i in self.assign_b:
+            self._fill(self.slots[i], sb, gen)
+        return self.assign_a, self.assign_b
 
 
-def _measure(pa: Pool, pb: Pool, n_pairs: int, batch: int, rng: np.random.Generator, gen, *,
-             head_start_cycles: int, sample_clocks: bool = True) -> dict:
+def _measure(slots: Slots, n_pairs: int, batch: int, rng: np.random.Generator, gen, *,
+             lead_s: float, clock_hz: float, sample_clocks: bool = True) -> dict:
+    """Time ``n_pairs`` order-randomised pairs. Per batch: deal and rewrite the slots (untimed), put the
+    GPU to sleep for ``lead_s`` so the host can enqueue the batch ahead of it, then for each pair record
+    e0, call, e1, call, e2 (e1 ends the first call and starts the second), synchronise once, read the
+    elapsed times. Every 8th pair, the idle time from the previous pair's e2 to this pair's e0 is read:
+    more than a few µs means the host fell behind the GPU (``gap_ns``)."""
     import torch
 
-    order = rng.integers(0, 2, n_pairs).astype(bool)  # True: A first
-    ia = rng.integers(0, pa.P, n_pairs).tolist()
-    ib = rng.integers(0, pb.P, n_pairs).tolist()
-    first_a = order.tolist()
+    first_a = rng.integers(0, 2, n_pairs).astype(bool)  # True: A first
+    ua = rng.random(n_pairs).tolist()  # slot choice within the batch's A / B slots
+    ub = rng.random(n_pairs).tolist()
+    fa = first_a.tolist()
     ta = np.empty(n_pairs, dtype=np.float64)
     tb = np.empty(n_pairs, dtype=np.float64)
-    gaps = []
-    clocks = []
+    gaps, clocks, slot_a, slot_b = [], [], np.empty(n_pairs, dtype=np.int32), np.empty(n_pairs, dtype=np.int32)
     nb_max = min(batch, n_pairs)
-    ev = [torch.cuda.Event(enable_timing=True) for _ in range(4 * nb_max)]
-    ra, rb = pa.runs, pb.runs
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(3 * nb_max)]
+    runs = slots.runs
+    cycles = max(1000, int(lead_s * clock_hz))
+    enqueue_s = 0.0
     for s in range(0, n_pairs, nb_max):
         e = min(n_pairs, s + nb_max)
-        pa.refresh(gen)
-        pb.refresh(gen)
-        torch.cuda._sleep(head_start_cycles)
+        ia_list, ib_list = slots.prepare_batch(gen, rng)
+        na, nbb = len(ia_list), len(ib_list)
+        torch.cuda._sleep(cycles)
+        t0 = time.perf_counter()
         j = 0
         for k in range(s, e):
-            e0, e1, e2, e3 = ev[j], ev[j + 1], ev[j + 2], ev[j + 3]
-            if first_a[k]:
-                f1, f2 = ra[ia[k]], rb[ib[k]]
+            ia = ia_list[int(ua[k] * na)]
+            ib = ib_list[int(ub[k] * nbb)]
+            slot_a[k], slot_b[k] = ia, ib
+            if fa[k]:
+                f1, f2 = runs[ia], runs[ib]
             else:
-                f1, f2 = rb[ib[k]], ra[ia[k]]
-            e0.record()
+                f1, f2 = runs[ib], runs[ia]
+            ev[j].record()
             f1()
-            e1.record()
-            e2.record()
+            ev[j + 1].record()
             f2()
-            e3.record()
-            j += 4
+            ev[j + 2].record()
+            j += 3
+        enqueue_s += time.perf_counter() - t0
         torch.cuda.synchronize()
         j = 0
         for k in range(s, e):
             t1 = ev[j].elapsed_time(ev[j + 1])
-            t2 = ev[j + 2].elapsed_time(ev[j + 3])
-            if first_a[k]:
+            t2 = ev[j + 1].elapsed_time(ev[j + 2])
+            if fa[k]:
                 ta[k], tb[k] = t1, t2
             else:
                 ta[k], tb[k] = t2, t1
-            if (k & 15) == 0:
-                gaps.append(ev[j + 1].elapsed_time(ev[j + 2]))
-                if j + 4 < 4 * (e - s):
-                    gaps.append(ev[j + 3].elapsed_time(ev[j + 4]))
-            j += 4
+            if (k & 7) == 0 and j >= 3:
+                gaps.append(ev[j - 1].elapsed_time(ev[j]))
+            j += 3
         if sample_clocks:
             st = I.nvml().sample()
             if st:
                 clocks.append(st)
-    return {"a_ns": ta * 1e6, "b_ns": tb * 1e6, "a_first": order, "gap_ns": np.asarray(gaps) * 1e6, "clocks": clocks}
+    return {"a_ns": ta * 1e6, "b_ns": tb * 1e6, "a_first": first_a, "gap_ns": np.asarray(gaps) * 1e6,
+            "clocks": clocks, "enqueue_s_per_pair": enqueue_s / max(1, n_pairs), "slot_a": slot_a, "slot_b": slot_b}
 
 
 def _clock_summary(samples: list) -> dict:
@@ -233,7 +291,7 @@ def _clock_summary(samples: list) -> dict:
     return out
 
 
-def _power_probe(pa: Pool, pb: Pool, block_s: float) -> dict:
+def _power_probe(slots: Slots, gen, block_s: float) -> dict:
     """Run each class alone for ``block_s`` (order A B B A) and read NVML's energy counter and clocks:
     average power and throughput per class. Informational (power/clock effects are out of scope)."""
     import torch
@@ -241,21 +299,28 @@ def _power_probe(pa: Pool, pb: Pool, block_s: float) -> dict:
     nv = I.nvml()
     if nv.h is None:
         return {"error": "pynvml not available"}
-    res = {pa.spec.name: [], pb.spec.name: []}
-    for pool in (pa, pb, pb, pa):
+    sa, sb = slots.specs
+    res = {sa.name: [], sb.name: []}
+    rng = np.random.default_rng(123)
+    for which in (0, 1, 1, 0):
+        ia, ib = slots.prepare_batch(gen, rng)
+        idx = ia if which == 0 else ib
+        runs = [slots.runs[i] for i in idx]
         torch.cuda.synchronize()
         s0, t0, n = nv.sample(), time.perf_counter(), 0
         while time.perf_counter() - t0 < block_s:
-            for fn in pool.runs:
+            for fn in runs:
                 fn()
-            n += len(pool.runs)
-            torch.cuda.synchronize()
+            n += len(runs)
+            if n % (8 * len(runs)) == 0:
+                torch.cuda.synchronize()
+        torch.cuda.synchronize()
         t1 = time.perf_counter()
         s1 = nv.sample()
         entry = {"calls": n, "seconds": t1 - t0, "calls_per_s": n / (t1 - t0), "sm_clock_mhz_end": s1.get("sm_clock_mhz")}
         if "energy_mj" in s0 and "energy_mj" in s1:
             entry["avg_power_w"] = (s1["energy_mj"] - s0["energy_mj"]) / 1000.0 / (t1 - t0)
-        res[pool.spec.name].append(entry)
+        res[(sa, sb)[which].name].append(entry)
     summ = {}
     for name, blocks in res.items():
         pw = [b["avg_power_w"] for b in blocks if "avg_power_w" in b]
@@ -308,8 +373,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--contrast-pairs", type=int, default=20_000, help="pairs per fast-kernel contrast test")
     p.add_argument("--tests", default=",".join(SECURE_TESTS))
     p.add_argument("--contrast", default="fast_varlen", help="'fast_varlen' or 'none'")
-    p.add_argument("--pool", type=int, default=32, help="input sets per class")
-    p.add_argument("--batch-pairs", type=int, default=1000, help="pairs recorded between host syncs")
+    p.add_argument("--pool", type=int, default=32,
+                   help="input slots per class (secure: 2x this many shared slots, dealt to the classes per batch)")
+    p.add_argument("--batch-pairs", type=int, default=128,
+                   help="pairs enqueued ahead of the GPU between host syncs (keep the launch queue short)")
     p.add_argument("--budget-s", type=float, default=180.0, help="wall-time budget for all tests")
     p.add_argument("--power-block-s", type=float, default=1.0, help="power probe: seconds per block (0: off)")
     p.add_argument("--no-graphs", action="store_true", help="time eager calls instead of CUDA-graph replays")
@@ -340,7 +407,8 @@ def run(a) -> int:
     rng = np.random.default_rng(a.seed)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(a.seed + 1)
-    head_start = int(4e6)  # ~2 ms of GPU sleep before each batch so the host gets ahead
+    st0 = I.nvml().sample()
+    clock_hz = float(st0.get("sm_clock_mhz") or 1980) * 1e6  # for torch.cuda._sleep's cycle count
     samples = {}
     print(f"[timing] {len(plan)} tests at B={a.batch} H={a.heads} S={a.seqlen} D={a.head_dim} {a.dtype}; "
           f"budget {a.budget_s:.0f} s", flush=True)
@@ -352,57 +420,70 @@ def run(a) -> int:
         try:
             sa, sb = class_specs(test, a.seqlen)
             kw = dict(B=a.batch, H=a.heads, Hkv=Hkv, S_max=a.seqlen, D=a.head_dim, dtype=dtype, causal=causal,
-                      P=a.pool, backend=a.backend)
-            pa = Pool(kernel, sa, seed=a.seed * 7919 + 11, **kw)
-            pb = Pool(kernel, sb, seed=a.seed * 7919 + 23, **kw)
+                      backend=a.backend)
+            slots = Slots(kernel, sa, sb, P=a.pool, seed=a.seed, **kw)
+            cap_err = None if a.no_graphs else slots.capture()
             if a.no_graphs:
-                pa.runs[0](); pb.runs[0]()
-                mode = "eager"
-            else:
-                ma, mb = pa.capture(), pb.capture()
-                if ma != mb:  # both classes must be timed the same way
-                    pa.runs, pb.runs, pa.mode, pb.mode = list(pa._eager), list(pb._eager), "eager", "eager"
-                mode = pa.mode
-                entry["capture_error"] = getattr(pa, "capture_error", None) or getattr(pb, "capture_error", None)
-            entry.update(class_a=sa.__dict__, class_b=sb.__dict__, mode=mode)
-            cal = _measure(pa, pb, 200, 200, np.random.default_rng(0), gen, head_start_cycles=head_start,
-                           sample_clocks=False)  # warm-up + calibration (discarded)
-            torch.cuda.synchronize()
-            tc = time.time()
-            cal = _measure(pa, pb, 400, 400, np.random.default_rng(1), gen, head_start_cycles=head_start,
+                for fn in slots.eager[:2]:
+                    fn()
+            mode = slots.mode
+            entry.update(class_a=sa.__dict__, class_b=sb.__dict__, mode=mode, capture_error=cap_err,
+                         design="shared slots, dealt per batch" if slots.shared else "one pool per class")
+            nb = a.batch_pairs
+            # Calibration (discarded): host enqueue cost and GPU time per pair, with a lead long enough
+            # that the host never waits; then the lead each batch needs so the GPU never starves.
+            _measure(slots, 32, 32, np.random.default_rng(0), gen, lead_s=0.02, clock_hz=clock_hz, sample_clocks=False)
+            cal = _measure(slots, nb, nb, np.random.default_rng(1), gen, lead_s=0.1, clock_hz=clock_hz,
                            sample_clocks=False)
-            per_pair_s = (time.time() - tc) / 400
+            cpu_pair = cal["enqueue_s_per_pair"]
+            gpu_pair = (float(np.median(cal["a_ns"])) + float(np.median(cal["b_ns"]))) * 1e-9
+            lead_s = min(0.05, 0.001 + max(0.0, 1.3 * cpu_pair - gpu_pair) * nb)
+            for attempt in range(3):  # lengthen the lead while the host still falls behind the GPU
+                tc = time.time()
+                m2 = _measure(slots, 2 * nb, nb, np.random.default_rng(2 + attempt), gen, lead_s=lead_s,
+                              clock_hz=clock_hz, sample_clocks=False)
+                per_pair_s = (time.time() - tc) / (2 * nb)
+                hb = float(np.mean(m2["gap_ns"] > 5000.0)) if m2["gap_ns"].size else 0.0
+                if hb <= 0.05 or lead_s >= 0.05:
+                    break
+                lead_s = min(0.05, 2.0 * lead_s + 0.002)
             want = a.pairs if kernel == "secure" else a.contrast_pairs
             remaining = a.budget_s - (time.time() - t_start)
             share = remaining / max(1, len(plan) - idx)
             affordable = int(max(0.0, share - 3.0) / per_pair_s) if per_pair_s > 0 else want
             n = min(want, max(affordable, min(a.min_pairs, want) if kernel == "secure" else 2000))
-            entry.update(calibration={"per_pair_s": per_pair_s, "gpu_a_median_ns": float(np.median(cal["a_ns"])),
+            entry.update(calibration={"host_enqueue_us_per_pair": cpu_pair * 1e6, "gpu_us_per_pair": gpu_pair * 1e6,
+                                      "lead_ms_per_batch": lead_s * 1e3, "wall_us_per_pair": per_pair_s * 1e6,
+                                      "gpu_a_median_ns": float(np.median(cal["a_ns"])),
                                       "gpu_b_median_ns": float(np.median(cal["b_ns"]))},
                          n_pairs=n, below_requested=n < want, estimated_s=round(n * per_pair_s, 1))
-            print(f"[timing] {name}: {mode}, ~{per_pair_s * 1e6:.0f} us/pair (A {np.median(cal['a_ns']) / 1e3:.1f} us, "
-                  f"B {np.median(cal['b_ns']) / 1e3:.1f} us) -> {n} pairs, est {n * per_pair_s:.0f} s", flush=True)
+            print(f"[timing] {name}: {mode}; host {cpu_pair * 1e6:.0f} us/pair, GPU {gpu_pair * 1e6:.0f} us/pair "
+                  f"(A {np.median(cal['a_ns']) / 1e3:.1f} us, B {np.median(cal['b_ns']) / 1e3:.1f} us), lead "
+                  f"{lead_s * 1e3:.1f} ms/batch -> {n} pairs, est {n * per_pair_s:.0f} s", flush=True)
             clk0 = I.gpu_state()
-            m = _measure(pa, pb, n, a.batch_pairs, rng, gen, head_start_cycles=head_start)
+            m = _measure(slots, n, nb, rng, gen, lead_s=lead_s, clock_hz=clock_hz)
             clk1 = I.gpu_state()
             res = analyse(m["a_ns"], m["b_ns"], m["a_first"], threshold=a.threshold)
             gaps = m["gap_ns"]
             entry.update(res)
             entry.update(gap_ns_median=float(np.median(gaps)) if gaps.size else None,
-                         host_bound_fraction=float(np.mean(gaps > 2000.0)) if gaps.size else None,
+                         host_bound_fraction=float(np.mean(gaps > 5000.0)) if gaps.size else None,
+                         enqueue_us_per_pair=m["enqueue_s_per_pair"] * 1e6,
                          clocks=_clock_summary(m["clocks"]), gpu_state_before=clk0, gpu_state_after=clk1)
-            if test in POWER_TESTS and a.power_block_s > 0:
-                entry["power_probe"] = _power_probe(pa, pb, a.power_block_s)
+            if kernel == "secure" and a.power_block_s > 0:
+                entry["power_probe"] = _power_probe(slots, gen, a.power_block_s)
             if a.save_samples:
                 key = name.replace("/", "__")
                 samples[key + "__a_ns"] = m["a_ns"].astype(np.float32)
                 samples[key + "__b_ns"] = m["b_ns"].astype(np.float32)
                 samples[key + "__a_first"] = m["a_first"]
+                samples[key + "__slot_a"] = m["slot_a"].astype(np.int16)
+                samples[key + "__slot_b"] = m["slot_b"].astype(np.int16)
             print(f"[timing] {name}: |t| max {res['max_abs_t']:.2f} (dudect {res['dudect_max_abs_t']:.2f} "
                   f"[{res['dudect_max_test']}], paired {res['paired_t']:.2f}); mean diff {res['mean_diff_ns']:.1f} ns "
                   f"CI [{res['mean_diff_ci95_ns'][0]:.1f}, {res['mean_diff_ci95_ns'][1]:.1f}] -> "
                   f"{'DIFFERENCE DETECTED' if res['leak'] else 'no difference detected'}", flush=True)
-            del pa, pb
+            del slots
             torch.cuda.empty_cache()
         except Exception as e:
             import traceback
@@ -460,7 +541,7 @@ def print_report(report: dict) -> None:
         t.add_row(e["name"], e["scope"], e.get("mode", ""), f"{e['n_pairs']:,}", f"{e['a']['median']:.0f}",
                   f"{e['b']['median']:.0f}", f"{e['mean_diff_ns']:+.1f} [{ci[0]:+.1f}, {ci[1]:+.1f}]",
                   f"{e['dudect_max_abs_t']:.2f}", f"{e['paired_t']:+.2f}", verdict)
-    Console().print(t)
+    Console(width=170).print(t)
 
 
 if __name__ == "__main__":

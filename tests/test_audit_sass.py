@@ -1,0 +1,484 @@
+"""Static SASS taint audit (flashcore.audit.sass): known-answer kernels, compiled for sm_90a on CPU.
+
+Every case checks both directions: the violation (with its kind) is found where the secret really
+reaches a branch / address / predicate, and nothing is reported for the same code when the input
+is public (or for the secret-safe variant).
+"""
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import pytest
+
+triton = pytest.importorskip("triton")
+tl = pytest.importorskip("triton.language")
+
+from flashcore.audit import sass, sass_elf  # noqa: E402
+from flashcore.audit.sass import (  # noqa: E402
+    ParamInfo,
+    analyze_listing,
+    audit_kernels,
+    compile_cubin,
+    disassemble,
+    sass_taint,
+)
+from flashcore.audit.sass_isa import parse_nvdisasm  # noqa: E402
+
+
+def _can_compile() -> str | None:
+    try:
+        sass._tool("nvdisasm")
+    except FileNotFoundError as e:
+        return str(e)
+    return None
+
+
+pytestmark = pytest.mark.skipif(_can_compile() is not None, reason=f"no nvdisasm: {_can_compile()}")
+
+
+# ---------------------------------------------------------------------------------------------
+# known-answer kernels
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def k_branch(X, Y):
+    x = tl.load(X)
+    if x > 0:
+        tl.store(Y, x * 2)
+
+
+@triton.jit
+def k_while(X, Y):
+    x = tl.load(X)
+    acc = 0
+    i = 0
+    while i < x:  # trip count = a loaded value
+        acc += i * i
+        i += 1
+    tl.store(Y, acc)
+
+
+@triton.jit
+def k_gather(IDX, T, Y, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    idx = tl.load(IDX + offs)
+    tl.store(Y + offs, tl.load(T + idx))
+
+
+@triton.jit
+def k_loop(X, Y, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for i in range(0, n):
+        acc += tl.load(X + i * BLOCK + offs)
+    tl.store(Y + offs, acc)
+
+
+@triton.jit
+def k_select(X, Y, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(X + offs)
+    tl.store(Y + offs, tl.where(x > 0, x, 0.0))
+
+
+@triton.jit
+def k_mask(X, Y, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(X + offs, mask=offs < n, other=0.0)
+    tl.store(Y + offs, x * 2.0)
+
+
+@triton.jit
+def k_dot(A, B, C, T, USE_AS_INDEX: tl.constexpr, BLOCK: tl.constexpr):
+    r = tl.arange(0, BLOCK)
+    a = tl.load(A + r[:, None] * BLOCK + r[None, :])
+    b = tl.load(B + r[:, None] * BLOCK + r[None, :])
+    c = tl.dot(a, b)
+    if USE_AS_INDEX:
+        idx = c.to(tl.int32) & 1023
+        tl.store(C + r[:, None] * BLOCK + r[None, :], tl.load(T + idx))
+    else:
+        tl.store(C + r[:, None] * BLOCK + r[None, :], c)
+
+
+@triton.jit
+def k_div(X, Y, Z, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(Z + offs, tl.div_rn(tl.load(X + offs), tl.load(Y + offs)))  # IEEE division: slow-path CALL
+
+
+@triton.jit
+def k_tma(Q, K, O, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    """Pipelined Hopper kernel: device-side TMA descriptors, mbarriers (SYNCS.*), wgmma."""
+    pid = tl.program_id(0)
+    qd = tl.make_tensor_descriptor(Q, shape=[N, D], strides=[D, 1], block_shape=[BLOCK_M, D])
+    kd = tl.make_tensor_descriptor(K, shape=[N, D], strides=[D, 1], block_shape=[BLOCK_N, D])
+    od = tl.make_tensor_descriptor(O, shape=[N, D], strides=[D, 1], block_shape=[BLOCK_M, D])
+    q = qd.load([pid * BLOCK_M, 0])
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    for start in tl.range(0, N, BLOCK_N):
+        k = kd.load([start, 0])
+        s = tl.dot(q, k.T)
+        acc = tl.dot(s.to(tl.float16), k, acc)
+    od.store([pid * BLOCK_M, 0], acc.to(tl.float16))
+
+
+@triton.jit
+def k_hostdesc(Xd, Y, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    x = Xd.load([pid * BLOCK, 0])
+    offs = tl.arange(0, BLOCK)
+    tl.store(Y + offs[:, None] * 64 + tl.arange(0, 64)[None, :], x)
+
+
+SIG_MASK = {"X": "*fp32", "Y": "*fp32", "n": "i32", "BLOCK": "constexpr"}
+SIG_DOT = {"A": "*fp16", "B": "*fp16", "C": "*fp32", "T": "*fp32", "USE_AS_INDEX": "constexpr", "BLOCK": "constexpr"}
+SIG_TMA = {"Q": "*fp16", "K": "*fp16", "O": "*fp16", "N": "i32", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
+           "D": "constexpr"}
+
+
+def kinds(rep) -> set[str]:
+    return {v.kind for v in rep.violations}
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. branch on a loaded secret
+# ---------------------------------------------------------------------------------------------
+
+
+def test_branch_on_loaded_secret():
+    sig = {"X": "*i32", "Y": "*i32"}
+    bad = sass_taint(k_branch, sig, {}, {"X"})
+    assert not bad.ok
+    assert "branch" in kinds(bad), str(bad)
+    v = next(v for v in bad.violations if v.kind == "branch")
+    assert v.opcode in ("BRA", "EXIT") and v.sass and isinstance(v.offset, int)
+    assert any("secret pointer X" in t for t in v.trace), v.trace  # the explanation reaches the source
+    good = sass_taint(k_branch, sig, {}, set())
+    assert good.ok, str(good)
+    assert good.n_instructions == bad.n_instructions > 0
+
+
+def test_loop_trip_count_from_loaded_secret():
+    sig = {"X": "*i32", "Y": "*i32"}
+    bad = sass_taint(k_while, sig, {}, {"X"})
+    assert "branch" in kinds(bad), str(bad)
+    assert any(v.opcode == "BRA" for v in bad.violations)
+    assert sass_taint(k_while, sig, {}, set()).ok
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. gather with a secret index
+# ---------------------------------------------------------------------------------------------
+
+
+def test_gather_with_secret_index():
+    sig = {"IDX": "*i32", "T": "*fp32", "Y": "*fp32", "BLOCK": "constexpr"}
+    bad = sass_taint(k_gather, sig, {"BLOCK": 128}, {"IDX"})
+    addr = [v for v in bad.violations if v.kind == "address"]
+    assert addr and all(v.opcode.startswith("LDG") for v in addr), str(bad)
+    # secret table, public index: the data is secret but the address is not
+    good = sass_taint(k_gather, sig, {"BLOCK": 128}, {"T"})
+    assert good.ok, str(good)
+    assert "global:Y" in good.tainted_memory  # the secret did flow (into the output), just not into an address
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. loop bound from a secret scalar
+# ---------------------------------------------------------------------------------------------
+
+
+def test_loop_bound_from_secret_scalar():
+    bad = sass_taint(k_loop, SIG_MASK, {"BLOCK": 128}, {"X", "n"})
+    assert "branch" in kinds(bad), str(bad)
+    assert any("secret scalar n" in " ".join(v.trace) for v in bad.violations if v.kind == "branch")
+    good = sass_taint(k_loop, SIG_MASK, {"BLOCK": 128}, {"X"})
+    assert good.ok, str(good)
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. a select is data flow, not a violation
+# ---------------------------------------------------------------------------------------------
+
+
+def test_select_is_not_a_violation():
+    rep = sass_taint(k_select, {"X": "*fp32", "Y": "*fp32", "BLOCK": "constexpr"}, {"BLOCK": 128}, {"X"})
+    assert rep.ok, str(rep)
+    assert rep.tainted_registers, "the loaded secret must be tracked"
+    assert "global:Y" in rep.tainted_memory
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. bounds mask on a public vs a secret length
+# ---------------------------------------------------------------------------------------------
+
+
+def test_mask_on_public_length_is_clean_secret_length_is_not():
+    good = sass_taint(k_mask, SIG_MASK, {"BLOCK": 1024}, {"X"})
+    assert good.ok, str(good)
+    bad = sass_taint(k_mask, SIG_MASK, {"BLOCK": 1024}, {"X", "n"})
+    assert "predicated-memory" in kinds(bad), str(bad)
+    pm = [v for v in bad.violations if v.kind == "predicated-memory"]
+    assert all(v.opcode.startswith(("LDG", "STG")) for v in pm)
+    assert all(v.sass.startswith("@") for v in pm)
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. matrix unit outputs
+# ---------------------------------------------------------------------------------------------
+
+
+def test_dot_of_secret_tiles():
+    cubin = compile_cubin(k_dot, SIG_DOT, {"USE_AS_INDEX": False, "BLOCK": 64}, num_warps=4).cubin
+    assert "HGMMA" in disassemble(cubin)  # the secret goes through shared memory and the tensor cores
+    clean = sass_taint(k_dot, SIG_DOT, {"USE_AS_INDEX": False, "BLOCK": 64}, {"A", "B"}, num_warps=4)
+    assert clean.ok, str(clean)
+    assert "shared" in clean.tainted_memory and "global:C" in clean.tainted_memory
+    idx = sass_taint(k_dot, SIG_DOT, {"USE_AS_INDEX": True, "BLOCK": 64}, {"A", "B"}, num_warps=4)
+    assert "address" in kinds(idx), str(idx)
+    assert sass_taint(k_dot, SIG_DOT, {"USE_AS_INDEX": True, "BLOCK": 64}, set(), num_warps=4).ok
+
+
+# ---------------------------------------------------------------------------------------------
+# calls (IEEE division slow path), Hopper pipelines (TMA + mbarriers), parameters
+# ---------------------------------------------------------------------------------------------
+
+
+def test_ieee_division_slow_path_is_a_secret_branch():
+    sig = {"X": "*fp32", "Y": "*fp32", "Z": "*fp32", "BLOCK": "constexpr"}
+    text = disassemble(compile_cubin(k_div, sig, {"BLOCK": 128}).cubin)
+    assert "CALL.REL" in text and "RET.REL" in text
+    bad = sass_taint(k_div, sig, {"BLOCK": 128}, {"X"})
+    assert "branch" in kinds(bad), str(bad)
+    assert sass_taint(k_div, sig, {"BLOCK": 128}, set()).ok
+
+
+def test_pipelined_tma_kernel_mbarriers_are_not_false_positives():
+    ce = {"BLOCK_M": 128, "BLOCK_N": 64, "D": 64}
+    text = disassemble(compile_cubin(k_tma, SIG_TMA, ce, num_warps=8).cubin)
+    for op in ("UTMALDG", "SYNCS.PHASECHK", "SYNCS.ARRIVE", "HGMMA"):
+        assert op in text
+    good = sass_taint(k_tma, SIG_TMA, ce, {"Q", "K"}, num_warps=8)
+    assert good.ok, str(good)
+    assert "shared" in good.tainted_memory  # tiles arrive through TMA from secret tensors
+    bad = sass_taint(k_tma, SIG_TMA, ce, {"Q", "K", "N"}, num_warps=8)  # secret trip count
+    assert "branch" in kinds(bad), str(bad)
+
+
+def test_parameter_mapping_to_constant_bank():
+    comp = compile_cubin(k_mask, SIG_MASK, {"BLOCK": 1024})
+    info = sass_elf.kernel_info(comp.cubin, comp.kernel)
+    assert info.param_base == 0x210
+    rep = sass_taint(k_mask, SIG_MASK, {"BLOCK": 1024}, {"X", "n"})
+    by_name = {p.name: p for p in rep.params}
+    assert (by_name["X"].cbank_offset, by_name["X"].size, by_name["X"].role) == (0x210, 8, "pointer")
+    assert (by_name["Y"].cbank_offset, by_name["Y"].role) == (0x218, "pointer")
+    assert (by_name["n"].cbank_offset, by_name["n"].size, by_name["n"].role) == (0x220, 4, "scalar")
+    assert by_name["X"].secret and by_name["n"].secret and not by_name["Y"].secret
+    hidden = [p for p in rep.params if p.role == "hidden"]
+    assert [p.name for p in hidden] == ["<global_scratch>", "<profile_scratch>"]
+    assert not rep.notes
+
+
+def test_host_tensor_descriptor_parameters():
+    sig = {"Xd": "tensordesc<fp16[64, 64]>", "Y": "*fp16", "n": "i32", "BLOCK": "constexpr"}
+    rep = sass_taint(k_hostdesc, sig, {"BLOCK": 64}, {"Xd"})
+    by_name = {p.name: p for p in rep.params}
+    assert by_name["Xd"].role == "tensordesc" and by_name["Xd"].size == 128 and by_name["Xd"].secret
+    assert {"Xd.shape0", "Xd.shape1", "Xd.stride0", "Xd.stride1", "Y", "n"} <= set(by_name)
+    assert not by_name["Xd.shape0"].secret
+    assert rep.ok, str(rep)
+    assert "global:Y" in rep.tainted_memory  # the TMA-loaded tile is secret and reaches the output
+
+
+def test_secret_must_name_an_argument():
+    with pytest.raises(ValueError):
+        sass_taint(k_select, {"X": "*fp32", "Y": "*fp32", "BLOCK": "constexpr"}, {"BLOCK": 128}, {"Z"})
+
+
+# ---------------------------------------------------------------------------------------------
+# modelling details on hand-written SASS (no compiler involved)
+# ---------------------------------------------------------------------------------------------
+
+PARAMS = [
+    ParamInfo(0, "X", 0x210, 8, "pointer", True),
+    ParamInfo(1, "Y", 0x218, 8, "pointer", False),
+    ParamInfo(2, "n", 0x220, 4, "scalar", False),
+]
+
+
+def _run(body: str):
+    listing = parse_nvdisasm("k:\n" + body)
+    return analyze_listing(listing, PARAMS, "k")
+
+
+def _at(rep, off):
+    return {v.kind for v in rep.violations if v.offset == off}
+
+
+def test_mbarrier_results_public_but_shared_memory_data_secret():
+    rep = _run("""
+        /*0000*/                   LDC.64 R2, c[0x0][0x210] ;
+        /*0010*/                   ULDC.64 UR4, c[0x0][0x208] ;
+        /*0020*/                   LDG.E R4, desc[UR4][R2.64] ;
+        /*0030*/                   STS [RZ], R4 ;
+.L_x_0:
+        /*0040*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [URZ+0x100], RZ ;
+        /*0050*/              @!P0 BRA `(.L_x_0) ;
+        /*0060*/                   LDS R6, [RZ] ;
+        /*0070*/                   ISETP.GT.AND P1, PT, R6, RZ, PT ;
+        /*0080*/               @P1 BRA `(.L_x_1) ;
+        /*0090*/                   NOP ;
+.L_x_1:
+        /*00a0*/                   EXIT ;
+""")
+    assert _at(rep, 0x50) == set()
+    assert _at(rep, 0x80) == {"branch"}
+    assert "shared" in rep.tainted_memory
+
+
+def test_packed_predicate_bits_and_local_spills_are_bit_precise():
+    rep = _run("""
+        /*0000*/                   LDC.64 R2, c[0x0][0x210] ;
+        /*0010*/                   ULDC.64 UR4, c[0x0][0x208] ;
+        /*0020*/                   LDG.E R6, desc[UR4][R2.64] ;
+        /*0030*/                   S2R R0, SR_TID.X ;
+        /*0040*/                   ISETP.GT.AND P1, PT, R6, RZ, PT ;
+        /*0050*/                   ISETP.GT.AND P2, PT, R0, 0x3, PT ;
+        /*0060*/                   LOP3.LUT R7, R7, 0xfffffffe, RZ, 0xc0, !PT ;
+        /*0070*/               @P1 LOP3.LUT R7, R7, 0x1, RZ, 0xfc, !PT ;
+        /*0080*/                   LOP3.LUT R7, R7, 0xfffffffd, RZ, 0xc0, !PT ;
+        /*0090*/               @P2 LOP3.LUT R7, R7, 0x2, RZ, 0xfc, !PT ;
+        /*00a0*/                   STL [R1+0x10], R7 ;
+        /*00b0*/                   LDL R8, [R1+0x10] ;
+        /*00c0*/                   LOP3.LUT P3, RZ, R8, 0x2, RZ, 0xc0, !PT ;
+        /*00d0*/               @P3 STG.E desc[UR4][R2.64], R0 ;
+        /*00e0*/                   LOP3.LUT P4, RZ, R8, 0x1, RZ, 0xc0, !PT ;
+        /*00f0*/               @P4 STG.E desc[UR4][R2.64], R0 ;
+        /*0100*/                   SHF.R.U32.HI R9, RZ, 0x1, R8 ;
+        /*0110*/                   R2P PR, R9, 0x3 ;
+        /*0120*/               @P0 STG.E desc[UR4][R2.64], R0 ;
+        /*0130*/               @P1 STG.E desc[UR4][R2.64], R0 ;
+        /*0140*/                   EXIT ;
+""")
+    assert _at(rep, 0xD0) == set()  # bit 1 (public predicate P2)
+    assert _at(rep, 0xF0) == {"predicated-memory"}  # bit 0 (secret predicate P1)
+    assert _at(rep, 0x120) == set()  # (R8 >> 1) bit 0 = public bit 1
+    assert _at(rep, 0x130) == set()  # (R8 >> 1) bit 1 = 0: R2P made P1 public again
+    assert "local[0x10]" in rep.tainted_memory
+
+
+def test_same_guard_write_then_use_is_precise():
+    rep = _run("""
+        /*0000*/                   LDC.64 R2, c[0x0][0x210] ;
+        /*0010*/                   ULDC.64 UR4, c[0x0][0x208] ;
+        /*0020*/                   LDG.E R4, desc[UR4][R2.64] ;
+        /*0030*/                   S2R R0, SR_TID.X ;
+        /*0040*/                   ISETP.NE.AND P5, PT, R0, RZ, PT ;
+        /*0050*/              @!P5 MOV R4, 0x4000 ;
+        /*0060*/              @!P5 SYNCS.ARRIVE.TRANS64 RZ, [URZ+0x100], R4 ;
+        /*0070*/               @P5 SYNCS.ARRIVE.TRANS64 RZ, [URZ+0x108], R4 ;
+        /*0080*/                   EXIT ;
+""")
+    assert _at(rep, 0x60) == set()
+    assert _at(rep, 0x70) == {"timing"}
+
+
+def test_unknown_opcode_is_reported_and_conservative():
+    rep = _run("""
+        /*0000*/                   LDC.64 R2, c[0x0][0x210] ;
+        /*0010*/                   ULDC.64 UR4, c[0x0][0x208] ;
+        /*0020*/                   LDG.E R6, desc[UR4][R2.64] ;
+        /*0030*/                   FROBNICATE.X R10, R6 ;
+        /*0040*/                   LDG.E R5, desc[UR4][R12.64] ;
+        /*0050*/                   EXIT ;
+""")
+    assert rep.unknown_opcodes == {"FROBNICATE.X": 1}
+    assert _at(rep, 0x40) == {"address"}  # R10..R13 over-approximated as written
+    assert "FROBNICATE" in str(rep)
+
+
+def test_call_outside_the_listing_fails_as_coverage():
+    rep = _run("""
+        /*0000*/                   MOV R20, 0x20 ;
+        /*0010*/                   CALL.REL.NOINC `(somewhere_else) ;
+        /*0020*/                   EXIT ;
+""")
+    assert _at(rep, 0x10) == {"coverage"} and not rep.ok
+    assert any("outside" in n for n in rep.notes)
+
+
+# ---------------------------------------------------------------------------------------------
+# report API, audit_kernels, CLI
+# ---------------------------------------------------------------------------------------------
+
+
+def test_report_api():
+    rep = sass_taint(k_gather, {"IDX": "*i32", "T": "*fp32", "Y": "*fp32", "BLOCK": "constexpr"}, {"BLOCK": 128},
+                     {"IDX"})
+    d = json.loads(json.dumps(rep.to_dict()))
+    assert d["kernel"] == "k_gather" and d["ok"] is False
+    assert d["violation_counts"]["address"] >= 1
+    v = d["violations"][0]
+    assert {"offset", "opcode", "kind", "sass", "trace"} <= set(v)
+    assert d["n_instructions"] > 0 and d["n_blocks"] > 0
+    text = str(rep)
+    assert "k_gather" in text and "address" in text
+
+
+def _fake_kernels(monkeypatch, secure_specs, fast_specs):
+    mod = types.ModuleType("flashcore.kernels")
+    mod.audit_specs = lambda secure, **kw: list(secure_specs if secure else fast_specs)
+    monkeypatch.setitem(sys.modules, "flashcore.kernels", mod)
+
+
+def _spec(name, fn, sig, ce, secret, nw=4, ns=3):
+    return dict(name=name, fn=fn, signature=sig, constexprs=ce, secret=secret, num_warps=nw, num_stages=ns)
+
+
+SEL_SIG = {"X": "*fp32", "Y": "*fp32", "BLOCK": "constexpr"}
+
+
+def test_audit_kernels_reports_errors():
+    reps = audit_kernels([
+        _spec("clean", k_select, SEL_SIG, {"BLOCK": 128}, {"X"}),
+        _spec("broken", k_select, {"X": "*fp32"}, {}, {"X"}),
+    ])
+    assert [r.name for r in reps] == ["clean", "broken"]
+    assert reps[0].ok and not reps[1].ok and reps[1].error
+
+
+def test_cli_gate(monkeypatch, tmp_path, capsys):
+    fast = [_spec("fast_loop", k_loop, SIG_MASK, {"BLOCK": 128}, {"X", "n"})]
+    _fake_kernels(monkeypatch, [_spec("secure_select", k_select, SEL_SIG, {"BLOCK": 128}, {"X"})], fast)
+    out = tmp_path / "sass.json"
+    assert sass.main(["--json", str(out), "--include-fast"]) == 0  # fast findings are not fatal
+    doc = json.loads(out.read_text())
+    assert doc["ok"] is True and len(doc["secure"]) == 1 and doc["secure"][0]["ok"]
+    assert doc["fast"][0]["violation_counts"].get("branch")
+    assert "PASS" in capsys.readouterr().out
+
+    _fake_kernels(monkeypatch, [_spec("secure_gather", k_gather,
+                                      {"IDX": "*i32", "T": "*fp32", "Y": "*fp32", "BLOCK": "constexpr"},
+                                      {"BLOCK": 128}, {"IDX"})], [])
+    assert sass.main([]) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+    _fake_kernels(monkeypatch, [], [])
+    assert sass.main([]) == 1  # an empty gate does not pass
+
+
+def test_cli_wiring_as_subcommand(monkeypatch):
+    import argparse
+
+    _fake_kernels(monkeypatch, [_spec("secure_select", k_select, SEL_SIG, {"BLOCK": 128}, {"X"})], [])
+    parser = argparse.ArgumentParser(prog="flashcore")
+    sub = parser.add_subparsers(dest="cmd")
+    p = sub.add_parser("sass")
+    sass.add_arguments(p)
+    p.set_defaults(func=sass.run)
+    args = parser.parse_args(["sass", "--include-fast"])
+    assert args.func(args) == 0
