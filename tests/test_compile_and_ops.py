@@ -20,7 +20,7 @@ def test_custom_ops_are_registered_with_fake_impls():
     with FakeTensorMode():
         q = torch.empty(2, 7, 4, 64, dtype=torch.float16)  # bshd
         k = torch.empty(2, 9, 2, 64, dtype=torch.float16)
-        out, lse = torch.ops.flashcore.attention_fwd(q, k, k, None, None, True, 0.125, True, False, True)
+        out, lse = torch.ops.flashcore.attention_fwd(q, k, k, None, None, True, 0.125, True, False, True, True)
         assert out.shape == q.shape and lse.shape == (2, 4, 7) and lse.dtype == torch.float32
 
 

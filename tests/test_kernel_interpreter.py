@@ -176,3 +176,23 @@ def test_secure_full_length_equals_fast_path():
     sec = flashcore.attention(q, k, v, backend="triton", secure=True, seqlens_k=lens, causal=True)
     fast = flashcore.attention(q, k, v, backend="triton", causal=True)
     assert rel_err(sec, fast.double()) < 1e-6
+
+
+def test_secure_without_validation_clamps_out_of_range_lengths():
+    gen = torch.Generator().manual_seed(12)
+    q, k, v = (_rand(2, 2, 20, 16, dtype=torch.float32, gen=gen) for _ in range(3))
+    wild = torch.tensor([99, -5], dtype=torch.int32)
+    out = flashcore.attention(q, k, v, backend="triton", secure=True, seqlens_k=wild, validate_seqlens=False)
+    clamped = flashcore.attention(q, k, v, backend="triton", secure=True, seqlens_k=torch.tensor([20, 0], dtype=torch.int32))
+    assert torch.equal(out, clamped)
+    assert bool((out[1] == 0).all())
+
+
+def test_secure_self_attention_public_diagonal_matches_explicit_lengths():
+    gen = torch.Generator().manual_seed(13)
+    q, k, v = (_rand(2, 2, 50, 32, dtype=torch.float32, gen=gen) for _ in range(3))
+    lens = torch.tensor([50, 17], dtype=torch.int32)
+    self_attn = flashcore.attention(q, k, v, backend="triton", secure=True, causal=True, seqlens_k=lens)
+    explicit = flashcore.attention(q, k, v, backend="triton", secure=True, causal=True, seqlens_k=lens,
+                                   seqlens_q=lens.clone())  # not the same tensor: full loop, same answer
+    assert rel_err(self_attn, explicit.double()) < 1e-6

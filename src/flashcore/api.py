@@ -52,6 +52,7 @@ def attention(
     seqlens_k: Optional[Tensor] = None,
     secure: bool = False,
     out: Optional[Tensor] = None,
+    validate_seqlens: bool = True,
 ):
     """Fused scaled-dot-product attention forward.
 
@@ -66,7 +67,11 @@ def attention(
 
     ``secure=True`` selects the constant-time kernel: inputs are padded to ``Sq``/``Sk`` and the
     true lengths ``seqlens_q``/``seqlens_k`` (int32 ``[B]`` on q's device) are secret. See
-    docs/security.md.
+    docs/security.md. Pass ``seqlens_q=None`` for self-attention (query lengths = key lengths):
+    the causal diagonal is then public and blocks above it are skipped. ``validate_seqlens``
+    (eager only): check on the host that every length lies in ``[0, S]`` — one sync that reveals
+    one bit (all in range or not), never the lengths; skipped during CUDA-graph capture, where
+    out-of-range lengths are clamped on the device.
 
     ``out``: an optional caller-owned output buffer (q's shape, dtype, device; contiguous), so
     CUDA-graph users can own their buffers; it is returned.
@@ -122,7 +127,7 @@ def attention(
     from . import ops
 
     res, lse = ops.attention_fwd(q, k, v, seqlens_q, seqlens_k, causal, scale, layout == "bshd", bool(secure),
-                                 bool(return_lse), out)
+                                 bool(return_lse), out, bool(validate_seqlens))
     return (res, lse) if return_lse else res
 
 

@@ -20,7 +20,8 @@ def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def _dense_impl(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure, return_lse, out=None, config=None):
+def _dense_impl(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure, return_lse, out=None, config=None,
+                validate=True):
     # q/k/v arrive in the caller's layout; index them as [B, H, S, D] through strides.
     qb, kb, vb = (t.transpose(1, 2) if bshd else t for t in (q, k, v))
     B, Hq, Sq, D = qb.shape
@@ -29,7 +30,9 @@ def _dense_impl(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure, retu
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # caller's layout, contiguous
     ob = out.transpose(1, 2) if bshd else out
     lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device) if return_lse else None
-    if secure and not _capturing(q.device):
+    if secure and seqlens_q is None:
+        seqlens_q = seqlens_k  # self-attention: the query lengths are the key lengths
+    if secure and validate and not _capturing(q.device):
         # One bit reaches the host: whether every length is in range. Never the lengths.
         bad = ((seqlens_q < 0) | (seqlens_q > Sq)).any() | ((seqlens_k < 0) | (seqlens_k > Sk)).any()
         if bool(bad):
@@ -47,25 +50,29 @@ def _dense_impl(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure, retu
 
 @torch.library.custom_op("flashcore::attention_fwd", mutates_args=())
 def _attention_fwd_op(q: Tensor, k: Tensor, v: Tensor, seqlens_q: Optional[Tensor], seqlens_k: Optional[Tensor],
-                      causal: bool, scale: float, bshd: bool, secure: bool, return_lse: bool) -> tuple[Tensor, Tensor]:
-    # seqlens_q is seqlens_k does not survive the op boundary; the diagonal is public when they are equal by identity
-    return _dense_impl(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure, return_lse)
+                      causal: bool, scale: float, bshd: bool, secure: bool, return_lse: bool,
+                      validate: bool) -> tuple[Tensor, Tensor]:
+    return _dense_impl(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure, return_lse, validate=validate)
 
 
 @_attention_fwd_op.register_fake
-def _(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure, return_lse):
+def _(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure, return_lse, validate):
     B, Hq, Sq = (q.shape[0], q.shape[2], q.shape[1]) if bshd else q.shape[:3]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = q.new_empty((B, Hq, Sq) if return_lse else (0,), dtype=torch.float32)
     return out, lse
 
 
-def attention_fwd(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure, return_lse, out=None):
+def attention_fwd(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure, return_lse, out=None, validate=True):
     if torch.compiler.is_compiling():
-        res, lse = torch.ops.flashcore.attention_fwd(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure, return_lse)
+        # The op boundary loses tensor identity, so self-attention is passed as seqlens_q=None.
+        if seqlens_q is seqlens_k:
+            seqlens_q = None
+        res, lse = torch.ops.flashcore.attention_fwd(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure,
+                                                     return_lse, validate)
         return (out.copy_(res) if out is not None else res), lse
     # Eager: skip the dispatcher round trip (a few µs that matter on small shapes).
-    return _dense_impl(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure, return_lse, out)
+    return _dense_impl(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure, return_lse, out, validate=validate)
 
 
 def _varlen_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, return_lse, out=None):

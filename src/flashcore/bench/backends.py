@@ -227,9 +227,13 @@ def _build_flashcore_secure(inputs: Inputs):
     import flashcore
 
     s, q, k, v = inputs.shape, inputs.q, inputs.k, inputs.v
-    lq, lk = inputs.seqlens_q, inputs.seqlens_k
+    # Self-attention passes only seqlens_k: query lengths are then the key lengths and the causal
+    # diagonal is public, so the kernel may skip the blocks above it (as a user would call it).
+    lq = None if s.Sq == s.Sk else inputs.seqlens_q
+    lk = inputs.seqlens_k
+    # validate_seqlens=False: time the kernel, not the eager range check's host sync
     return lambda: flashcore.attention(q, k, v, causal=s.causal, scale=inputs.scale, secure=True,
-                                       seqlens_q=lq, seqlens_k=lk)
+                                       seqlens_q=lq, seqlens_k=lk, validate_seqlens=False)
 
 
 def _sdpa_builder(backend_name: Optional[str]):
