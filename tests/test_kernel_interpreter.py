@@ -1,5 +1,4 @@
 """The Triton kernels on CPU (interpreter), fp16/fp32, against the float64 reference."""
-import math
 import warnings
 
 import pytest

@@ -159,13 +159,10 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    """``python -m flashcore.audit.cli ...``: the audit sub-commands without the top-level CLI."""
-    parser = argparse.ArgumentParser(prog="flashcore")
-    sub = parser.add_subparsers(dest="command")
-    sub.required = True
-    register(sub)
-    args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    """``python -m flashcore.audit.cli ...``: the same as the ``flashcore`` command."""
+    from ..cli import main as flashcore_main
+
+    return flashcore_main(argv)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -184,13 +184,10 @@ def run_info(args) -> int:
 
 
 def main(argv=None) -> int:
-    """Stand-alone entry (``python -m flashcore.bench.cli``), same sub-commands as ``flashcore``."""
-    parser = argparse.ArgumentParser(prog="flashcore")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-    register(sub)
-    args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    """Stand-alone entry (``python -m flashcore.bench.cli``): the same as the ``flashcore`` command."""
+    from ..cli import main as flashcore_main
+
+    return flashcore_main(argv)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -3,7 +3,6 @@ configuration and launches; ``audit_specs`` lists every configuration that can b
 the static SASS audit."""
 from __future__ import annotations
 
-import math
 import os
 from typing import Optional
 
