@@ -10,6 +10,7 @@ shared by the gate modules; they import nothing heavier than torch.
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -404,3 +405,24 @@ def environment() -> dict:
         info.update(device=p.name, sm_count=p.multi_processor_count, capability=f"{p.major}.{p.minor}",
                     cuda=torch.version.cuda)
     return info
+
+
+def add_shape_arguments(p: argparse.ArgumentParser, *, batch: int, heads: int, seqlen: int, head_dim: int) -> None:
+    """The public shape a GPU gate runs at; each gate passes its own defaults."""
+    p.add_argument("--batch", "-B", type=int, default=batch)
+    p.add_argument("--heads", "-H", type=int, default=heads)
+    p.add_argument("--kv-heads", type=int, default=0, help="k/v heads (GQA); 0: same as --heads")
+    p.add_argument("--seqlen", "-S", type=int, default=seqlen, help="public padded length S_max")
+    p.add_argument("--head-dim", "-D", type=int, default=head_dim)
+    p.add_argument("--dtype", default="bf16")
+
+
+def module_main(prog: str, add_arguments, run, child_main=None) -> int:
+    """``python -m flashcore.audit.<gate>``: the gate on its own, or its ``--child`` worker."""
+    if child_main is not None and "--child" in sys.argv[1:]:
+        return child_main(sys.argv[1:])
+    p = argparse.ArgumentParser(prog=prog)
+    p.add_argument("--out", default="audit/results")
+    p.add_argument("--json", action="store_true")
+    add_arguments(p)
+    return run(p.parse_args())

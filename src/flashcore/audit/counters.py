@@ -503,12 +503,7 @@ def _output_checks(cases: dict, outs: dict) -> dict:
 # Parent: run ncu, parse, compare, report.
 
 def _add_shape_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--batch", "-B", type=int, default=2)
-    p.add_argument("--heads", "-H", type=int, default=4)
-    p.add_argument("--kv-heads", type=int, default=0, help="k/v heads (GQA); 0: same as --heads")
-    p.add_argument("--seqlen", "-S", type=int, default=512, help="public padded length S_max")
-    p.add_argument("--head-dim", "-D", type=int, default=64)
-    p.add_argument("--dtype", default="bf16")
+    I.add_shape_arguments(p, batch=2, heads=4, seqlen=512, head_dim=64)
     p.add_argument("--causal", default="0,1", help="comma list of causal flags to audit (default: both)")
     p.add_argument("--lens-modes", default="self,cross",
                    help="secure kernel: 'self' passes seqlens_q=None (query lengths = key lengths), "
@@ -748,10 +743,4 @@ def print_report(report: dict) -> None:
 
 
 if __name__ == "__main__":
-    if "--child" in sys.argv[1:]:
-        sys.exit(child_main(sys.argv[1:]))
-    _p = argparse.ArgumentParser(prog="python -m flashcore.audit.counters")
-    _p.add_argument("--out", default="audit/results")
-    _p.add_argument("--json", action="store_true")
-    add_arguments(_p)
-    sys.exit(run(_p.parse_args()))
+    sys.exit(I.module_main("python -m flashcore.audit.counters", add_arguments, run, child_main))

@@ -23,12 +23,7 @@ _MARK = "FLASHCORE_REPRO_RESULT "
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--batch", "-B", type=int, default=2)
-    p.add_argument("--heads", "-H", type=int, default=8)
-    p.add_argument("--kv-heads", type=int, default=0)
-    p.add_argument("--seqlen", "-S", type=int, default=1024)
-    p.add_argument("--head-dim", "-D", type=int, default=128)
-    p.add_argument("--dtype", default="bf16")
+    I.add_shape_arguments(p, batch=2, heads=8, seqlen=1024, head_dim=128)
     p.add_argument("--runs", type=int, default=1000, help="calls per mode in this process")
     p.add_argument("--procs", type=int, default=3, help="fresh processes that must reproduce the bytes")
     p.add_argument("--modes", default=",".join(MODES))
@@ -204,10 +199,4 @@ def _print(report: dict) -> None:
 
 
 if __name__ == "__main__":
-    if "--child" in sys.argv[1:]:
-        sys.exit(child_main(sys.argv[1:]))
-    _p = argparse.ArgumentParser(prog="python -m flashcore.audit.repro")
-    _p.add_argument("--out", default="audit/results")
-    _p.add_argument("--json", action="store_true")
-    add_arguments(_p)
-    sys.exit(run(_p.parse_args()))
+    sys.exit(I.module_main("python -m flashcore.audit.repro", add_arguments, run, child_main))

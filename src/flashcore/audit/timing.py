@@ -360,12 +360,7 @@ def analyse(a_ns: np.ndarray, b_ns: np.ndarray, a_first: np.ndarray, *, threshol
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--batch", "-B", type=int, default=1)
-    p.add_argument("--heads", "-H", type=int, default=16)
-    p.add_argument("--kv-heads", type=int, default=0)
-    p.add_argument("--seqlen", "-S", type=int, default=2048)
-    p.add_argument("--head-dim", "-D", type=int, default=64)
-    p.add_argument("--dtype", default="bf16")
+    I.add_shape_arguments(p, batch=1, heads=16, seqlen=2048, head_dim=64)
     p.add_argument("--causal", default="0", help="comma list of causal flags (default: 0)")
     p.add_argument("--pairs", type=int, default=100_000, help="measurement pairs per test (2 x this many calls)")
     p.add_argument("--min-pairs", type=int, default=50_000,
@@ -545,8 +540,4 @@ def print_report(report: dict) -> None:
 
 
 if __name__ == "__main__":
-    _p = argparse.ArgumentParser(prog="python -m flashcore.audit.timing")
-    _p.add_argument("--out", default="audit/results")
-    _p.add_argument("--json", action="store_true")
-    add_arguments(_p)
-    sys.exit(run(_p.parse_args()))
+    sys.exit(I.module_main("python -m flashcore.audit.timing", add_arguments, run))
