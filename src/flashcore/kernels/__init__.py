@@ -48,10 +48,7 @@ def build_launch(q, k, v, o, lse, *, seqlens_q, seqlens_k, cu_seqlens_q, cu_seql
         qa, ka, va = (_descriptor(t, rows, bd) for t, rows in ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n)))
     else:
         qa, ka, va = q, k, v
-    dummy = q  # unused pointer arguments still need a tensor
-    args = [qa, ka, va, o, lse if lse is not None else dummy,
-            seqlens_q if seqlens_q is not None else dummy, seqlens_k if seqlens_k is not None else dummy,
-            cu_seqlens_q if varlen else dummy, cu_seqlens_k if varlen else dummy,
+    args = [*_pointer_args(qa, ka, va, o, lse, (seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlens_k), dummy=q),
             scale * LOG2E,
             *q_strides, *k_strides, *v_strides, *o_strides, *lse_strides,
             seqlen_q, seqlen_k, num_heads_q, num_heads_q // num_heads_kv]
@@ -87,6 +84,11 @@ def _plan_key(tensors, kw):
 _TENSOR_KWARGS = ("seqlens_q", "seqlens_k", "cu_seqlens_q", "cu_seqlens_k")
 
 
+def _pointer_args(q, k, v, o, lse, extra, *, dummy):
+    """The kernel's pointer arguments in order; an unused one still needs a tensor (``dummy``)."""
+    return (q, k, v, o, lse if lse is not None else dummy, *(t if t is not None else dummy for t in extra))
+
+
 def launch_attention(q, k, v, o, lse, **kw):
     """Launch the fused forward (see :func:`build_launch` for the arguments)."""
     from triton import knobs
@@ -98,9 +100,7 @@ def launch_attention(q, k, v, o, lse, **kw):
     plan = _PLANS.get(key) if fast else None
     if plan is not None:
         kernel, cfg, grid, scalars, constexpr_vals = plan
-        dummy = q
-        args = (q, k, v, o, lse if lse is not None else dummy,
-                *(t if t is not None else dummy for t in extra), *scalars, *constexpr_vals)
+        args = (*_pointer_args(q, k, v, o, lse, extra, dummy=q), *scalars, *constexpr_vals)
         stream = torch.cuda.current_stream(q.device).cuda_stream
         kernel.run(grid[0], grid[1], 1, stream, kernel.function, kernel.packed_metadata,
                    kernel.launch_metadata(grid, stream, *args), knobs.runtime.launch_enter_hook,
@@ -116,7 +116,7 @@ def launch_attention(q, k, v, o, lse, **kw):
     if fast and not constexprs["USE_TMA"] and kernel is not None and len(_PLANS) < _PLAN_LIMIT:
         names = list(attn_fwd_kernel.arg_names)  # also set on the interpreter's function object
         constexpr_vals = tuple(constexprs[n] for n in names[len(args):])
-        _PLANS[key] = (kernel, cfg, grid, tuple(args[9:]), constexpr_vals)
+        _PLANS[key] = (kernel, cfg, grid, tuple(args[5 + len(extra):]), constexpr_vals)
     return cfg
 
 
