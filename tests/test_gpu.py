@@ -128,3 +128,41 @@ def test_torch_compile_fullgraph_inductor():
     out = f(q, k, v)
     ref = flashcore.reference.attention(q, k, v, causal=True) + 1
     assert rel_err(out, ref) < TOL[torch.float16]
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_replayed_calls_read_new_tensors(layout):
+    """Repeat calls replay a cached plan through the compiled kernel directly (api._CALLS): each
+    must still compute on its own inputs."""
+    shape = (2, 8, 2, 600, 600, 128)
+    lens = torch.tensor([600, 77], dtype=torch.int32, device="cuda")
+    for seed in (20, 21, 22):
+        q, k, v = _inputs(*shape, torch.bfloat16, seed=seed)
+        if layout == "bshd":
+            q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+        fast = flashcore.attention(q, k, v, causal=True, layout=layout)
+        sec = flashcore.attention(q, k, v, causal=True, layout=layout, secure=True, seqlens_k=lens)
+        torch.cuda.synchronize()
+        assert rel_err(fast, flashcore.reference.attention(q, k, v, causal=True, layout=layout)) < TOL[torch.bfloat16]
+        ref_sec = flashcore.reference.attention(q, k, v, causal=True, layout=layout, seqlens_k=lens)
+        assert rel_err(sec, ref_sec) < TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_secure_v_prepass_and_in_loop_select_agree_bitwise(causal):
+    from dataclasses import replace
+    from flashcore import ops
+    from flashcore.kernels import configs
+
+    B, Hq, Hkv, S, D = 3, 8, 2, 1000, 128
+    q, k, v = _inputs(B, Hq, Hkv, S, S, D, torch.bfloat16, seed=30 + causal)
+    lens = torch.tensor([1000, 333, 0], dtype=torch.int32, device="cuda")
+    for b, n in enumerate(lens.tolist()):
+        q[b, :, n:] = float("nan"); k[b, :, n:] = float("-inf"); v[b, :, n:] = float("nan")
+    base = configs.hopper(D, 2, causal, True, S, S)
+    outs = [ops._dense_impl(q, k, v, None, lens, causal, D ** -0.5, False, True, False,
+                            config=replace(base, v_prepass=p))[0] for p in (True, False)]
+    torch.cuda.synchronize()
+    assert torch.equal(outs[0], outs[1])
+    ref = flashcore.reference.attention(q, k, v, causal=causal, seqlens_k=lens)
+    assert not torch.isnan(outs[0]).any() and rel_err(outs[0], ref) < TOL[torch.bfloat16]

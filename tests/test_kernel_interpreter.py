@@ -195,3 +195,45 @@ def test_secure_self_attention_public_diagonal_matches_explicit_lengths():
     explicit = flashcore.attention(q, k, v, backend="triton", secure=True, causal=True, seqlens_k=lens,
                                    seqlens_q=lens.clone())  # not the same tensor: full loop, same answer
     assert rel_err(self_attn, explicit.double()) < 1e-6
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_secure_v_zeroing_prepass_and_in_loop_agree_bitwise(causal):
+    """The two ways of zeroing V's padding (pre-pass copy, or a select in the loop) are the same
+    arithmetic, so they must give the same bits, and both must match the reference."""
+    from dataclasses import replace
+    from flashcore import ops
+    from flashcore.kernels.configs import INTERPRETER
+
+    gen = torch.Generator().manual_seed(31 + causal)
+    B, H, S, D = 3, 2, 37, 24
+    q, k, v = (_rand(B, H, S, D, dtype=torch.float16, gen=gen) for _ in range(3))
+    lens = torch.tensor([37, 11, 0], dtype=torch.int32)
+    _poison_padding(q, k, v, lens, lens)
+    outs = []
+    for prepass in (True, False):
+        cfg = replace(INTERPRETER, v_prepass=prepass)
+        out, _ = ops._dense_impl(q, k, v, None, lens, causal, D ** -0.5, False, True, False, config=cfg)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+    ref = flashcore.reference.attention(q, k, v, causal=causal, seqlens_q=lens, seqlens_k=lens)
+    assert not torch.isnan(outs[0]).any() and rel_err(outs[0], ref) < TOL[torch.float16]
+
+
+def test_secure_prepass_zeroes_exactly_the_padding():
+    from flashcore.kernels import build_prepass, PREPASS_WARPS
+    from flashcore.kernels.secure_prepass import attn_secure_zero_v_padding_kernel
+
+    gen = torch.Generator().manual_seed(41)
+    B, S, Hkv, D = 3, 70, 2, 40                       # S not a block multiple, D not a power of two
+    v = _rand(B, S, Hkv, D, dtype=torch.float32, gen=gen).transpose(1, 2)  # [B, H, S, D] view of bshd
+    lens = torch.tensor([70, 5, 0], dtype=torch.int32)
+    for b in range(B):
+        v[b, :, int(lens[b]):] = float("nan")
+    vs = torch.full((B, Hkv, S, D), 7.0)               # poisoned: every element must be written
+    grid, args, ce = build_prepass(v, vs, lens, seqlen_k=S, batch=B, num_heads_kv=Hkv, v_strides=v.stride()[:3])
+    attn_secure_zero_v_padding_kernel[grid](*args, **ce, num_warps=PREPASS_WARPS)
+    for b in range(B):
+        n = int(lens[b])
+        assert torch.equal(vs[b, :, :n], v[b, :, :n])
+        assert bool((vs[b, :, n:] == 0).all())

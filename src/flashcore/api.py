@@ -76,6 +76,15 @@ def attention(
     ``out``: an optional caller-owned output buffer (q's shape, dtype, device; contiguous), so
     CUDA-graph users can own their buffers; it is returned.
     """
+    flags = (causal, scale, layout, return_lse, backend, secure, validate_seqlens)
+    key = None
+    if not torch.compiler.is_compiling():
+        key = _signature(q, k, v, seqlens_q, seqlens_k, out, flags)
+        call = _CALLS.get(key) if key is not None else None
+        if call is not None:
+            res, lse = call(q, k, v, seqlens_q, seqlens_k, out)
+            return (res, lse) if return_lse else res
+
     for name, t in (("q", q), ("k", k), ("v", v)):
         C.check_float_tensor(name, t)
     C.check_choice("layout", layout, C.LAYOUTS)
@@ -126,9 +135,42 @@ def attention(
 
     from . import ops
 
-    res, lse = ops.attention_fwd(q, k, v, seqlens_q, seqlens_k, causal, scale, layout == "bshd", bool(secure),
-                                 bool(return_lse), out, bool(validate_seqlens))
+    if key is None:  # tracing under torch.compile, or inputs we do not key on: the custom op
+        res, lse = ops.attention_fwd(q, k, v, seqlens_q, seqlens_k, causal, scale, layout == "bshd", bool(secure),
+                                     bool(return_lse), out, bool(validate_seqlens))
+        return (res, lse) if return_lse else res
+    call = ops.dense_call(q, k, v, seqlens_q, seqlens_k, causal, scale, layout == "bshd", bool(secure),
+                          bool(return_lse), out, validate=bool(validate_seqlens))
+    res, lse = call(q, k, v, seqlens_q, seqlens_k, out)
+    if len(_CALLS) < _CALLS_LIMIT:
+        _CALLS[key] = call
     return (res, lse) if return_lse else res
+
+
+# Repeat calls: everything attention() checks, and everything it plans, depends only on metadata
+# (types, dtypes, devices, shapes, strides, pointer alignment, the keyword arguments, and which
+# lengths tensors are given). A call whose metadata matches an earlier successful call replays
+# that call's plan: host time drops from tens of µs to a dictionary lookup and the launch. The
+# secure-length range check reads values, so it stays in the replay (see ops.DenseCall).
+_CALLS: dict = {}
+_CALLS_LIMIT = 4096
+
+
+def _signature(q, k, v, seqlens_q, seqlens_k, out, flags):
+    parts = [flags, seqlens_q is seqlens_k]
+    for t in (q, k, v, seqlens_q, seqlens_k, out):
+        if t is None:
+            parts.append(None)
+        elif type(t) is torch.Tensor:  # subclasses (fake/functional tensors, ...) take the full path
+            parts.append((t.dtype, t.device, t.shape, t.stride(), t.data_ptr() & 15))
+        else:
+            return None
+    key = tuple(parts)
+    try:
+        hash(key)
+    except TypeError:  # e.g. an unhashable scale: the full path names the bad argument
+        return None
+    return key
 
 
 def _check_out(out, q: Tensor) -> None:

@@ -20,32 +20,65 @@ def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def _dense_impl(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure, return_lse, out=None, config=None,
-                validate=True):
-    # q/k/v arrive in the caller's layout; index them as [B, H, S, D] through strides.
+class DenseCall:
+    """Everything a dense call decides from metadata alone (output buffers, the launch plan, the
+    secure-length check), replayable on tensors with the same metadata: ``api.attention`` keeps
+    one per input signature, so a repeat call skips validation and planning.
+
+    Calling it returns ``(out, lse or None)``; q/k/v/out are the caller's tensors (any layout the
+    plan was made for: only their pointers are read)."""
+    __slots__ = ("plan", "out_shape", "dtype", "device", "lse_shape", "secure", "validate", "seqlen_q", "seqlen_k")
+
+    def __init__(self, plan, out_shape, dtype, device, lse_shape, secure, validate, seqlen_q, seqlen_k):
+        self.plan, self.out_shape, self.dtype, self.device, self.lse_shape = plan, out_shape, dtype, device, lse_shape
+        self.secure, self.validate, self.seqlen_q, self.seqlen_k = secure, validate, seqlen_q, seqlen_k
+
+    def __call__(self, q, k, v, seqlens_q, seqlens_k, out=None):
+        if out is None:
+            out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+        lse = None if self.lse_shape is None else torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
+        if self.secure:
+            if seqlens_q is None:
+                seqlens_q = seqlens_k  # self-attention: the query lengths are the key lengths
+            if self.validate and not _capturing(self.device):
+                # One bit reaches the host: whether every length is in range. Never the lengths.
+                Sq, Sk = self.seqlen_q, self.seqlen_k
+                bad = ((seqlens_q < 0) | (seqlens_q > Sq)).any() | ((seqlens_k < 0) | (seqlens_k > Sk)).any()
+                if bool(bad):
+                    raise ValueError(f"seqlens_q must lie in [0, {Sq}] and seqlens_k in [0, {Sk}] (the padded lengths)")
+        self.plan.launch(q, k, v, out, lse, seqlens_q, seqlens_k)
+        return out, lse
+
+
+def dense_call(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure, return_lse, out=None, config=None,
+               validate=True) -> DenseCall:
+    """Plan a dense call (q/k/v in the caller's layout, already validated)."""
+    # Index q/k/v/out as [B, H, S, D] through strides.
     qb, kb, vb = (t.transpose(1, 2) if bshd else t for t in (q, k, v))
     B, Hq, Sq, D = qb.shape
     Hkv, Sk = kb.shape[1], kb.shape[2]
-    if out is None:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # caller's layout, contiguous
-    ob = out.transpose(1, 2) if bshd else out
+    o = out if out is not None else torch.empty(q.shape, dtype=q.dtype, device=q.device)  # caller's layout
+    ob = o.transpose(1, 2) if bshd else o
     lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device) if return_lse else None
+    public_diag = bool(secure and causal and Sq == Sk and (seqlens_q is None or seqlens_q is seqlens_k))
     if secure and seqlens_q is None:
-        seqlens_q = seqlens_k  # self-attention: the query lengths are the key lengths
-    if secure and validate and not _capturing(q.device):
-        # One bit reaches the host: whether every length is in range. Never the lengths.
-        bad = ((seqlens_q < 0) | (seqlens_q > Sq)).any() | ((seqlens_k < 0) | (seqlens_k > Sk)).any()
-        if bool(bad):
-            raise ValueError(f"seqlens_q must lie in [0, {Sq}] and seqlens_k in [0, {Sk}] (the padded lengths)")
-    public_diag = bool(secure and causal and Sq == Sk and seqlens_q is seqlens_k)
-    kernels.launch_attention(
+        seqlens_q = seqlens_k
+    plan = kernels.plan_attention(
         qb, kb, vb, ob, lse, seqlens_q=seqlens_q, seqlens_k=seqlens_k, cu_seqlens_q=None, cu_seqlens_k=None,
         scale=scale, causal=causal, secure=secure, secure_public_diag=public_diag,
         seqlen_q=Sq, seqlen_k=Sk, batch=B, num_heads_q=Hq, num_heads_kv=Hkv,
         q_strides=qb.stride()[:3], k_strides=kb.stride()[:3], v_strides=vb.stride()[:3], o_strides=ob.stride()[:3],
         lse_strides=(Hq * Sq, Sq), config=config,
     )
-    return out, (lse if return_lse else q.new_empty((0,), dtype=torch.float32))
+    return DenseCall(plan, tuple(q.shape), q.dtype, q.device, (B, Hq, Sq) if return_lse else None, bool(secure),
+                     bool(validate), Sq, Sk)
+
+
+def _dense_impl(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure, return_lse, out=None, config=None,
+                validate=True):
+    call = dense_call(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure, return_lse, out, config, validate)
+    res, lse = call(q, k, v, seqlens_q, seqlens_k, out)
+    return res, (lse if lse is not None else q.new_empty((0,), dtype=torch.float32))
 
 
 @torch.library.custom_op("flashcore::attention_fwd", mutates_args=())

@@ -37,7 +37,8 @@ def build_launch(q, k, v, o, lse, *, seqlens_q, seqlens_k, cu_seqlens_q, cu_seql
 
     Shared by the launcher and by :func:`audit_specs`, so the audit compiles exactly what runs.
     Strides are (batch, head, seq) element strides; for varlen the batch stride is unused and
-    ``batch`` is the number of sequences."""
+    ``batch`` is the number of sequences. In secure mode with ``cfg.v_prepass`` the caller passes
+    the pre-pass's clean copy of V (contiguous) and its strides."""
     head_dim = q.shape[-1]
     varlen = cu_seqlens_q is not None
     cfg = config or configs.choose(arch, head_dim=head_dim, dtype_bytes=q.element_size(), causal=causal,
@@ -57,17 +58,100 @@ def build_launch(q, k, v, o, lse, *, seqlens_q, seqlens_k, cu_seqlens_q, cu_seql
         CAUSAL=bool(causal), VARLEN=varlen, SECURE=bool(secure), SECURE_PUBLIC_DIAG=bool(secure_public_diag),
         EVEN_N=(seqlen_k % cfg.block_n == 0), RETURN_LSE=lse is not None,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_TMA=use_tma,
+        ZERO_V_IN_LOOP=bool(secure) and not cfg.v_prepass,
     )
     grid = (triton_cdiv(seqlen_q, cfg.block_m), batch * num_heads_q)
     return cfg, grid, args, constexprs
 
 
-# Launch plans: after the first launch of a given specialisation, later calls skip both our
-# planning and Triton's argument binding and call the compiled kernel directly. The key holds
-# every fact that Triton specialises on (dtypes, int values incl. ==1 and %16, pointer alignment)
-# plus our own flags, so a hit launches exactly the kernel Triton would have picked.
+PREPASS_BLOCK_S = 64
+PREPASS_WARPS = 4
+
+
+def build_prepass(v, vs, seqlens_k, *, seqlen_k: int, batch: int, num_heads_kv: int, v_strides):
+    """(grid, positional args, constexprs) of the secure V pre-pass (``secure_prepass.py``)."""
+    head_dim = v.shape[-1]
+    args = [v, vs, seqlens_k, *v_strides, seqlen_k, num_heads_kv]
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=configs.block_d(head_dim), BLOCK_S=PREPASS_BLOCK_S)
+    return (triton_cdiv(seqlen_k, PREPASS_BLOCK_S), batch * num_heads_kv), args, constexprs
+
+
+def _pointer_args(q, k, v, o, lse, extra, *, dummy):
+    """The kernel's pointer arguments in order; an unused one still needs a tensor (``dummy``)."""
+    return (q, k, v, o, lse if lse is not None else dummy, *(t if t is not None else dummy for t in extra))
+
+
+class _Step:
+    """One kernel launch whose scalars and constexprs are fixed; only the pointers change.
+
+    The first run goes through Triton's launcher (compiling if needed). On a GPU the compiled
+    kernel is kept and later runs call it directly, skipping Triton's argument binding: the plan
+    key (below) holds every fact Triton specialises on, so this is the kernel Triton would pick."""
+    __slots__ = ("fn", "grid", "n_ptrs", "scalars", "constexprs", "num_warps", "num_stages", "compiled", "tail")
+
+    def __init__(self, fn, grid, args, n_ptrs, constexprs, num_warps, num_stages):
+        self.fn, self.grid, self.n_ptrs = fn, grid, n_ptrs
+        self.scalars = tuple(args[n_ptrs:])
+        self.constexprs, self.num_warps, self.num_stages = constexprs, num_warps, num_stages
+        self.compiled, self.tail = None, ()
+
+    def run(self, ptrs, device: torch.device) -> None:
+        grid = self.grid
+        if grid[0] == 0 or grid[1] == 0:
+            return
+        compiled = self.compiled
+        if compiled is None:
+            kernel = self.fn[grid](*ptrs, *self.scalars, **self.constexprs, num_warps=self.num_warps,
+                                   num_stages=self.num_stages)
+            if hasattr(kernel, "result"):  # asynchronous compilation hands back a future
+                kernel = kernel.result()
+            if device.type == "cuda" and not _interpreting() and kernel is not None:
+                names = list(self.fn.arg_names)
+                self.tail = tuple(self.constexprs[n] for n in names[len(ptrs) + len(self.scalars):])
+                self.compiled = kernel
+            return
+        from triton import knobs
+
+        args = (*ptrs, *self.scalars, *self.tail)
+        stream = _current_stream(device)
+        compiled.run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata,
+                     compiled.launch_metadata(grid, stream, *args), knobs.runtime.launch_enter_hook,
+                     knobs.runtime.launch_exit_hook, *args)
+
+
+def _current_stream(device: torch.device) -> int:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch._C._cuda_getCurrentRawStream(index)
+
+
+class LaunchPlan:
+    """A planned attention launch (plus the secure V pre-pass when the config asks for it),
+    replayable on any tensors with the metadata it was planned for (see :func:`plan_attention`)."""
+    __slots__ = ("cfg", "main", "prepass", "vs_shape", "tma_kw")
+
+    def __init__(self, cfg, main, prepass=None, vs_shape=None, tma_kw=None):
+        self.cfg, self.main, self.prepass, self.vs_shape, self.tma_kw = cfg, main, prepass, vs_shape, tma_kw
+
+    def launch(self, q, k, v, o, lse, seqlens_q=None, seqlens_k=None, cu_seqlens_q=None, cu_seqlens_k=None):
+        """q/k/v/o may be the caller's tensors or any view with the same data pointer: only the
+        pointers are read here; strides were fixed when the plan was made."""
+        if self.prepass is not None:
+            vs = torch.empty(self.vs_shape, dtype=v.dtype, device=v.device)
+            self.prepass.run((v, vs, seqlens_k), v.device)
+            v = vs
+        if self.tma_kw is not None:  # descriptors hold the pointers: rebuild them every call
+            _launch_unplanned(q, k, v, o, lse, seqlens_q=seqlens_q, seqlens_k=seqlens_k,
+                              cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, **self.tma_kw)
+            return
+        self.main.run(_pointer_args(q, k, v, o, lse, (seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlens_k), dummy=q),
+                      q.device)
+
+
+# Plans by metadata: the key holds every fact Triton specialises on (dtypes, shapes, strides, so
+# int values incl. ==1 and %16, and pointer alignment) plus our own flags.
 _PLANS: dict = {}
 _PLAN_LIMIT = 4096
+_TENSOR_KWARGS = ("seqlens_q", "seqlens_k", "cu_seqlens_q", "cu_seqlens_k")
 
 
 def _plan_key(tensors, kw):
@@ -81,43 +165,57 @@ def _plan_key(tensors, kw):
     return tuple(facts), public
 
 
-_TENSOR_KWARGS = ("seqlens_q", "seqlens_k", "cu_seqlens_q", "cu_seqlens_k")
+def plan_attention(q, k, v, o, lse, **kw) -> LaunchPlan:
+    """The (cached) launch plan for these tensors' metadata; see :func:`build_launch` for ``kw``."""
+    key = _plan_key((q, k, v, o, lse) + tuple(kw[n] for n in _TENSOR_KWARGS), kw)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _make_plan(q, k, v, o, lse, **kw)
+        if len(_PLANS) < _PLAN_LIMIT:
+            _PLANS[key] = plan
+    return plan
 
 
-def _pointer_args(q, k, v, o, lse, extra, *, dummy):
-    """The kernel's pointer arguments in order; an unused one still needs a tensor (``dummy``)."""
-    return (q, k, v, o, lse if lse is not None else dummy, *(t if t is not None else dummy for t in extra))
-
-
-def launch_attention(q, k, v, o, lse, **kw):
-    """Launch the fused forward (see :func:`build_launch` for the arguments)."""
-    from triton import knobs
+def _make_plan(q, k, v, o, lse, **kw) -> LaunchPlan:
     from .attention_fwd import attn_fwd_kernel
 
-    extra = tuple(kw[n] for n in _TENSOR_KWARGS)
-    fast = q.device.type == "cuda" and not _interpreting() and kw.get("config") is None
-    key = _plan_key((q, k, v, o, lse) + extra, kw) if fast else None
-    plan = _PLANS.get(key) if fast else None
-    if plan is not None:
-        kernel, cfg, grid, scalars, constexpr_vals = plan
-        args = (*_pointer_args(q, k, v, o, lse, extra, dummy=q), *scalars, *constexpr_vals)
-        stream = torch.cuda.current_stream(q.device).cuda_stream
-        kernel.run(grid[0], grid[1], 1, stream, kernel.function, kernel.packed_metadata,
-                   kernel.launch_metadata(grid, stream, *args), knobs.runtime.launch_enter_hook,
-                   knobs.runtime.launch_exit_hook, *args)
-        return cfg
+    arch = _arch(q.device)
+    cfg = kw.get("config") or configs.choose(arch, head_dim=q.shape[-1], dtype_bytes=q.element_size(),
+                                             causal=kw["causal"], secure=kw["secure"], seqlen_q=kw["seqlen_q"],
+                                             seqlen_k=kw["seqlen_k"])
+    kw = dict(kw, config=cfg)
+    prepass = vs_shape = None
+    if kw["secure"] and cfg.v_prepass:
+        from .secure_prepass import attn_secure_zero_v_padding_kernel
+
+        B, Hkv, Sk, D = kw["batch"], kw["num_heads_kv"], kw["seqlen_k"], v.shape[-1]
+        vs_shape = (B, Hkv, Sk, D)
+        vs = torch.empty(vs_shape, dtype=v.dtype, device=v.device)
+        grid, args, ce = build_prepass(v, vs, kw["seqlens_k"], seqlen_k=Sk, batch=B, num_heads_kv=Hkv,
+                                       v_strides=kw["v_strides"])
+        prepass = _Step(attn_secure_zero_v_padding_kernel, grid, args, 3, ce, PREPASS_WARPS, 1)
+        kw["v_strides"] = (Hkv * Sk * D, Sk * D, D)
+        v = vs
+    cfg, grid, args, constexprs = build_launch(q, k, v, o, lse, arch=arch, **kw)
+    if constexprs["USE_TMA"]:
+        return LaunchPlan(cfg, None, prepass, vs_shape, tma_kw={n: x for n, x in kw.items() if n not in _TENSOR_KWARGS})
+    main = _Step(attn_fwd_kernel, grid, args, 5 + len(_TENSOR_KWARGS), constexprs, cfg.num_warps, cfg.num_stages)
+    return LaunchPlan(cfg, main, prepass, vs_shape)
+
+
+def _launch_unplanned(q, k, v, o, lse, **kw):
+    from .attention_fwd import attn_fwd_kernel
 
     cfg, grid, args, constexprs = build_launch(q, k, v, o, lse, arch=_arch(q.device), **kw)
-    if grid[0] == 0 or grid[1] == 0:
-        return cfg
-    kernel = attn_fwd_kernel[grid](*args, **constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if hasattr(kernel, "result"):  # asynchronous compilation hands back a future
-        kernel = kernel.result()
-    if fast and not constexprs["USE_TMA"] and kernel is not None and len(_PLANS) < _PLAN_LIMIT:
-        names = list(attn_fwd_kernel.arg_names)  # also set on the interpreter's function object
-        constexpr_vals = tuple(constexprs[n] for n in names[len(args):])
-        _PLANS[key] = (kernel, cfg, grid, tuple(args[5 + len(extra):]), constexpr_vals)
-    return cfg
+    if grid[0] and grid[1]:
+        attn_fwd_kernel[grid](*args, **constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def launch_attention(q, k, v, o, lse, **kw) -> Config:
+    """Plan (or reuse the plan for) this launch and run it; returns the config used."""
+    plan = plan_attention(q, k, v, o, lse, **kw)
+    plan.launch(q, k, v, o, lse, *(kw[n] for n in _TENSOR_KWARGS))
+    return plan.cfg
 
 
 def _tma_ok(t: torch.Tensor) -> bool:
@@ -146,14 +244,15 @@ _AUDIT_HEAD_DIMS = (8, 64, 72, 128, 256)
 _AUDIT_SEQLENS = ((4096, 8, 8), (1000, 8, 2))  # (S, Hq, Hkv)
 
 
-def _spec_from_launch(name, cfg, args, constexprs, secret):
+def _spec_from_launch(name, cfg, args, constexprs, secret, fn=None):
     """Specialise the runtime arguments exactly as Triton's launcher does (ints equal to 1 become
     constexprs; pointers and ints divisible by 16 get ``tt.divisibility``)."""
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import BaseBackend
     from .attention_fwd import attn_fwd_kernel
 
-    names = list(attn_fwd_kernel.arg_names)  # also set on the interpreter's function object
+    fn = fn or attn_fwd_kernel
+    names = list(fn.arg_names)  # also set on the interpreter's function object
     signature, attrs, consts = {}, {}, dict(constexprs)
     for i, (pname, val) in enumerate(zip(names, args)):
         ty, attr = native_specialize_impl(BaseBackend, val, False, True, True)
@@ -166,7 +265,7 @@ def _spec_from_launch(name, cfg, args, constexprs, secret):
                 attrs[(i,)] = [["tt.divisibility", 16]]
     for pname in constexprs:
         signature[pname] = "constexpr"
-    return dict(name=name, fn=attn_fwd_kernel, signature=signature, constexprs=consts, attrs=attrs,
+    return dict(name=name, fn=fn, signature=signature, constexprs=consts, attrs=attrs,
                 secret=set(secret), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
@@ -186,7 +285,23 @@ def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0), full: bool = False
                 for S, Hq, Hkv in _AUDIT_SEQLENS:
                     for varlen in ((False,) if secure else (False, True)):
                         specs.append(_audit_spec(dtype, hd, causal, public_diag, S, Hq, Hkv, secure, varlen, arch))
+            if secure:
+                for S, _, Hkv in _AUDIT_SEQLENS:
+                    specs.append(_audit_prepass_spec(dtype, hd, S, Hkv))
     return specs
+
+
+def _audit_prepass_spec(dtype, hd, S, Hkv):
+    from .secure_prepass import attn_secure_zero_v_padding_kernel
+
+    B = 2
+    v = torch.empty(B, Hkv, S, hd, dtype=dtype)
+    vs = torch.empty_like(v)
+    lens = torch.full((B,), S, dtype=torch.int32)
+    _, args, ce = build_prepass(v, vs, lens, seqlen_k=S, batch=B, num_heads_kv=Hkv, v_strides=v.stride()[:3])
+    cfg = Config(PREPASS_BLOCK_S, PREPASS_BLOCK_S, PREPASS_WARPS, 1)
+    return _spec_from_launch(f"secure_prepass_{_ELT[dtype]}_d{hd}_s{S}_hkv{Hkv}", cfg, args, ce,
+                             {"V", "VS", "SEQLENS_K"}, fn=attn_secure_zero_v_padding_kernel)
 
 
 def _audit_spec(dtype, hd, causal, public_diag, S, Hq, Hkv, secure, varlen, arch):

@@ -5,7 +5,9 @@ One kernel, specialised by ``constexpr`` flags rather than copied:
 * fast path: key blocks that need no mask run an unmasked stage; only the blocks that straddle
   the causal diagonal or the end of the keys run the masked stage. Loop bounds come from the
   (public) lengths, so a packed ``VARLEN`` launch has length-dependent trip counts.
-* ``SECURE``: the constant-time path. True lengths are read on the device from ``SEQLENS_*``
+* ``SECURE``: the constant-time path. V's padding (which may hold NaN/Inf) is zeroed either by
+  the pre-pass in ``secure_prepass.py`` (then V here is that clean copy) or, with
+  ``ZERO_V_IN_LOOP``, by a select on every V tile. True lengths are read on the device from ``SEQLENS_*``
   and only ever enter arithmetic selects; the loop covers every key block of the padded
   ``seqlen_k`` (causal block skipping only on the public diagonal, see ``SECURE_PUBLIC_DIAG``),
   every load is bounded by the public padded shape, and rows past the true length are zeroed by
@@ -59,7 +61,7 @@ def _attn_step(acc, l_i, m_i, q, K, V, k_base, v_base, b, h_kv, start_n, offs_m,
                seqlen_k, key_limit, diag, qk_scale, stride_ks, stride_vs,
                BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                MASK_KEYS: tl.constexpr, MASK_CAUSAL: tl.constexpr, MASK_LOADS: tl.constexpr,
-               SECURE: tl.constexpr, EVEN_D: tl.constexpr, USE_TMA: tl.constexpr, PRECISION: tl.constexpr):
+               ZERO_V: tl.constexpr, EVEN_D: tl.constexpr, USE_TMA: tl.constexpr, PRECISION: tl.constexpr):
     """One key block of the online softmax.
 
     ``seqlen_k`` bounds the loads (public); ``key_limit`` bounds the keys that count (the true
@@ -91,7 +93,7 @@ def _attn_step(acc, l_i, m_i, q, K, V, k_base, v_base, b, h_kv, start_n, offs_m,
     acc = acc * alpha[:, None]
     v = _load_kv(V, v_base, start_n, offs_n, seqlen_k, stride_vs, b, h_kv, offs_d,
                  BLOCK_N, HEAD_DIM, BLOCK_D, MASK_LOADS, EVEN_D, USE_TMA)
-    if SECURE:
+    if ZERO_V:
         # padding may hold NaN/Inf and 0 * NaN = NaN inside the MMA: zero it with a select
         v = tl.where((cols < key_limit)[:, None], v, 0.0)
     acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
@@ -111,6 +113,7 @@ def attn_fwd_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, VARLEN: tl.constexpr, SECURE: tl.constexpr, SECURE_PUBLIC_DIAG: tl.constexpr,
     EVEN_N: tl.constexpr, RETURN_LSE: tl.constexpr, PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+    ZERO_V_IN_LOOP: tl.constexpr,
 ):
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
     pid_m = tl.program_id(0)
@@ -194,13 +197,13 @@ def attn_fwd_kernel(
         acc, l_i, m_i = _attn_step(acc, l_i, m_i, q, K, V, k_base, v_base, b, h_kv, start_n, offs_m, offs_n, offs_d,
                                    seqlen_k, key_limit, diag, qk_scale, stride_ks, stride_vs,
                                    BLOCK_N, HEAD_DIM, BLOCK_D, SECURE, False, SECURE and not EVEN_N,
-                                   SECURE, EVEN_D, USE_TMA, PRECISION)
+                                   SECURE and ZERO_V_IN_LOOP, EVEN_D, USE_TMA, PRECISION)
     # Stage 2: blocks on the causal diagonal or past the end of the keys.
     for start_n in range(full, hi, BLOCK_N):
         acc, l_i, m_i = _attn_step(acc, l_i, m_i, q, K, V, k_base, v_base, b, h_kv, start_n, offs_m, offs_n, offs_d,
                                    seqlen_k, key_limit, diag, qk_scale, stride_ks, stride_vs,
                                    BLOCK_N, HEAD_DIM, BLOCK_D, True, CAUSAL, not (SECURE and EVEN_N),
-                                   SECURE, EVEN_D, USE_TMA, PRECISION)
+                                   SECURE and ZERO_V_IN_LOOP, EVEN_D, USE_TMA, PRECISION)
 
     # Rows that saw no key have l == 0 and acc == 0: divide by 1 to output exact zeros.
     # fdiv without IEEE rounding is the approximate divide: no data-dependent slow path.

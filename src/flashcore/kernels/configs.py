@@ -16,6 +16,9 @@ class Config:
     num_warps: int
     num_stages: int
     tma: bool = False  # load q/k/v through host-built TMA descriptors (Hopper; dense, aligned inputs)
+    # secure mode only: zero V's padding in a pre-pass (True) or with a select on every V tile in
+    # the attention loop (False); see kernels/secure_prepass.py for why the pre-pass is the default
+    v_prepass: bool = True
 
 
 # The interpreter runs each program in numpy: small tiles keep CI fast, and BLOCK_M != BLOCK_N
@@ -36,10 +39,8 @@ def hopper(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q
     bd = block_d(head_dim)
     if dtype_bytes == 4:  # fp32 runs the IEEE (non tensor-core) path: keep register tiles small
         return Config(64, 32, 4, 2) if bd <= 64 else Config(32, 32, 4, 2)
-    if bd <= 64:
-        return Config(64, 64, 4, 3) if secure else Config(128, 64, 8, 3)
     if bd <= 128:
-        return Config(128, 128, 8, 3) if secure else Config(128, 64, 8, 3)
+        return Config(128, 64, 8, 3)
     return Config(64, 64, 4, 2)
 
 
