@@ -417,3 +417,14 @@ def test_timing_class_specs():
     assert a.pad == "zeros" and b.pad == "values" and a.length == b.length == 512
     with pytest.raises(ValueError):
         T.class_specs("nope", 8)
+
+
+def test_timing_hardware_control_classes():
+    from flashcore.audit import timing
+
+    z, r = timing.control_specs("values_zeros_vs_random")
+    assert (z.values, r.values) == ("zeros", "random") and z.length == r.length == timing.GEMM_N
+    short, long_ = timing.control_specs("short_vs_long")
+    assert short.length == 1 and long_.length == timing.GEMM_N and short.pad == long_.pad == "zeros"
+    with pytest.raises(ValueError, match="unknown control test"):
+        timing.control_specs("fixed_vs_random")

@@ -30,7 +30,12 @@ gives the mean difference in ns with a 95% confidence interval and the smallest 
 could have detected. The fast kernel (attention_varlen, whose loop bounds follow the true lengths) runs
 ``short_vs_long`` and ``fixed_vs_random`` for contrast: short_vs_long should show a huge |t| there.
 GPU clocks, power and temperature (pynvml, else nvidia-smi) are sampled at the start, per batch and at
-the end, and for each secure test a power probe runs each class alone for ``--power-block-s`` seconds
+the end. A hardware control (``--control gemm``, not gating) times a plain cuBLAS bf16 GEMM
+(``torch.matmul``, 2048^3, no flashcore code) under the same classes: zeros vs random operands, and
+operands zero past a "length" of 1 vs none (the shape of the secure kernel's masked P and zeroed V).
+A difference there shows the GPU's tensor-core datapath itself takes value-dependent time, so the same
+difference in the secure kernel (whose instruction stream and addresses are proven identical by the
+SASS and counter gates) is that effect, not a secret-dependent code path. For each secure test a power probe runs each class alone for ``--power-block-s`` seconds
 (A B B A) and reports average power (NVML energy counter) and throughput per class. Exit code: 0 no difference detected on the secure kernel, 1 one detected, 2 could not run.
 """
 from __future__ import annotations
@@ -51,6 +56,8 @@ from . import stats as S
 SECURE_TESTS = ("fixed_vs_random", "short_vs_long", "pad_zeros_vs_random", "values_zeros_vs_random")
 POWER_TESTS = ("values_zeros_vs_random",)
 CONTRAST_TESTS = ("short_vs_long", "fixed_vs_random")
+CONTROL_TESTS = ("values_zeros_vs_random", "short_vs_long")
+GEMM_N = 2048  # the control GEMM is [N, N] x [N, N]; "length" zeroes A's columns and B's rows past it
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,15 @@ class ClassSpec:
     values: str          # "random" (refilled each batch) | "fixed" | "zeros"
     length: int          # true length of every sequence
     pad: str = "values"  # secure only: "values" (padding drawn like the values) | "zeros"
+
+
+def control_specs(test: str) -> tuple:
+    """Classes of the GEMM control (see the module doc)."""
+    if test == "values_zeros_vs_random":
+        return ClassSpec("zeros", "zeros", GEMM_N), ClassSpec("random", "random", GEMM_N)
+    if test == "short_vs_long":
+        return ClassSpec("short", "random", 1, "zeros"), ClassSpec("long", "random", GEMM_N, "zeros")
+    raise ValueError(f"unknown control test {test!r}")
 
 
 def class_specs(test: str, S_max: int) -> tuple:
@@ -91,13 +107,13 @@ class Slots:
                  backend, seed):
         import torch
 
-        if kernel not in ("secure", "fast_varlen"):
-            raise ValueError(f"timing supports kernels secure and fast_varlen, not {kernel!r}")
+        if kernel not in ("secure", "fast_varlen", "gemm_control"):
+            raise ValueError(f"timing supports kernels secure, fast_varlen and gemm_control, not {kernel!r}")
         self.kernel, self.specs, self.P = kernel, (sa, sb), P
         self.B, self.H, self.Hkv, self.S_max, self.D, self.dtype = B, H, Hkv, S_max, D, dtype
         self.causal, self.backend = causal, backend
         self.dev = torch.device("cuda")
-        self.shared = kernel == "secure"
+        self.shared = kernel != "fast_varlen"
         g = torch.Generator(device=self.dev)
         g.manual_seed(seed * 7919 + 11)
         self.fixed = {}
@@ -122,6 +138,8 @@ class Slots:
         self.assign_b = list(range(1, len(self.slots), 2))
 
     def _shapes(self, spec: ClassSpec):
+        if self.kernel == "gemm_control":
+            return ((GEMM_N, GEMM_N), (GEMM_N, GEMM_N), (1,))
         if self.kernel == "secure":
             return ((self.B, self.H, self.S_max, self.D), (self.B, self.Hkv, self.S_max, self.D),
                     (self.B, self.Hkv, self.S_max, self.D))
@@ -135,7 +153,12 @@ class Slots:
         q, k, v = (torch.empty(sh, device=self.dev, dtype=self.dtype) for sh in self._shapes(spec))
         causal, backend = self.causal, self.backend
         slot = {"q": q, "k": k, "v": v, "spec": spec, "owner": owner}
-        if self.kernel == "secure":
+        if self.kernel == "gemm_control":
+            c = torch.empty((GEMM_N, GEMM_N), device=self.dev, dtype=self.dtype)
+
+            def fn(a=q, b=k, c=c):
+                return torch.matmul(a, b, out=c)
+        elif self.kernel == "secure":
             sk = torch.full((self.B,), spec.length, dtype=torch.int32, device=self.dev)
             slot["sk"] = sk
 
@@ -161,6 +184,9 @@ class Slots:
                 t.zero_()
             else:
                 t.normal_(generator=gen)
+        if self.kernel == "gemm_control" and spec.pad == "zeros":
+            slot["q"][:, spec.length:] = 0
+            slot["k"][spec.length:, :] = 0
         if self.kernel == "secure":
             if spec.pad == "zeros":
                 L = spec.length
@@ -363,7 +389,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     I.add_shape_arguments(p, batch=1, heads=16, seqlen=2048, head_dim=64)
     p.add_argument("--causal", default="0", help="comma list of causal flags (default: 0)")
     p.add_argument("--pairs", type=int, default=100_000, help="measurement pairs per test (2 x this many calls)")
-    p.add_argument("--min-pairs", type=int, default=50_000,
+    p.add_argument("--control", default="gemm", help="'gemm' (the cuBLAS hardware control) or 'none'")
+    p.add_argument("--min-pairs", type=int, default=100_000,
                    help="the budget never cuts a test below this (10^5 measurements per class pair)")
     p.add_argument("--contrast-pairs", type=int, default=20_000, help="pairs per fast-kernel contrast test")
     p.add_argument("--tests", default=",".join(SECURE_TESTS))
@@ -395,6 +422,8 @@ def run(a) -> int:
     plan = [("secure", t, c) for c in causals for t in a.tests.split(",") if t.strip()]
     if a.contrast and a.contrast != "none":
         plan += [(a.contrast, t, c) for c in causals[:1] for t in CONTRAST_TESTS]
+    if a.control and a.control != "none":
+        plan += [("gemm_control", t, False) for t in CONTROL_TESTS]
     report = {"gate": "timing", "env": I.environment(), "gpu_state_start": I.gpu_state(),
               "shape": {"B": a.batch, "H": a.heads, "Hkv": Hkv, "S_max": a.seqlen, "D": a.head_dim, "dtype": a.dtype},
               "threshold": a.threshold, "pool": a.pool, "batch_pairs": a.batch_pairs, "budget_s": a.budget_s,
@@ -410,10 +439,11 @@ def run(a) -> int:
     for idx, (kernel, test, causal) in enumerate(plan):
         name = f"{kernel}/{'causal' if causal else 'noncausal'}/{test}"
         entry = {"name": name, "kernel": kernel, "test": test, "causal": causal,
-                 "scope": "contrast" if kernel != "secure" else ("power" if test in POWER_TESTS else "in_scope")}
+                 "scope": ("control" if kernel == "gemm_control" else "contrast") if kernel != "secure"
+                 else ("power" if test in POWER_TESTS else "in_scope")}
         t0 = time.time()
         try:
-            sa, sb = class_specs(test, a.seqlen)
+            sa, sb = control_specs(test) if kernel == "gemm_control" else class_specs(test, a.seqlen)
             kw = dict(B=a.batch, H=a.heads, Hkv=Hkv, S_max=a.seqlen, D=a.head_dim, dtype=dtype, causal=causal,
                       backend=a.backend)
             slots = Slots(kernel, sa, sb, P=a.pool, seed=a.seed, **kw)
@@ -442,11 +472,11 @@ def run(a) -> int:
                 if hb <= 0.05 or lead_s >= 0.05:
                     break
                 lead_s = min(0.05, 2.0 * lead_s + 0.002)
-            want = a.pairs if kernel == "secure" else a.contrast_pairs
+            want = a.pairs if kernel in ("secure", "gemm_control") else a.contrast_pairs
             remaining = a.budget_s - (time.time() - t_start)
             share = remaining / max(1, len(plan) - idx)
             affordable = int(max(0.0, share - 3.0) / per_pair_s) if per_pair_s > 0 else want
-            n = min(want, max(affordable, min(a.min_pairs, want) if kernel == "secure" else 2000))
+            n = min(want, max(affordable, min(a.min_pairs, want) if kernel in ("secure", "gemm_control") else 2000))
             entry.update(calibration={"host_enqueue_us_per_pair": cpu_pair * 1e6, "gpu_us_per_pair": gpu_pair * 1e6,
                                       "lead_ms_per_batch": lead_s * 1e3, "wall_us_per_pair": per_pair_s * 1e6,
                                       "gpu_a_median_ns": float(np.median(cal["a_ns"])),
@@ -496,6 +526,11 @@ def run(a) -> int:
     report["leaks"] = leaks
     report["power_differences"] = [t["name"] for t in sec if t["scope"] == "power" and t.get("leak")]
     report["contrast_detected"] = {t["name"]: bool(t.get("leak")) for t in report["tests"] if t["scope"] == "contrast"}
+    report["hardware_control"] = {t["name"]: {"difference_detected": bool(t.get("leak")),
+                                              "mean_diff_ns": t.get("mean_diff_ns"), "max_abs_t": t.get("max_abs_t"),
+                                              "a_median_ns": (t.get("a") or {}).get("median"),
+                                              "b_median_ns": (t.get("b") or {}).get("median")}
+                                  for t in report["tests"] if t["scope"] == "control"}
     if leaks:
         status, code = "FAIL", 1
     elif not sec or len(errors) == len(sec):
@@ -533,6 +568,8 @@ def print_report(report: dict) -> None:
         verdict = "[bold red]difference[/]" if e["leak"] else "[green]none detected[/]"
         if e["scope"] == "contrast":
             verdict = ("[cyan]difference (expected)[/]" if e["leak"] else "[yellow]none detected[/]")
+        elif e["scope"] == "control":
+            verdict = ("[cyan]hardware: value-dependent[/]" if e["leak"] else "[green]hardware: none detected[/]")
         t.add_row(e["name"], e["scope"], e.get("mode", ""), f"{e['n_pairs']:,}", f"{e['a']['median']:.0f}",
                   f"{e['b']['median']:.0f}", f"{e['mean_diff_ns']:+.1f} [{ci[0]:+.1f}, {ci[1]:+.1f}]",
                   f"{e['dudect_max_abs_t']:.2f}", f"{e['paired_t']:+.2f}", verdict)

@@ -42,7 +42,8 @@ def build_launch(q, k, v, o, lse, *, seqlens_q, seqlens_k, cu_seqlens_q, cu_seql
     head_dim = q.shape[-1]
     varlen = cu_seqlens_q is not None
     cfg = config or configs.choose(arch, head_dim=head_dim, dtype_bytes=q.element_size(), causal=causal,
-                                   secure=secure, seqlen_q=seqlen_q, seqlen_k=seqlen_k)
+                                   secure=secure, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+                                   batch_heads=batch * num_heads_q)
     use_tma = cfg.tma and not varlen and all(_tma_ok(t) for t in (q, k, v))
     bd = configs.block_d(head_dim)
     if use_tma:
@@ -182,7 +183,7 @@ def _make_plan(q, k, v, o, lse, **kw) -> LaunchPlan:
     arch = _arch(q.device)
     cfg = kw.get("config") or configs.choose(arch, head_dim=q.shape[-1], dtype_bytes=q.element_size(),
                                              causal=kw["causal"], secure=kw["secure"], seqlen_q=kw["seqlen_q"],
-                                             seqlen_k=kw["seqlen_k"])
+                                             seqlen_k=kw["seqlen_k"], batch_heads=kw["batch"] * kw["num_heads_q"])
     kw = dict(kw, config=cfg)
     prepass = vs_shape = None
     if kw["secure"] and cfg.v_prepass:

@@ -31,20 +31,35 @@ def block_d(head_dim: int) -> int:
     return max(16, 1 << (head_dim - 1).bit_length())
 
 
-def hopper(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q: int, seqlen_k: int) -> Config:
-    """Measured on H100 (sweeps of 2026-11-21, docs/perf-notes.md): 128x64 tiles with 8 warps and
-    3 stages win or tie everywhere on the fast path; the secure path (all blocks masked, V
-    sanitised through registers) prefers 64x64/4 warps at D=64 and 128x128/8 warps at D=128.
+def hopper(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q: int, seqlen_k: int,
+           batch_heads: int = 1) -> Config:
+    """Measured on H100 (sweeps of 2026-11-21, docs/perf-notes.md; ``batch_heads`` = B * Hq).
+
+    * Fast path: 128x64 tiles, 8 warps, 3 stages win or tie on every large shape. When the grid of
+      128-row tiles would not fill the GPU twice over (<= 256 tiles), 64-row tiles with 4 warps
+      halve each program's serial chain: 1x8x512x64 10.7 vs 13.2 us, 1x16x1024x64 18.4 vs 20.2.
+    * Secure path at D=128 non-causal: 128x128 tiles (2466 vs 2554 us on 4x32x4096x128; 9680 vs
+      10345 on 1x32x16384x128). Causal keeps 128x64 (128x128 spills with the public-diagonal split).
+    * Secure V zeroing: the pre-pass for large problems; for small ones (< 2^23 elements of V-sized
+      work) the in-loop select, which saves a launch where launch latency dominates.
     TMA descriptors measured no better than cp.async pointers here, so they stay off."""
     bd = block_d(head_dim)
     if dtype_bytes == 4:  # fp32 runs the IEEE (non tensor-core) path: keep register tiles small
         return Config(64, 32, 4, 2) if bd <= 64 else Config(32, 32, 4, 2)
+    small = batch_heads * seqlen_k * bd < (1 << 23)
+    if bd <= 64:
+        if not secure and batch_heads * -(-seqlen_q // 128) <= 256:
+            return Config(64, 128, 4, 3)
+        return Config(128, 64, 8, 3, v_prepass=not small)
     if bd <= 128:
-        return Config(128, 64, 8, 3)
-    return Config(64, 64, 4, 2)
+        if secure and not causal:
+            return Config(128, 128, 8, 3, v_prepass=not small)
+        return Config(128, 64, 8, 3, v_prepass=not small)
+    return Config(64, 64, 4, 2, v_prepass=not small)
 
 
-def generic(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q: int, seqlen_k: int) -> Config:
+def generic(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q: int, seqlen_k: int,
+            batch_heads: int = 1) -> Config:
     """Pre-Hopper CUDA GPUs (sm_80/86/89): modest tiles that fit their shared memory."""
     bd = block_d(head_dim)
     if dtype_bytes == 4:
