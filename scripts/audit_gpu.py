@@ -113,7 +113,10 @@ def main(argv=None) -> int:
                    help="the static SASS gate needs no GPU and takes ~5 min (72 configurations): 'auto' runs it "
                         "last only if --sass-min-s of the budget is left, 'on' always (last), 'off' never")
     p.add_argument("--sass-min-s", type=float, default=320.0)
+    p.add_argument("--secure-v-zeroing", choices=("auto", "prepass", "in_loop"), default=None,
+                   help="force the secure kernel's V zeroing variant in every gate (see flashcore audit --help)")
     a = p.parse_args(argv)
+    audit_cli.apply_secure_v_zeroing(a.secure_v_zeroing)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     skip = {s.strip() for s in a.skip.split(",") if s.strip()}

@@ -428,3 +428,18 @@ def test_timing_hardware_control_classes():
     assert short.length == 1 and long_.length == timing.GEMM_N and short.pad == long_.pad == "zeros"
     with pytest.raises(ValueError, match="unknown control test"):
         timing.control_specs("fixed_vs_random")
+
+
+def test_secure_v_zeroing_override(monkeypatch):
+    from flashcore.kernels import configs
+
+    kw = dict(head_dim=128, dtype_bytes=2, causal=False, secure=True, seqlen_q=4096, seqlen_k=4096, batch_heads=128)
+    assert configs.choose((9, 0), **kw).v_prepass  # large: the pre-pass by default
+    monkeypatch.setenv(configs.SECURE_V_ZEROING_ENV, "in_loop")
+    assert not configs.choose((9, 0), **kw).v_prepass
+    assert configs.choose((9, 0), **dict(kw, secure=False)) == configs.hopper(**dict(kw, secure=False))
+    monkeypatch.setenv(configs.SECURE_V_ZEROING_ENV, "prepass")
+    assert configs.choose((9, 0), **dict(kw, batch_heads=1, seqlen_q=64, seqlen_k=64)).v_prepass
+    monkeypatch.setenv(configs.SECURE_V_ZEROING_ENV, "bogus")
+    with pytest.raises(ValueError, match="FLASHCORE_SECURE_V_ZEROING"):
+        configs.choose((9, 0), **kw)

@@ -13,6 +13,7 @@ no ncu, module missing). GPU gates on a machine without CUDA print why and exit 
 from __future__ import annotations
 
 import argparse
+import os
 import importlib
 import sys
 
@@ -23,6 +24,9 @@ DEFAULT_OUT = "audit/results"
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=DEFAULT_OUT, help=f"directory for JSON reports (default {DEFAULT_OUT})")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of a table")
+    p.add_argument("--secure-v-zeroing", choices=("auto", "prepass", "in_loop"), default=None,
+                   help="GPU gates: force the secure kernel's V-padding zeroing variant (default: as flashcore "
+                        "chooses by size, which is the in-loop select at the gates' small shapes)")
 
 
 def _gate_module(name: str):
@@ -83,8 +87,17 @@ def _gpu_handler(name: str):
             print(f"flashcore audit {name}: could not import flashcore.audit.{name}: {type(e).__name__}: {e}",
                   file=sys.stderr)
             return 2
+        apply_secure_v_zeroing(getattr(args, "secure_v_zeroing", None))
         return int(mod.run(args) or 0)
     return handler
+
+
+def apply_secure_v_zeroing(mode) -> None:
+    """Set the variant for this process and its children (they inherit the environment)."""
+    if mode:
+        from ..kernels import configs
+
+        os.environ[configs.SECURE_V_ZEROING_ENV] = mode
 
 
 def _add_gate_args(name: str, p: argparse.ArgumentParser) -> None:

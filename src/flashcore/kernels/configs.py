@@ -6,7 +6,13 @@ docs/perf-notes.md for the sweeps that chose them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
+
+# Audit/debug knob: force the secure mode's V zeroing to one variant ("prepass" | "in_loop"), so the
+# GPU audit gates can cover both at small shapes; "auto" (unset) lets the tables below decide.
+SECURE_V_ZEROING_ENV = "FLASHCORE_SECURE_V_ZEROING"
+SECURE_V_ZEROING_MODES = ("auto", "prepass", "in_loop")
 
 
 @dataclass(frozen=True)
@@ -73,7 +79,15 @@ def generic(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_
 
 def choose(arch: tuple[int, int] | None, **kw) -> Config:
     if arch is None:
-        return INTERPRETER
-    if arch[0] == 9:
-        return hopper(**kw)
-    return generic(**kw)
+        cfg = INTERPRETER
+    elif arch[0] == 9:
+        cfg = hopper(**kw)
+    else:
+        cfg = generic(**kw)
+    if kw.get("secure"):
+        mode = os.environ.get(SECURE_V_ZEROING_ENV, "auto")
+        if mode not in SECURE_V_ZEROING_MODES:
+            raise ValueError(f"{SECURE_V_ZEROING_ENV} must be one of {SECURE_V_ZEROING_MODES}, got {mode!r}")
+        if mode != "auto":
+            cfg = replace(cfg, v_prepass=mode == "prepass")
+    return cfg
