@@ -634,7 +634,8 @@ def analyse(info: dict, *, strict_memory: bool, alpha: float = 1e-3) -> dict:
     out = {}
     for key, per_class in by_cfg.items():
         res = compare_config(per_class, strict_memory=strict_memory, alpha=alpha)
-        kernels = sorted({cells.get("__kernel__", {}).get("raw", "?") for reps in per_class.values() for cells in reps})
+        kernels = sorted({cell.get("raw", "?") for reps in per_class.values() for cells in reps
+                          for name, cell in cells.items() if name.endswith("__kernel__")})  # "k<j>:__kernel__" too
         res.update(config=key, classes=list(per_class), kernels=kernels, reps=max(len(v) for v in per_class.values()))
         out[key] = res
     return out
