@@ -1,5 +1,5 @@
 """Hardware control for the counters gate: does the H100's L2 sector count depend on the *values*
-being copied? A plain torch copy (no flashcore code) of one bf16 buffer, filled per class, profiled
+being copied? A plain torch elementwise kernel, y = |x| (no flashcore code), of one bf16 buffer, filled per class, profiled
 under ncu with the counters gate's flags. Run:
 
     ncu --target-processes all --profile-from-start off --clock-control none --cache-control all \\
@@ -33,7 +33,7 @@ for rep in range(3):
         fill(name)
         torch.cuda.synchronize()
         torch.cuda.profiler.start()
-        y.copy_(x)
+        torch.abs(x, out=y)  # a kernel (y.copy_(x) would be a copy-engine memcpy)
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
         print(f"launch rep={rep} class={name}", flush=True)
