@@ -3,12 +3,13 @@ being copied? A plain torch elementwise kernel, y = |x| (no flashcore code), of 
 under ncu with the counters gate's flags. Run:
 
     ncu --target-processes all --profile-from-start off --clock-control none --cache-control all \\
-        --metrics lts__t_sectors.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv \\
+        --metrics lts__t_sectors.sum,lts__t_sectors_srcunit_tex.sum,lts__t_sectors_srcunit_ltcfabric.sum,dram__bytes_read.sum --csv \\
         python scripts/l2_control.py
 """
 import torch
 
 N = 1 << 22  # 8 MiB of bf16
+REPS = 8
 CLASSES = ("random", "zeros", "pm_inf", "nan", "ones")
 x = torch.empty(N, dtype=torch.bfloat16, device="cuda")
 y = torch.empty_like(x)
@@ -28,7 +29,7 @@ def fill(name):
         x.fill_(1.0)
 
 
-for rep in range(3):
+for rep in range(REPS):
     for name in CLASSES:
         fill(name)
         torch.cuda.synchronize()
