@@ -15,7 +15,6 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 from flashcore import ops  # noqa: E402
-from flashcore.kernels import configs  # noqa: E402
 from flashcore.kernels.configs import Config  # noqa: E402
 
 SEED = [(1, 8, 512, 64, False), (1, 16, 1024, 64, False), (4, 16, 1024, 64, False), (16, 16, 2048, 64, False)]

@@ -443,3 +443,18 @@ def test_secure_v_zeroing_override(monkeypatch):
     monkeypatch.setenv(configs.SECURE_V_ZEROING_ENV, "bogus")
     with pytest.raises(ValueError, match="FLASHCORE_SECURE_V_ZEROING"):
         configs.choose((9, 0), **kw)
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_publish_writes_the_report_and_prints_once(tmp_path, capsys, as_json):
+    import argparse
+    import json as _json
+
+    tables = []
+    a = argparse.Namespace(out=str(tmp_path / "o"), json=as_json)
+    path = I.publish(a, "repro", {"status": "pass", "x": float("nan")}, tables.append)
+    assert path == tmp_path / "o" / "repro.json"
+    assert _json.loads(path.read_text().replace("NaN", "null"))["status"] == "pass"
+    out = capsys.readouterr().out
+    assert out.strip().splitlines()[-1] == f"[repro] pass: report {path}"
+    assert (len(tables), '"status": "pass"' in out) == ((0, True) if as_json else (1, False))

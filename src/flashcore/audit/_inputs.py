@@ -283,6 +283,18 @@ def cuda_or_message(gate: str) -> bool:
     return ok
 
 
+def publish(a, gate: str, report: dict, print_table) -> Path:
+    """Every GPU gate's ending: write ``<out>/<gate>.json``, print the JSON (``--json``) or the
+    table, then one status line naming the report."""
+    path = write_json(Path(a.out) / f"{gate}.json", report)
+    if getattr(a, "json", False):
+        print(json.dumps(report, default=str))
+    else:
+        print_table(report)
+    print(f"[{gate}] {report['status']}: report {path}")
+    return path
+
+
 def write_json(path, obj) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

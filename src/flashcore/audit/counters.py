@@ -649,7 +649,6 @@ def run(a) -> int:
         print("flashcore audit counters: Nsight Compute (ncu) not found on PATH, in /usr/local/cuda/bin or "
               "/opt/nvidia/nsight-compute/*/; pass --ncu PATH. Nothing was run.", file=sys.stderr)
         return 2
-    out_dir = Path(a.out)
     report = {"gate": "counters", "ncu": {"path": ncu, "version": _ncu_version(ncu), "flags": NCU_FLAGS,
                                           "kernel_regex": a.kernel_regex},
               "shape": {"B": a.batch, "H": a.heads, "Hkv": a.kv_heads or a.heads, "S_max": a.seqlen, "D": a.head_dim,
@@ -699,12 +698,7 @@ def run(a) -> int:
     contrast = {k: v for k, v in configs.items() if not k.startswith("secure/")}
     report["contrast_detected"] = {k: bool(v["failed"]) for k, v in contrast.items()}
     report.update(status=status, exit_code=code)
-    path = I.write_json(out_dir / "counters.json", report)
-    if getattr(a, "json", False):
-        print(json.dumps(report, default=str))
-    else:
-        print_report(report)
-    print(f"[counters] {status}: report {path}")
+    I.publish(a, "counters", report, print_report)
     return code
 
 

@@ -14,7 +14,6 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from . import _inputs as I
 
@@ -173,12 +172,7 @@ def run(a) -> int:
         and report["inputs_identical_across_processes"]
     report.update(status="pass" if ok else "FAIL", exit_code=0 if ok else 1, elapsed_s=round(time.time() - t0, 1),
                   gpu_state_end=I.gpu_state())
-    path = I.write_json(Path(a.out) / "repro.json", report)
-    if getattr(a, "json", False):
-        print(json.dumps(report, default=str))
-    else:
-        _print(report)
-    print(f"[repro] {report['status']}: report {path}")
+    I.publish(a, "repro", report, _print)
     return report["exit_code"]
 
 

@@ -41,7 +41,6 @@ SASS and counter gates) is that effect, not a secret-dependent code path. For ea
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -540,15 +539,9 @@ def run(a) -> int:
     else:
         status, code = "pass", 0
     report.update(status=status, exit_code=code, errors=errors)
-    out = Path(a.out)
-    path = I.write_json(out / "timing.json", report)
+    I.publish(a, "timing", report, print_report)
     if samples:
-        np.savez_compressed(out / "timing_samples.npz", **samples)
-    if getattr(a, "json", False):
-        print(json.dumps(report, default=str))
-    else:
-        print_report(report)
-    print(f"[timing] {status}: report {path}")
+        np.savez_compressed(Path(a.out) / "timing_samples.npz", **samples)
     return code
 
 
