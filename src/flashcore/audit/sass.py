@@ -446,12 +446,13 @@ def _compiler_mode():
 
 
 def compile_cubin(fn, signature: dict, constexprs: dict | None = None, target=(9, 0), num_warps: int = 4,
-                  num_stages: int = 3, attrs: dict | None = None) -> _Compiled:
+                  num_stages: int = 3, attrs: dict | None = None, maxnreg: int | None = None) -> _Compiled:
     """Compile ``fn`` for ``sm_<target>`` (``a`` variant on 9.0) without a GPU; cached per process.
 
     ``attrs``: per-argument attributes as Triton's launcher attaches them (``{(i,): [["tt.divisibility",
     16]]}``). Without them pointers are assumed unaligned and the compiler emits a different kernel
-    (scalar loads, no cp.async) from the one that runs."""
+    (scalar loads, no cp.async) from the one that runs. Gluon kernels (``@gluon.jit``) compile
+    through Gluon's front end; ``maxnreg`` is the register cap a warp-specialised one launches with."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -459,15 +460,20 @@ def compile_cubin(fn, signature: dict, constexprs: dict | None = None, target=(9
     jfn = _unwrap_jit(fn)
     cap = target if isinstance(target, int) else int(target[0]) * 10 + int(target[1])
     key = (id(jfn), jfn.cache_key, _freeze(signature), _freeze(constexprs or {}), cap, num_warps, num_stages,
-           _freeze(attrs or {}))
+           _freeze(attrs or {}), maxnreg)
     hit = _CUBIN_CACHE.get(key)
     if hit is not None:
         return hit
     t0 = time.perf_counter()
-    src = ASTSource(jfn, signature=dict(signature), constexprs=dict(constexprs or {}), attrs=dict(attrs or {}))
+    source = ASTSource
+    if getattr(jfn, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource as source
+    src = source(jfn, signature=dict(signature), constexprs=dict(constexprs or {}), attrs=dict(attrs or {}))
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    if maxnreg is not None:
+        options["maxnreg"] = maxnreg
     with _compiler_mode():
-        compiled = triton.compile(src, target=GPUTarget("cuda", cap, 32),
-                                  options={"num_warps": num_warps, "num_stages": num_stages})
+        compiled = triton.compile(src, target=GPUTarget("cuda", cap, 32), options=options)
     meta = compiled.metadata
     out = _Compiled(
         cubin=compiled.asm["cubin"],
@@ -1476,7 +1482,8 @@ def analyze_cubin(cubin: bytes, kernel: str | None, expected_params: list[tuple[
 
 
 def sass_taint(fn, signature: dict, constexprs: dict | None, secret: Iterable[str], target=(9, 0),
-               num_warps: int = 4, num_stages: int = 3, attrs: dict | None = None) -> Report:
+               num_warps: int = 4, num_stages: int = 3, attrs: dict | None = None,
+               maxnreg: int | None = None) -> Report:
     """Compile ``fn`` for ``sm_90a`` (no GPU needed) and prove/disprove secret independence of its SASS.
 
     ``secret``: argument names whose *pointee data* (pointers / tensor descriptors) or *value*
@@ -1487,7 +1494,7 @@ def sass_taint(fn, signature: dict, constexprs: dict | None, secret: Iterable[st
     missing = [s for s in secret if s not in jfn.arg_names]
     if missing:
         raise ValueError(f"secret names are not arguments of {jfn.__name__}: {missing}")
-    comp = compile_cubin(jfn, signature, constexprs, target, num_warps, num_stages, attrs)
+    comp = compile_cubin(jfn, signature, constexprs, target, num_warps, num_stages, attrs, maxnreg)
     expected = _expand_params(jfn, signature, comp.constant_keys, comp.tensordesc_meta)
     rep = analyze_cubin(comp.cubin, comp.kernel, expected, secret)
     cap = target if isinstance(target, int) else int(target[0]) * 10 + int(target[1])
@@ -1504,7 +1511,7 @@ def _audit_one(spec: dict, on_error: str) -> Report:
     try:
         rep = sass_taint(fn, spec["signature"], spec.get("constexprs") or {}, spec.get("secret") or (),
                          target=spec.get("target", (9, 0)), num_warps=nw, num_stages=ns,
-                         attrs=spec.get("attrs"))
+                         attrs=spec.get("attrs"), maxnreg=spec.get("maxnreg"))
     except Exception as e:  # noqa: BLE001 - a kernel we cannot audit fails the gate
         if on_error == "raise":
             raise

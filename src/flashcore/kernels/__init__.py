@@ -44,6 +44,9 @@ def build_launch(q, k, v, o, lse, *, seqlens_q, seqlens_k, cu_seqlens_q, cu_seql
     cfg = config or configs.choose(arch, head_dim=head_dim, dtype_bytes=q.element_size(), causal=causal,
                                    secure=secure, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
                                    batch_heads=batch * num_heads_q)
+    if cfg.kernel != "triton":  # this builds the Triton kernel's launch (the Gluon one: hopper_fwd.py)
+        cfg = configs.hopper_triton(head_dim=head_dim, dtype_bytes=q.element_size(), causal=causal, secure=secure,
+                                    seqlen_q=seqlen_q, seqlen_k=seqlen_k, batch_heads=batch * num_heads_q)
     use_tma = cfg.tma and not varlen and all(_tma_ok(t) for t in (q, k, v))
     bd = configs.block_d(head_dim)
     if use_tma:
@@ -88,12 +91,14 @@ class _Step:
     The first run goes through Triton's launcher (compiling if needed). On a GPU the compiled
     kernel is kept and later runs call it directly, skipping Triton's argument binding: the plan
     key (below) holds every fact Triton specialises on, so this is the kernel Triton would pick."""
-    __slots__ = ("fn", "grid", "n_ptrs", "scalars", "constexprs", "num_warps", "num_stages", "compiled", "tail")
+    __slots__ = ("fn", "grid", "n_ptrs", "scalars", "constexprs", "num_warps", "num_stages", "options", "compiled",
+                 "tail")
 
-    def __init__(self, fn, grid, args, n_ptrs, constexprs, num_warps, num_stages):
+    def __init__(self, fn, grid, args, n_ptrs, constexprs, num_warps, num_stages, options=None):
         self.fn, self.grid, self.n_ptrs = fn, grid, n_ptrs
         self.scalars = tuple(args[n_ptrs:])
         self.constexprs, self.num_warps, self.num_stages = constexprs, num_warps, num_stages
+        self.options = options or {}
         self.compiled, self.tail = None, ()
 
     def run(self, ptrs, device: torch.device) -> None:
@@ -103,7 +108,7 @@ class _Step:
         compiled = self.compiled
         if compiled is None:
             kernel = self.fn[grid](*ptrs, *self.scalars, **self.constexprs, num_warps=self.num_warps,
-                                   num_stages=self.num_stages)
+                                   num_stages=self.num_stages, **self.options)
             if hasattr(kernel, "result"):  # asynchronous compilation hands back a future
                 kernel = kernel.result()
             if device.type == "cuda" and not _interpreting() and kernel is not None:
@@ -184,6 +189,16 @@ def _make_plan(q, k, v, o, lse, **kw) -> LaunchPlan:
     cfg = kw.get("config") or configs.choose(arch, head_dim=q.shape[-1], dtype_bytes=q.element_size(),
                                              causal=kw["causal"], secure=kw["secure"], seqlen_q=kw["seqlen_q"],
                                              seqlen_k=kw["seqlen_k"], batch_heads=kw["batch"] * kw["num_heads_q"])
+    if cfg.kernel == "gluon_ws":
+        from . import hopper_fwd
+
+        if (kw["cu_seqlens_q"] is None and not kw["secure"] and arch is not None and arch[0] == 9
+                and hopper_fwd.eligible(q, k, v, o, q.shape[-1])):
+            main = hopper_fwd.GluonLaunch(q, k, v, o, lse, cfg=cfg, **{n: kw[n] for n in _GLUON_KW})
+            return LaunchPlan(cfg, main)
+        cfg = configs.hopper_triton(head_dim=q.shape[-1], dtype_bytes=q.element_size(), causal=kw["causal"],
+                                    secure=kw["secure"], seqlen_q=kw["seqlen_q"], seqlen_k=kw["seqlen_k"],
+                                    batch_heads=kw["batch"] * kw["num_heads_q"])
     kw = dict(kw, config=cfg)
     prepass = vs_shape = None
     if kw["secure"] and cfg.v_prepass:
@@ -202,6 +217,9 @@ def _make_plan(q, k, v, o, lse, **kw) -> LaunchPlan:
         return LaunchPlan(cfg, None, prepass, vs_shape, tma_kw={n: x for n, x in kw.items() if n not in _TENSOR_KWARGS})
     main = _Step(attn_fwd_kernel, grid, args, 5 + len(_TENSOR_KWARGS), constexprs, cfg.num_warps, cfg.num_stages)
     return LaunchPlan(cfg, main, prepass, vs_shape)
+
+
+_GLUON_KW = ("scale", "causal", "seqlen_q", "seqlen_k", "batch", "num_heads_q", "num_heads_kv", "lse_strides")
 
 
 def _launch_unplanned(q, k, v, o, lse, **kw):
@@ -290,6 +308,27 @@ def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0), full: bool = False
                 for S, _, Hkv in _AUDIT_SEQLENS:
                     specs.append(_audit_prepass_spec(dtype, hd, S, Hkv))
     return specs
+
+
+def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096, Hq: int = 8, Hkv: int = 8,
+               return_lse: bool = False) -> dict:
+    """The Gluon Hopper kernel as launched for these public facts, as a compile spec like
+    :func:`audit_specs`' (plus ``maxnreg``); built from CPU tensors, no GPU needed."""
+    from .hopper_fwd import GluonLaunch, MAXNREG, attn_fwd_hopper_kernel
+
+    B = 2
+    q, k = torch.empty(B, Hq, S, head_dim, dtype=dtype), torch.empty(B, Hkv, S, head_dim, dtype=dtype)
+    lse = torch.empty(B, Hq, S, dtype=torch.float32) if return_lse else None
+    cfg = configs.gluon_ws(head_dim)
+    launch = GluonLaunch(q, k, k, q, lse, scale=head_dim ** -0.5, causal=causal, seqlen_q=S, seqlen_k=S, batch=B,
+                         num_heads_q=Hq, num_heads_kv=Hkv, lse_strides=(Hq * S, S), cfg=cfg)
+    step = launch.step
+    args = [*launch._descs(q, k, k, q), lse if lse is not None else q, *step.scalars]
+    name = f"fast_gluon_ws_{_ELT[dtype]}_d{head_dim}_{'causal' if causal else 'full'}_s{S}_gqa{Hq // Hkv}"
+    spec = _spec_from_launch(name, cfg, args, step.constexprs, {"q_desc", "k_desc", "v_desc"}, fn=attn_fwd_hopper_kernel)
+    spec["num_stages"] = 1
+    spec["maxnreg"] = MAXNREG
+    return spec
 
 
 def _audit_prepass_spec(dtype, hd, S, Hkv):

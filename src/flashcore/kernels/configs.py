@@ -13,6 +13,17 @@ from dataclasses import dataclass, replace
 # GPU audit gates can cover both at small shapes; "auto" (unset) lets the tables below decide.
 SECURE_V_ZEROING_ENV = "FLASHCORE_SECURE_V_ZEROING"
 SECURE_V_ZEROING_MODES = ("auto", "prepass", "in_loop")
+# Benchmark knob: force the Hopper fast path onto one kernel ("triton" | "gluon_ws"); "auto" (unset)
+# lets hopper() decide. Ineligible inputs (see kernels.gluon_eligible) always run the Triton kernel.
+HOPPER_KERNEL_ENV = "FLASHCORE_HOPPER_KERNEL"
+HOPPER_KERNEL_MODES = ("auto", "triton", "gluon_ws")
+
+
+def gluon_ws(head_dim: int) -> Config:
+    """The warp-specialised Gluon kernel's configuration: 2x64 query rows, 128-key tiles; num_stages
+    is the K ring's depth (V's is the same or one less, hopper_fwd.v_stages). At D=128 two stages
+    tie or beat three (1x32x16384x128: 6835 vs 7256 us; causal 3531 vs 3824); D=64 uses three."""
+    return Config(block_m=128, block_n=128, num_warps=4, num_stages=2 if head_dim > 64 else 3, kernel="gluon_ws")
 
 
 @dataclass(frozen=True)
@@ -25,6 +36,11 @@ class Config:
     # secure mode only: zero V's padding in a pre-pass (True) or with a select on every V tile in
     # the attention loop (False); see kernels/secure_prepass.py for why the pre-pass is the default
     v_prepass: bool = True
+    # which kernel runs: "triton" (attention_fwd.py, every arch) or "gluon_ws" (hopper_fwd.py:
+    # warp-specialised, TMA + wgmma; sm_90 fast path, bf16/fp16, D in {64, 128}, TMA-aligned inputs).
+    # For gluon_ws, block_m is the program's rows (two consumer warpgroups of block_m // 2) and
+    # num_stages the depth of the K/V ring.
+    kernel: str = "triton"
 
 
 # The interpreter runs each program in numpy: small tiles keep CI fast, and BLOCK_M != BLOCK_N
@@ -39,7 +55,27 @@ def block_d(head_dim: int) -> int:
 
 def hopper(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q: int, seqlen_k: int,
            batch_heads: int = 1) -> Config:
-    """Measured on H100 (sweeps of 2026-11-21, docs/perf-notes.md; ``batch_heads`` = B * Hq).
+    """H100/H200: the warp-specialised Gluon kernel where it is measured faster, else the Triton
+    kernel's table. Measured 2026-11-21 (docs/perf-notes.md, v4):
+
+    * D=128, 16-bit: Gluon is faster on the GPU at every size tried (CUDA-graph times, 1x8x512 9.8
+      vs 11.8 us up to 4x32x4096 1790 vs 2269 us) but costs ~10 us more host time per eager call
+      (four TMA descriptors), so it takes over once the work hides that: B*Hq*Sq*Sk >= 2^26.
+    * D=64: no faster than the Triton kernel (softmax-bound: 16x16x2048x64 665 vs 656 us), so not used.
+    The caller still falls back to the Triton kernel when the inputs are not TMA-addressable."""
+    if (not secure and dtype_bytes == 2 and head_dim == 128
+            and batch_heads * seqlen_q * seqlen_k >= GLUON_MIN_WORK):
+        return gluon_ws(head_dim)
+    return hopper_triton(head_dim, dtype_bytes, causal, secure, seqlen_q, seqlen_k, batch_heads)
+
+
+GLUON_MIN_WORK = 1 << 26  # B*Hq*Sq*Sk; 4x16x1024x1024
+
+
+def hopper_triton(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q: int, seqlen_k: int,
+                  batch_heads: int = 1) -> Config:
+    """The portable Triton kernel on Hopper, measured on H100 (sweeps of 2026-11-21,
+    docs/perf-notes.md; ``batch_heads`` = B * Hq).
 
     * Fast path: 128x64 tiles, 8 warps, 3 stages win or tie on every large shape. When the grid of
       128-row tiles would not fill the GPU twice over (<= 256 tiles), 64-row tiles with 4 warps
@@ -84,6 +120,14 @@ def choose(arch: tuple[int, int] | None, **kw) -> Config:
         cfg = hopper(**kw)
     else:
         cfg = generic(**kw)
+    if arch is not None and arch[0] == 9 and not kw.get("secure"):
+        mode = os.environ.get(HOPPER_KERNEL_ENV, "auto")
+        if mode not in HOPPER_KERNEL_MODES:
+            raise ValueError(f"{HOPPER_KERNEL_ENV} must be one of {HOPPER_KERNEL_MODES}, got {mode!r}")
+        if mode == "gluon_ws" and kw["head_dim"] in (64, 128) and kw["dtype_bytes"] == 2:
+            cfg = gluon_ws(kw["head_dim"])
+        elif mode == "triton" and cfg.kernel != "triton":
+            cfg = hopper_triton(**kw)
     if kw.get("secure"):
         mode = os.environ.get(SECURE_V_ZEROING_ENV, "auto")
         if mode not in SECURE_V_ZEROING_MODES:

@@ -1,0 +1,298 @@
+"""Hopper (sm_90a) attention forward in Gluon: warp-specialised, TMA-fed, wgmma.
+
+Why a second kernel: the portable Triton kernel (``attention_fwd.py``) runs softmax and the two
+MMAs of a tile one after another in all warps, so the tensor cores idle during softmax (~0.8x
+cuDNN at D=128, docs/perf-notes.md). This one splits each program into three partitions:
+
+* a 1-warp **loader** that streams K/V tiles into a ring of shared-memory slots with TMA;
+* two 4-warp **consumers** (one warpgroup each, ``BLOCK_M`` query rows each) that share the ring.
+
+Inside a consumer the S = QK^T of tile j+1 is issued asynchronously before the softmax of tile j
+and the P@V of tile j runs while the next softmax is computed, so one warpgroup keeps the tensor
+cores busy while the other does exponentials (the warp scheduler interleaves the two).
+
+Fast path only (data-dependent causal block skipping); supports bf16/fp16, head dims 64 and 128,
+any Sq/Sk, GQA, and any 16-byte aligned strides (rank-4 TMA descriptors, so a tile never reads
+a neighbouring head: out-of-range rows are zero-filled by the copy engine and clipped on store).
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+# Register budgets per partition (setmaxnreg): the loader needs almost nothing, the consumers get
+# the rest. 12 warps x MAXNREG must fit the 64K-register file.
+LOADER_REGS = gl.constexpr(24)
+CONSUMER_REGS = gl.constexpr(240)
+MAXNREG = 168
+
+
+@gluon.jit
+def _kv_blocks(pid_m, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """K/V tiles the program's 2*BLOCK_M query rows visit (at least 1: an all-masked tile yields zeros)."""
+    if CAUSAL:
+        # bottom-right alignment: row i sees keys j <= i + Sk - Sq
+        hi = gl.minimum((pid_m + 1) * 2 * BLOCK_M + seqlen_k - seqlen_q, seqlen_k)
+    else:
+        hi = seqlen_k
+    return gl.maximum(gl.cdiv(hi, BLOCK_N), 1)
+
+
+@gluon.jit
+def _loader(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+            lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h,
+            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
+            V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, WG: gl.constexpr):
+    pid_m = gl.num_programs(0) - 1 - gl.program_id(0)  # heaviest causal tiles first
+    bh = gl.program_id(1)
+    b = bh // num_heads
+    h = bh % num_heads
+    hk = h // group
+    m0 = pid_m * 2 * BLOCK_M
+
+    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [b, h, m0, 0], q_bar, q_smem.index(0))
+    tma.async_copy_global_to_shared(q_desc, [b, h, m0 + BLOCK_M, 0], q_bar, q_smem.index(1))
+
+    n_blocks = _kv_blocks(pid_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+    for j in range(n_blocks):
+        # K and V have separate rings: K_j is free once both S_j = Q K_j^T are done (early in step
+        # j), V_j only after both P_j V_j (step j+1), so K can run further ahead.
+        ks = j % K_STAGES
+        mbarrier.wait(k_empty.index(ks), ((j // K_STAGES) & 1) ^ 1)
+        mbarrier.expect(k_ready.index(ks), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [b, hk, j * BLOCK_N, 0], k_ready.index(ks), k_smem.index(ks))
+        vs = j % V_STAGES
+        mbarrier.wait(v_empty.index(vs), ((j // V_STAGES) & 1) ^ 1)
+        mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [b, hk, j * BLOCK_N, 0], v_ready.index(vs), v_smem.index(vs))
+
+
+@gluon.jit
+def _softmax_step(s, m_i, l_i, col0, row, seqlen_k, diag, qk_scale, MASK: gl.constexpr, CAUSAL: gl.constexpr,
+                  BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+    """Online softmax of one score tile: returns (p, alpha, m_new, l_new); scores are raw QK^T."""
+    if MASK:
+        col = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        ok = gl.expand_dims(col < seqlen_k, 0)
+        if CAUSAL:
+            ok = ok & (gl.expand_dims(col, 0) <= gl.expand_dims(row + diag, 1))
+        s = gl.where(ok, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+    if MASK:
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no visible key yet
+    else:
+        m_use = m_new
+    alpha = gl.exp2(m_i - m_use)
+    p = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
+    l_new = l_i * alpha + gl.sum(p, axis=1)
+    return p, alpha, m_new, l_new
+
+
+@gluon.jit
+def _consumer(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+              lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
+              V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, WG: gl.constexpr):
+    dtype: gl.constexpr = q_desc.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+    pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
+    bh = gl.program_id(1)
+    b = bh // num_heads
+    h = bh % num_heads
+    m_wg = pid_m * 2 * BLOCK_M + WG * BLOCK_M
+    row = m_wg + gl.arange(0, BLOCK_M, layout=row_layout)
+    diag = seqlen_k - seqlen_q
+
+    n_blocks = _kv_blocks(pid_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+    # Tiles before n_full need no mask for any of this warpgroup's rows.
+    if CAUSAL:
+        n_full = gl.minimum(gl.maximum(m_wg + 1 + diag, 0), seqlen_k) // BLOCK_N
+    else:
+        n_full = seqlen_k // BLOCK_N
+
+    q = q_smem.index(WG).reshape([BLOCK_M, HEAD_DIM])
+    mbarrier.wait(q_bar, 0)
+
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
+    l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=row_layout)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+
+    # Prologue: tile 0's scores and softmax.
+    mbarrier.wait(k_ready.index(0), 0)
+    k0 = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+    s = warpgroup_mma(q, k0, s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(0, deps=(s, ))
+    mbarrier.arrive(k_empty.index(0), count=1)
+    if n_full > 0:
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, seqlen_k, diag, qk_scale, False, CAUSAL, BLOCK_N,
+                                           s_layout)
+    else:
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, seqlen_k, diag, qk_scale, True, CAUSAL, BLOCK_N,
+                                           s_layout)
+    p_op = gl.convert_layout(p.to(dtype), p_layout)
+
+    for j in range(1, n_blocks):
+        ks = j % K_STAGES
+        vp = (j - 1) % V_STAGES
+        # issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1}; both run while we wait for S_j only
+        mbarrier.wait(k_ready.index(ks), (j // K_STAGES) & 1)
+        kj = k_smem.index(ks).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+        s_tok = warpgroup_mma(q, kj, s_zero, use_acc=False, is_async=True)
+        mbarrier.wait(v_ready.index(vp), ((j - 1) // V_STAGES) & 1)
+        vj = v_smem.index(vp).reshape([BLOCK_N, HEAD_DIM])
+        acc_tok = warpgroup_mma(p_op, vj, acc, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s_tok, ))
+        mbarrier.arrive(k_empty.index(ks), count=1)
+        if j < n_full:
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, seqlen_k, diag, qk_scale, False,
+                                               CAUSAL, BLOCK_N, s_layout)
+        else:
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, seqlen_k, diag, qk_scale, True,
+                                               CAUSAL, BLOCK_N, s_layout)
+        acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
+        mbarrier.arrive(v_empty.index(vp), count=1)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+
+    last = (n_blocks - 1) % V_STAGES
+    mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // V_STAGES) & 1)
+    vl = v_smem.index(last).reshape([BLOCK_N, HEAD_DIM])
+    acc = warpgroup_mma(p_op, vl, acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=(acc, ))
+    mbarrier.arrive(v_empty.index(last), count=1)
+
+    l_safe = gl.where(l_i == 0.0, 1.0, l_i)
+    o = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
+    if RETURN_LSE:
+        lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
+        gl.store(lse_ptr + b * lse_stride_b + h * lse_stride_h + row, lse, mask=row < seqlen_q)
+    # Q is dead: its slot stages the output tile for the TMA store (which clips rows >= Sq).
+    o_smem = q_smem.index(WG)
+    o_smem.reshape([BLOCK_M, HEAD_DIM]).store(o.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [b, h, m_wg, 0], o_smem)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group,
+                           lse_stride_b, lse_stride_h,
+                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                           K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                           RETURN_LSE: gl.constexpr):
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [K_STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [V_STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [K_STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [K_STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(K_STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)  # one arrival per consumer warpgroup
+    for i in gl.static_range(V_STAGES):
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(v_empty.index(i), count=2)
+
+    # (constexprs are spelled out in each tuple: a tuple held in a variable turns them into tensors)
+    gl.warp_specialize([
+        (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                     lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h,
+                     BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, 0)),
+        (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                     lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h,
+                     BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, 1)),
+        (_loader, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                   lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h,
+                   BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, 0)),
+    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+
+
+# ---------------------------------------------------------------------------------------------
+# Host side: descriptors are rebuilt on every call (they hold the base pointer); everything else
+# is planned once per input signature.
+
+def eligible(q, k, v, o, head_dim: int) -> bool:
+    """What this kernel supports (besides the caller's checks: sm_90, fast path, dense): 16-bit
+    dtypes, D in {64, 128}, and tensors the copy engine can address (16-byte aligned base and
+    outer strides, unit last stride)."""
+    import torch
+
+    if q.dtype not in (torch.float16, torch.bfloat16) or head_dim not in (64, 128):
+        return False
+    for t in (q, k, v, o):
+        es = t.element_size()
+        if t.dim() != 4 or t.stride(-1) != 1 or t.data_ptr() % 16 or any((s * es) % 16 for s in t.stride()[:-1]):
+            return False
+    return True
+
+
+RING_BYTES = 200 * 1024  # of the 227 KiB an H100 block may use; the rest is headroom for barriers
+
+
+def v_stages(k_stages: int, block_m: int, block_n: int, head_dim: int) -> int:
+    """V ring depth: as deep as the K ring if shared memory allows (16-bit tiles), else one less."""
+    q_bytes, tile = block_m * head_dim * 2, block_n * head_dim * 2
+    return k_stages if q_bytes + 2 * k_stages * tile <= RING_BYTES else k_stages - 1
+
+
+class GluonLaunch:
+    """A planned launch of :func:`attn_fwd_hopper_kernel`; ``run`` takes (q, k, v, o, lse, ...)
+    in [B, H, S, D] views with the planned shapes/strides and builds the four TMA descriptors."""
+    __slots__ = ("step", "geom")
+
+    def __init__(self, q, k, v, o, lse, *, scale: float, causal: bool, seqlen_q: int, seqlen_k: int,
+                 batch: int, num_heads_q: int, num_heads_kv: int, lse_strides, cfg):
+        from . import LOG2E, _Step, triton_cdiv
+
+        D = q.shape[-1]
+        import torch
+
+        gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+        bm, bn = cfg.block_m // 2, cfg.block_n
+        lay_m = gl.NVMMASharedLayout.get_default_for([1, 1, bm, D], gdt)
+        lay_n = gl.NVMMASharedLayout.get_default_for([1, 1, bn, D], gdt)
+        self.geom = tuple((list(t.shape), list(t.stride()), [1, 1, rows, D], lay)
+                          for t, rows, lay in ((q, bm, lay_m), (k, bn, lay_n), (v, bn, lay_n), (o, bm, lay_m)))
+        grid = (triton_cdiv(seqlen_q, cfg.block_m), batch * num_heads_q)
+        args = [*self._descs(q, k, v, o), lse if lse is not None else q, scale * LOG2E, seqlen_q, seqlen_k,
+                num_heads_q, num_heads_q // num_heads_kv, *lse_strides]
+        constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, K_STAGES=cfg.num_stages,
+                          V_STAGES=v_stages(cfg.num_stages, cfg.block_m, bn, D), CAUSAL=bool(causal),
+                          RETURN_LSE=lse is not None)
+        self.step = _Step(attn_fwd_hopper_kernel, grid, args, 5, constexprs, cfg.num_warps, 1,
+                          options=dict(maxnreg=MAXNREG))
+
+    def _descs(self, q, k, v, o):
+        """Descriptors for these tensors. The plan validated shapes, strides and alignment (the plan
+        key includes pointer alignment), so this skips the dataclass's per-call validation."""
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        descs = []
+        for t, (shape, strides, block, layout) in zip((q, k, v, o), self.geom):
+            d = object.__new__(TensorDescriptor)
+            d.base, d.shape, d.strides, d.block_shape, d.layout, d.padding = t, shape, strides, block, layout, "zero"
+            descs.append(d)
+        return descs
+
+    def run(self, ptrs, device) -> None:
+        q, k, v, o, lse = ptrs[:5]
+        self.step.run((*self._descs(q, k, v, o), lse), device)

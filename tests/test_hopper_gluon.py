@@ -1,0 +1,167 @@
+"""The warp-specialised Gluon kernel (kernels/hopper_fwd.py): dispatch and eligibility on the CPU,
+its sm_90a machine code (compiled here without a GPU), and correctness on a GPU."""
+import pytest
+import torch
+
+from flashcore.kernels import configs, hopper_fwd
+from conftest import rel_err
+
+BIG = dict(head_dim=128, dtype_bytes=2, causal=False, secure=False, seqlen_q=4096, seqlen_k=4096, batch_heads=128)
+
+
+def test_hopper_picks_gluon_for_large_fast_d128_only():
+    assert configs.hopper(**BIG).kernel == "gluon_ws"
+    assert configs.hopper(**dict(BIG, causal=True)).kernel == "gluon_ws"
+    for change in (dict(secure=True), dict(dtype_bytes=4), dict(head_dim=64), dict(head_dim=96),
+                   dict(seqlen_q=512, seqlen_k=512, batch_heads=8)):
+        assert configs.hopper(**dict(BIG, **change)).kernel == "triton", change
+    assert configs.choose((8, 0), **BIG).kernel == "triton"  # Ampere never gets it
+
+
+def test_env_forces_either_kernel(monkeypatch):
+    monkeypatch.setenv(configs.HOPPER_KERNEL_ENV, "triton")
+    assert configs.choose((9, 0), **BIG).kernel == "triton"
+    monkeypatch.setenv(configs.HOPPER_KERNEL_ENV, "gluon_ws")
+    assert configs.choose((9, 0), **dict(BIG, head_dim=64, seqlen_q=64, seqlen_k=64)).kernel == "gluon_ws"
+    assert configs.choose((9, 0), **dict(BIG, secure=True)).kernel == "triton"  # never for secure
+    monkeypatch.setenv(configs.HOPPER_KERNEL_ENV, "fastest")
+    with pytest.raises(ValueError, match=configs.HOPPER_KERNEL_ENV):
+        configs.choose((9, 0), **BIG)
+
+
+def _t(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, dtype=dtype)
+
+
+def test_eligibility():
+    q = _t(2, 4, 256, 128)
+    assert hopper_fwd.eligible(q, q, q, q, 128)
+    assert not hopper_fwd.eligible(q.float(), q.float(), q.float(), q.float(), 128)
+    x = _t(2, 4, 256, 96)
+    assert not hopper_fwd.eligible(x, x, x, x, 96)
+    # a row stride of 136 elements (272 bytes) is 16-byte aligned; 129 is not
+    ok = _t(2, 4, 256, 136)[..., :128]
+    bad = _t(2, 4, 256, 129)[..., :128]
+    assert hopper_fwd.eligible(ok, ok, ok, ok, 128)
+    assert not hopper_fwd.eligible(q, bad, q, q, 128)
+    off = _t(2 * 4 * 256 * 128 + 1)[1:].view(2, 4, 256, 128)  # base 2 bytes past alignment
+    assert not hopper_fwd.eligible(q, q, q, off, 128)
+
+
+def test_v_ring_depth_fits_shared_memory():
+    for d, stages in ((128, 2), (128, 3), (64, 3), (64, 4)):
+        vs = hopper_fwd.v_stages(stages, 128, 128, d)
+        assert vs in (stages, stages - 1)
+        assert 128 * d * 2 + (stages + vs) * 128 * d * 2 <= hopper_fwd.RING_BYTES
+
+
+def test_build_launch_never_uses_a_gluon_config_for_the_triton_kernel():
+    from flashcore import kernels
+
+    q = _t(2, 4, 4096, 128)
+    lse = torch.empty(2, 4, 4096)
+    cfg, _, _, ce = kernels.build_launch(
+        q, q, q, q, lse, seqlens_q=None, seqlens_k=None, cu_seqlens_q=None, cu_seqlens_k=None, scale=0.1,
+        causal=False, secure=False, secure_public_diag=False, seqlen_q=4096, seqlen_k=4096, batch=2,
+        num_heads_q=4, num_heads_kv=4, q_strides=q.stride()[:3], k_strides=q.stride()[:3],
+        v_strides=q.stride()[:3], o_strides=q.stride()[:3], lse_strides=(4 * 4096, 4096),
+        config=configs.gluon_ws(128), arch=(9, 0))
+    assert cfg.kernel == "triton" and ce["BLOCK_M"] == cfg.block_m
+
+
+@pytest.mark.parametrize("head_dim,causal", [(128, False), (64, True)])
+def test_sm90a_machine_code(head_dim, causal):
+    """Compiled for sm_90a here (no GPU): the kernel must be warp-specialised (register
+    reallocation between partitions), run P@V from registers on wgmma, and never spill."""
+    from flashcore import kernels
+    from flashcore.audit.sass import compile_cubin, disassemble
+
+    spec = kernels.gluon_spec(head_dim, causal, return_lse=True)
+    compiled = compile_cubin(spec["fn"], spec["signature"], spec["constexprs"], num_warps=spec["num_warps"],
+                             num_stages=spec["num_stages"], attrs=spec["attrs"], maxnreg=spec["maxnreg"])
+    sass = disassemble(compiled.cubin)
+    assert "USETMAXREG" in sass
+    hgmma = [ln for ln in sass.splitlines() if "HGMMA." in ln]
+    assert any(".tnspB" in ln and " R" in ln.split("HGMMA.")[1].split(",")[1] for ln in hgmma), "P@V from registers"
+    assert "UTMALDG" in sass and "UTMASTG" in sass
+    assert "STL" not in sass and "LDL" not in sass, "register spills"
+
+
+# --------------------------------------------------------------------------- GPU
+needs_hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                                  reason="needs an sm_90 GPU")
+
+CASES = [
+    # B, Hq, Hkv, Sq, Sk, D, causal
+    (2, 4, 4, 1000, 1000, 128, False),
+    (2, 4, 4, 1000, 1000, 64, True),
+    (1, 2, 2, 77, 300, 128, True),
+    (1, 2, 2, 300, 77, 128, True),  # rows that see no key
+    (1, 2, 2, 1, 1, 128, False),
+    (2, 8, 2, 513, 513, 128, True),  # GQA
+    (1, 4, 1, 256, 4096, 64, False),  # MQA
+]
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", CASES)
+def test_gluon_matches_reference(case, dtype):
+    from flashcore import ops
+
+    B, Hq, Hkv, Sq, Sk, D, causal = case
+    g = torch.Generator(device="cuda").manual_seed(hash(case) % 2**31)
+    mk = lambda h, s: torch.randn(B, h, s, D, device="cuda", generator=g).to(dtype)
+    q, k, v = mk(Hq, Sq), mk(Hkv, Sk), mk(Hkv, Sk)
+    out = torch.full_like(q, float("nan"))
+    call = ops.dense_call(q, k, v, None, None, causal, D ** -0.5, False, False, True, out=out,
+                          config=configs.gluon_ws(D))
+    assert type(call.plan.main).__name__ == "GluonLaunch"
+    _, lse = call(q, k, v, None, None, out)
+    import flashcore
+
+    ref, ref_lse = flashcore.reference.attention(q, k, v, causal=causal, return_lse=True)
+    assert not torch.isnan(out).any()
+    assert rel_err(out, ref) < (1.2e-2 if dtype == torch.bfloat16 else 2e-3)
+    seen = torch.isfinite(ref_lse)
+    assert torch.allclose(lse[seen].double(), ref_lse[seen], atol=2e-3, rtol=1e-4)
+    assert bool((lse[~seen] == float("-inf")).all())
+    again, _ = call(q, k, v, None, None)
+    assert torch.equal(out, again)  # no atomics: bitwise repeatable
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("layout", ["bshd", "strided"])
+def test_gluon_layouts_and_auto_dispatch(layout):
+    import flashcore
+    from flashcore import kernels
+
+    B, H, S, D = 2, 16, 2048, 128  # large enough that auto picks the Gluon kernel
+    g = torch.Generator(device="cuda").manual_seed(7)
+    if layout == "bshd":
+        q, k, v = (torch.randn(B, S, H, D, device="cuda", generator=g).bfloat16() for _ in range(3))
+    else:
+        big = torch.randn(B, S, 3 * H, D, device="cuda", generator=g).bfloat16()
+        q, k, v = (big[:, :, i * H:(i + 1) * H].transpose(1, 2) for i in range(3))
+    kernels._PLANS.clear()
+    out = flashcore.attention(q, k, v, causal=True, layout="bshd" if layout == "bshd" else "bhsd")
+    assert any(type(p.main).__name__ == "GluonLaunch" for p in kernels._PLANS.values())
+    ref = flashcore.reference.attention(q, k, v, causal=True, layout="bshd" if layout == "bshd" else "bhsd")
+    assert rel_err(out, ref) < 1.2e-2
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_misaligned_strides_fall_back_to_triton():
+    import flashcore
+    from flashcore import kernels
+
+    g = torch.Generator(device="cuda").manual_seed(8)
+    # head dim 128 inside rows of 129 elements: not 16-byte aligned, so no TMA
+    q, k, v = (torch.randn(2, 16, 2048, 129, device="cuda", generator=g).bfloat16()[..., :128] for _ in range(3))
+    kernels._PLANS.clear()
+    out = flashcore.attention(q, k, v)
+    assert all(type(p.main).__name__ != "GluonLaunch" for p in kernels._PLANS.values())
+    assert rel_err(out, flashcore.reference.attention(q, k, v)) < 1.2e-2
