@@ -117,7 +117,12 @@ def time_all(shapes, variants):
 
 def variants(D, causal, bh, S):
     base = configs.hopper_triton(D, 2, causal, False, S, S, bh)
-    out = [("triton", base), ("gluon", configs.gluon_ws(D))]
+    from dataclasses import replace
+
+    g = configs.gluon_ws(D)
+    out = [("triton", base), ("gluon", g)]
+    for st in ((2, 4) if D == 64 else (3,)):
+        out.append((f"gluon_s{st}", replace(g, num_stages=st)))
     return out
 
 
