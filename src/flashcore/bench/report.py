@@ -107,7 +107,8 @@ def summary_table(doc: dict) -> Table:
             _num(fc_us) if fc_us is not None else Text(fc.get("status", "–"), style=STATUS_STYLE.get(fc.get("status"), "")),
             _num(fc.get("tflops")), _num(_pct(fc.get("frac_matmul_ceiling")), "{:.0f}%"),
             _num(sec_us) if sec_us is not None else Text(sec.get("status", "–"), style="dim"),
-            _num(sec_us / fc_us if (sec_us and fc_us) else None, "{:.2f}×"),
+            # throughput ratio, as issue 4's bar (>= 0.9) states it: fast time / secure time
+            _num(fc_us / sec_us if (sec_us and fc_us) else None, "{:.2f}"),
             peer_name or "–", _num(_median_us(peer)), _ratio(fc.get("vs_fastest_peer")), _ratio(fc.get("vs_sdpa_default")))
     return table
 
