@@ -186,6 +186,7 @@ def main():
         res["host"] = host_and_graph()
     if a.part in ("time", "all"):
         res["timing"] = time_all(ANCHORS, variants)
+    if a.part in ("time", "all"):
         print(f"{'shape':22s} {'sdpa':>8s} {'triton':>8s} {'gluon':>8s}  gluon/sdpa triton/sdpa")
         for r in res["timing"]:
             B, H, S, D, c = r["shape"]
