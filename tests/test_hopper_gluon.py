@@ -165,3 +165,81 @@ def test_misaligned_strides_fall_back_to_triton():
     out = flashcore.attention(q, k, v)
     assert all(type(p.main).__name__ != "GluonLaunch" for p in kernels._PLANS.values())
     assert rel_err(out, flashcore.reference.attention(q, k, v)) < 1.2e-2
+
+
+@pytest.fixture
+def force_gluon(monkeypatch):
+    """Route every eligible fast call to the Gluon kernel, whatever its size (plans are cached by
+    metadata, not by this knob, so both caches are cleared around the test)."""
+    from flashcore import api, kernels
+
+    monkeypatch.setenv(configs.HOPPER_KERNEL_ENV, "gluon_ws")
+    kernels._PLANS.clear(); api._CALLS.clear()
+    yield
+    kernels._PLANS.clear(); api._CALLS.clear()
+
+
+def _gluon_planned():
+    from flashcore import kernels
+
+    return any(type(p.main).__name__ == "GluonLaunch" for p in kernels._PLANS.values())
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gluon_cuda_graph_capture_and_replay(force_gluon):
+    import flashcore
+
+    g = torch.Generator(device="cuda").manual_seed(21)
+    q, k, v = (torch.randn(1, 8, 640, 128, device="cuda", generator=g).bfloat16() for _ in range(3))
+    flashcore.attention(q, k, v, causal=True)  # warm-up: compile and plan outside the graph
+    assert _gluon_planned()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(graph):
+            out = flashcore.attention(q, k, v, causal=True)
+    torch.cuda.current_stream().wait_stream(s)
+    q2, k2, v2 = (torch.randn(1, 8, 640, 128, device="cuda", generator=g).bfloat16() for _ in range(3))
+    q.copy_(q2); k.copy_(k2); v.copy_(v2)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, flashcore.attention(q2, k2, v2, causal=True))
+    assert rel_err(out, flashcore.reference.attention(q2, k2, v2, causal=True)) < 1.2e-2
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gluon_under_torch_compile(force_gluon):
+    import flashcore
+
+    g = torch.Generator(device="cuda").manual_seed(22)
+    q, k, v = (torch.randn(2, 4, 384, 64, device="cuda", generator=g).half() for _ in range(3))
+
+    @torch.compile(fullgraph=True)
+    def f(q, k, v):
+        return flashcore.attention(q * 1.0, k, v, causal=True) + 1
+
+    out = f(q, k, v)
+    assert _gluon_planned()
+    assert rel_err(out, flashcore.reference.attention(q, k, v, causal=True) + 1) < 2e-3
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_forced_gluon_still_runs_varlen_and_secure_on_triton(force_gluon):
+    import flashcore
+
+    g = torch.Generator(device="cuda").manual_seed(23)
+    lens = [300, 0, 1000]
+    cu = torch.tensor([0, 300, 300, 1300], dtype=torch.int32, device="cuda")
+    q, k, v = (torch.randn(1300, 8, 128, device="cuda", generator=g).bfloat16() for _ in range(3))
+    out = flashcore.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=True)
+    ref = flashcore.reference.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=True)
+    assert rel_err(out, ref) < 1.2e-2
+    qs, ks, vs = (torch.randn(2, 8, 512, 128, device="cuda", generator=g).bfloat16() for _ in range(3))
+    sl = torch.tensor([512, 100], dtype=torch.int32, device="cuda")
+    out = flashcore.attention(qs, ks, vs, secure=True, seqlens_k=sl)
+    assert rel_err(out, flashcore.reference.attention(qs, ks, vs, seqlens_k=sl)) < 1.2e-2
+    assert not _gluon_planned()
