@@ -25,3 +25,16 @@ def rel_err(out, ref) -> float:
     ref = ref.double()
     denom = ref.norm().item()
     return (out.double() - ref).norm().item() / max(denom, 1e-30)
+
+
+def capture_cuda_graph(fn):
+    """Capture ``fn()`` in a CUDA graph on a side stream (as PyTorch recommends); returns
+    ``(graph, fn's outputs)``. Warm ``fn`` up first: compiling or planning inside capture fails."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(graph):
+            outs = fn()
+    torch.cuda.current_stream().wait_stream(s)
+    return graph, outs

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import flashcore
-from conftest import rel_err
+from conftest import capture_cuda_graph, rel_err
 
 pytestmark = pytest.mark.gpu
 TOL = {torch.bfloat16: 1.2e-2, torch.float16: 2e-3, torch.float32: 2e-5}
@@ -102,14 +102,8 @@ def test_cuda_graph_capture_and_replay():
     lens = torch.tensor([300], dtype=torch.int32, device="cuda")
     flashcore.attention(q, k, v, causal=True)  # warm-up: compile and plan outside the graph
     flashcore.attention(q, k, v, secure=True, seqlens_k=lens)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(g):
-            out_fast = flashcore.attention(q, k, v, causal=True)
-            out_sec = flashcore.attention(q, k, v, secure=True, seqlens_k=lens)
-    torch.cuda.current_stream().wait_stream(s)
+    g, (out_fast, out_sec) = capture_cuda_graph(lambda: (flashcore.attention(q, k, v, causal=True),
+                                                         flashcore.attention(q, k, v, secure=True, seqlens_k=lens)))
     q2, k2, v2 = _inputs(1, 8, 8, 512, 512, 64, torch.bfloat16, seed=10)
     q.copy_(q2); k.copy_(k2); v.copy_(v2); lens.fill_(129)
     g.replay()

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from flashcore.kernels import configs, hopper_fwd
-from conftest import rel_err
+from conftest import capture_cuda_graph, rel_err
 
 BIG = dict(head_dim=128, dtype_bytes=2, causal=False, secure=False, seqlen_q=4096, seqlen_k=4096, batch_heads=128)
 
@@ -194,13 +194,7 @@ def test_gluon_cuda_graph_capture_and_replay(force_gluon):
     q, k, v = (torch.randn(1, 8, 640, 128, device="cuda", generator=g).bfloat16() for _ in range(3))
     flashcore.attention(q, k, v, causal=True)  # warm-up: compile and plan outside the graph
     assert _gluon_planned()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(graph):
-            out = flashcore.attention(q, k, v, causal=True)
-    torch.cuda.current_stream().wait_stream(s)
+    graph, out = capture_cuda_graph(lambda: flashcore.attention(q, k, v, causal=True))
     q2, k2, v2 = (torch.randn(1, 8, 640, 128, device="cuda", generator=g).bfloat16() for _ in range(3))
     q.copy_(q2); k.copy_(k2); v.copy_(v2)
     graph.replay()
