@@ -55,6 +55,36 @@ def test_v_ring_depth_fits_shared_memory():
         assert 128 * d * 2 + (stages + vs) * 128 * d * 2 <= hopper_fwd.RING_BYTES
 
 
+def test_unsupported_gluon_configs_are_refused():
+    from dataclasses import replace
+
+    q, lse = _t(2, 4, 256, 128), torch.empty(2, 4, 256)
+    kw = dict(scale=0.1, causal=False, seqlen_q=256, seqlen_k=256, batch=2, num_heads_q=4, num_heads_kv=4,
+              lse_strides=(4 * 256, 256))
+    for bad in (dict(block_m=64), dict(block_n=256), dict(num_stages=0), dict(num_stages=5)):
+        with pytest.raises(ValueError, match="gluon_ws config"):
+            hopper_fwd.GluonLaunch(q, q, q, q, lse, cfg=replace(configs.gluon_ws(128), **bad), **kw)
+    hopper_fwd.GluonLaunch(q, q, q, q, lse, cfg=configs.gluon_ws(128), **kw)  # the default is accepted
+
+
+def test_env_knobs_are_part_of_the_plan_keys(monkeypatch):
+    from flashcore import kernels
+
+    q = _t(1, 2, 64, 64)
+    key = lambda: kernels._plan_key((q, q, q, q, None), dict(causal=False, secure=False))
+    monkeypatch.delenv(configs.HOPPER_KERNEL_ENV, raising=False)
+    before = key()
+    monkeypatch.setenv(configs.HOPPER_KERNEL_ENV, "triton")
+    assert key() != before
+
+
+def test_fallback_table_follows_the_architecture():
+    kw = dict(BIG)
+    assert configs.triton_table(None, **kw) == configs.INTERPRETER
+    assert configs.triton_table((9, 0), **kw) == configs.hopper_triton(**kw)
+    assert configs.triton_table((8, 0), **kw) == configs.generic(**kw)
+
+
 def test_build_launch_never_uses_a_gluon_config_for_the_triton_kernel():
     from flashcore import kernels
 
@@ -133,6 +163,27 @@ def test_gluon_matches_reference(case, dtype):
 
 @pytest.mark.gpu
 @needs_hopper
+@pytest.mark.parametrize("causal", [False, True])
+def test_gluon_k_ring_deeper_than_v_ring(causal):
+    """D=128 with 3 K stages leaves room for only 2 V stages: the two rings then wrap at different
+    tiles (their phases differ), over enough tiles (1000 keys = 8) to wrap both several times."""
+    from dataclasses import replace
+
+    import flashcore
+    from flashcore import ops
+
+    cfg = replace(configs.gluon_ws(128), num_stages=3)
+    assert hopper_fwd.v_stages(3, 128, 128, 128) == 2
+    g = torch.Generator(device="cuda").manual_seed(24)
+    q, k, v = (torch.randn(2, 4, 1000, 128, device="cuda", generator=g).bfloat16() for _ in range(3))
+    call = ops.dense_call(q, k, v, None, None, causal, 128 ** -0.5, False, False, False, config=cfg)
+    assert type(call.plan.main).__name__ == "GluonLaunch"
+    out, _ = call(q, k, v, None, None)
+    assert rel_err(out, flashcore.reference.attention(q, k, v, causal=causal)) < 1.2e-2
+
+
+@pytest.mark.gpu
+@needs_hopper
 @pytest.mark.parametrize("layout", ["bshd", "strided"])
 def test_gluon_layouts_and_auto_dispatch(layout):
     import flashcore
@@ -145,7 +196,9 @@ def test_gluon_layouts_and_auto_dispatch(layout):
     else:
         big = torch.randn(B, S, 3 * H, D, device="cuda", generator=g).bfloat16()
         q, k, v = (big[:, :, i * H:(i + 1) * H].transpose(1, 2) for i in range(3))
-    kernels._PLANS.clear()
+    from flashcore import api
+
+    kernels._PLANS.clear(); api._CALLS.clear()
     out = flashcore.attention(q, k, v, causal=True, layout="bshd" if layout == "bshd" else "bhsd")
     assert any(type(p.main).__name__ == "GluonLaunch" for p in kernels._PLANS.values())
     ref = flashcore.reference.attention(q, k, v, causal=True, layout="bshd" if layout == "bshd" else "bhsd")
@@ -161,8 +214,14 @@ def test_misaligned_strides_fall_back_to_triton():
     g = torch.Generator(device="cuda").manual_seed(8)
     # head dim 128 inside rows of 129 elements: not 16-byte aligned, so no TMA
     q, k, v = (torch.randn(2, 16, 2048, 129, device="cuda", generator=g).bfloat16()[..., :128] for _ in range(3))
-    kernels._PLANS.clear()
+    # the table asks for the Gluon kernel at this size; only the strides rule it out
+    assert configs.choose((9, 0), head_dim=128, dtype_bytes=2, causal=False, secure=False, seqlen_q=2048,
+                          seqlen_k=2048, batch_heads=32).kernel == "gluon_ws"
+    from flashcore import api
+
+    kernels._PLANS.clear(); api._CALLS.clear()
     out = flashcore.attention(q, k, v)
+    assert kernels._PLANS, "nothing was planned"
     assert all(type(p.main).__name__ != "GluonLaunch" for p in kernels._PLANS.values())
     assert rel_err(out, flashcore.reference.attention(q, k, v)) < 1.2e-2
 

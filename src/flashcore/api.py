@@ -13,6 +13,7 @@ import torch
 
 from . import _checks as C
 from . import reference as _ref
+from .kernels import configs
 
 Tensor = torch.Tensor
 
@@ -157,7 +158,7 @@ _CALLS_LIMIT = 4096
 
 
 def _signature(q, k, v, seqlens_q, seqlens_k, out, flags):
-    parts = [flags, seqlens_q is seqlens_k]
+    parts = [flags, seqlens_q is seqlens_k, configs.env_overrides()]
     for t in (q, k, v, seqlens_q, seqlens_k, out):
         if t is None:
             parts.append(None)

@@ -45,8 +45,9 @@ def build_launch(q, k, v, o, lse, *, seqlens_q, seqlens_k, cu_seqlens_q, cu_seql
                                    secure=secure, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
                                    batch_heads=batch * num_heads_q)
     if cfg.kernel != "triton":  # this builds the Triton kernel's launch (the Gluon one: hopper_fwd.py)
-        cfg = configs.hopper_triton(head_dim=head_dim, dtype_bytes=q.element_size(), causal=causal, secure=secure,
-                                    seqlen_q=seqlen_q, seqlen_k=seqlen_k, batch_heads=batch * num_heads_q)
+        cfg = configs.triton_table(arch, head_dim=head_dim, dtype_bytes=q.element_size(), causal=causal,
+                                   secure=secure, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+                                   batch_heads=batch * num_heads_q)
     use_tma = cfg.tma and not varlen and all(_tma_ok(t) for t in (q, k, v))
     bd = configs.block_d(head_dim)
     if use_tma:
@@ -168,7 +169,7 @@ def _plan_key(tensors, kw):
         else:
             facts.append((t.dtype, t.device, tuple(t.shape), tuple(t.stride()), t.data_ptr() % 16 == 0))
     public = tuple(sorted((k, v) for k, v in kw.items() if k not in _TENSOR_KWARGS))
-    return tuple(facts), public
+    return tuple(facts), public, configs.env_overrides()
 
 
 def plan_attention(q, k, v, o, lse, **kw) -> LaunchPlan:
@@ -196,9 +197,9 @@ def _make_plan(q, k, v, o, lse, **kw) -> LaunchPlan:
                 and hopper_fwd.eligible(q, k, v, o, q.shape[-1])):
             main = hopper_fwd.GluonLaunch(q, k, v, o, lse, cfg=cfg, **{n: kw[n] for n in _GLUON_KW})
             return LaunchPlan(cfg, main)
-        cfg = configs.hopper_triton(head_dim=q.shape[-1], dtype_bytes=q.element_size(), causal=kw["causal"],
-                                    secure=kw["secure"], seqlen_q=kw["seqlen_q"], seqlen_k=kw["seqlen_k"],
-                                    batch_heads=kw["batch"] * kw["num_heads_q"])
+        cfg = configs.triton_table(arch, head_dim=q.shape[-1], dtype_bytes=q.element_size(), causal=kw["causal"],
+                                   secure=kw["secure"], seqlen_q=kw["seqlen_q"], seqlen_k=kw["seqlen_k"],
+                                   batch_heads=kw["batch"] * kw["num_heads_q"])
     kw = dict(kw, config=cfg)
     prepass = vs_shape = None
     if kw["secure"] and cfg.v_prepass:
@@ -289,8 +290,11 @@ def _spec_from_launch(name, cfg, args, constexprs, secret, fn=None):
 
 
 def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0), full: bool = False) -> list[dict]:
-    """Every kernel configuration flashcore launches in this mode on ``arch`` (see above), as
+    """Every Triton kernel configuration flashcore launches in this mode on ``arch`` (see above), as
     ``{name, fn, signature, constexprs, attrs, secret, num_warps, num_stages}`` for the SASS audit.
+    The fast path's Gluon kernel (hopper_fwd.py, see :func:`gluon_spec`) is not listed: the audit's
+    one-region shared-memory model reports false positives on warp-specialised code
+    (docs/security.md §6); secure mode never launches it.
 
     Secrets: the data behind q/k/v and, in secure mode, the true lengths (``SEQLENS_*``); for the
     fast path the cumulative lengths of a varlen launch (its loop bounds depend on them)."""

@@ -19,6 +19,20 @@ HOPPER_KERNEL_ENV = "FLASHCORE_HOPPER_KERNEL"
 HOPPER_KERNEL_MODES = ("auto", "triton", "gluon_ws")
 
 
+def env_overrides() -> tuple:
+    """The debug/benchmark knobs that change which kernel a plan gets: part of every plan-cache key
+    (kernels._plan_key, api._signature), so changing one takes effect on the next call."""
+    return os.environ.get(HOPPER_KERNEL_ENV), os.environ.get(SECURE_V_ZEROING_ENV)
+
+
+def triton_table(arch: tuple[int, int] | None, **kw) -> Config:
+    """The Triton kernel's configuration for this architecture (what runs when the Gluon kernel
+    cannot: varlen, secure, ineligible tensors)."""
+    if arch is None:
+        return INTERPRETER
+    return hopper_triton(**kw) if arch[0] == 9 else generic(**kw)
+
+
 def gluon_ws(head_dim: int) -> Config:
     """The warp-specialised Gluon kernel's configuration: 2x64 query rows, 128-key tiles; num_stages
     is the K ring's depth (V's is the same or one less, hopper_fwd.v_stages). At D=128 two stages

@@ -251,7 +251,7 @@ RING_BYTES = 200 * 1024  # of the 227 KiB an H100 block may use; the rest is hea
 def v_stages(k_stages: int, block_m: int, block_n: int, head_dim: int) -> int:
     """V ring depth: as deep as the K ring if shared memory allows (16-bit tiles), else one less."""
     q_bytes, tile = block_m * head_dim * 2, block_n * head_dim * 2
-    return k_stages if q_bytes + 2 * k_stages * tile <= RING_BYTES else k_stages - 1
+    return k_stages if q_bytes + 2 * k_stages * tile <= RING_BYTES else max(k_stages - 1, 1)
 
 
 class GluonLaunch:
@@ -265,6 +265,12 @@ class GluonLaunch:
 
         D = q.shape[-1]
         import torch
+
+        ring = 2 * cfg.block_m * D + (cfg.num_stages + v_stages(cfg.num_stages, cfg.block_m, cfg.block_n, D)) \
+            * cfg.block_n * D * 2
+        if cfg.block_m != 128 or cfg.block_n not in (64, 128) or cfg.num_stages < 1 or ring > RING_BYTES:
+            raise ValueError(f"gluon_ws config {cfg} unsupported: block_m must be 128 (two 64-row warpgroups), "
+                             f"block_n 64 or 128, and the K/V rings must fit {RING_BYTES} bytes of shared memory")
 
         gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
         bm, bn = cfg.block_m // 2, cfg.block_n
