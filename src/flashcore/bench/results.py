@@ -321,15 +321,20 @@ def save_document(doc: dict, path: str) -> str:
     return path
 
 
-def load_document(path: str) -> dict:
-    """Read and validate a result file; ValueError (with the path) when unusable."""
+def read_json_file(path: str, what: str, error: type = ValueError):
+    """The parsed contents of a JSON file; ``error`` naming the path when it is missing or invalid."""
     if not os.path.isfile(path):
-        raise ValueError(f"result file not found: {path}")
+        raise error(f"{what} not found: {path}")
     try:
         with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
+            return json.load(f)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        raise error(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+
+
+def load_document(path: str) -> dict:
+    """Read and validate a result file; ValueError (with the path) when unusable."""
+    doc = read_json_file(path, "result file")
     try:
         validate_document(doc)
     except SchemaError as e:

@@ -7,12 +7,13 @@ a varlen shape packs ``len(varlen)`` sequences (query length == key length per s
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
+
+from .results import read_json_file
 
 
 class SuiteError(ValueError):
@@ -214,14 +215,7 @@ def parse_suite(data, source: str = "suite") -> list:
 
 
 def load_suite_file(path: str) -> list:
-    if not os.path.isfile(path):
-        raise SuiteError(f"suite file not found: {path}")
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except json.JSONDecodeError as e:
-        raise SuiteError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
-    return parse_suite(data, path)
+    return parse_suite(read_json_file(path, "suite file", SuiteError), path)
 
 
 def resolve_suite(name_or_path: str) -> list:
