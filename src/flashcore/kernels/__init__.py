@@ -41,13 +41,11 @@ def build_launch(q, k, v, o, lse, *, seqlens_q, seqlens_k, cu_seqlens_q, cu_seql
     the pre-pass's clean copy of V (contiguous) and its strides."""
     head_dim = q.shape[-1]
     varlen = cu_seqlens_q is not None
-    cfg = config or configs.choose(arch, head_dim=head_dim, dtype_bytes=q.element_size(), causal=causal,
-                                   secure=secure, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
-                                   batch_heads=batch * num_heads_q)
+    facts = dict(head_dim=head_dim, dtype_bytes=q.element_size(), causal=causal, secure=secure, seqlen_q=seqlen_q,
+                 seqlen_k=seqlen_k, batch_heads=batch * num_heads_q)
+    cfg = config or configs.choose(arch, **facts)
     if cfg.kernel != "triton":  # this builds the Triton kernel's launch (the Gluon one: hopper_fwd.py)
-        cfg = configs.triton_table(arch, head_dim=head_dim, dtype_bytes=q.element_size(), causal=causal,
-                                   secure=secure, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
-                                   batch_heads=batch * num_heads_q)
+        cfg = configs.triton_table(arch, **facts)
     use_tma = cfg.tma and not varlen and all(_tma_ok(t) for t in (q, k, v))
     bd = configs.block_d(head_dim)
     if use_tma:
@@ -187,9 +185,9 @@ def _make_plan(q, k, v, o, lse, **kw) -> LaunchPlan:
     from .attention_fwd import attn_fwd_kernel
 
     arch = _arch(q.device)
-    cfg = kw.get("config") or configs.choose(arch, head_dim=q.shape[-1], dtype_bytes=q.element_size(),
-                                             causal=kw["causal"], secure=kw["secure"], seqlen_q=kw["seqlen_q"],
-                                             seqlen_k=kw["seqlen_k"], batch_heads=kw["batch"] * kw["num_heads_q"])
+    facts = dict(head_dim=q.shape[-1], dtype_bytes=q.element_size(), causal=kw["causal"], secure=kw["secure"],
+                 seqlen_q=kw["seqlen_q"], seqlen_k=kw["seqlen_k"], batch_heads=kw["batch"] * kw["num_heads_q"])
+    cfg = kw.get("config") or configs.choose(arch, **facts)
     if cfg.kernel == "gluon_ws":
         from . import hopper_fwd
 
@@ -197,9 +195,7 @@ def _make_plan(q, k, v, o, lse, **kw) -> LaunchPlan:
                 and hopper_fwd.eligible(q, k, v, o, q.shape[-1])):
             main = hopper_fwd.GluonLaunch(q, k, v, o, lse, cfg=cfg, **{n: kw[n] for n in _GLUON_KW})
             return LaunchPlan(cfg, main)
-        cfg = configs.triton_table(arch, head_dim=q.shape[-1], dtype_bytes=q.element_size(), causal=kw["causal"],
-                                   secure=kw["secure"], seqlen_q=kw["seqlen_q"], seqlen_k=kw["seqlen_k"],
-                                   batch_heads=kw["batch"] * kw["num_heads_q"])
+        cfg = configs.triton_table(arch, **facts)
     kw = dict(kw, config=cfg)
     prepass = vs_shape = None
     if kw["secure"] and cfg.v_prepass:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 SECURE_V_ZEROING_ENV = "FLASHCORE_SECURE_V_ZEROING"
 SECURE_V_ZEROING_MODES = ("auto", "prepass", "in_loop")
 # Benchmark knob: force the Hopper fast path onto one kernel ("triton" | "gluon_ws"); "auto" (unset)
-# lets hopper() decide. Ineligible inputs (see kernels.gluon_eligible) always run the Triton kernel.
+# lets hopper() decide. Ineligible inputs (hopper_fwd.eligible) always run the Triton kernel.
 HOPPER_KERNEL_ENV = "FLASHCORE_HOPPER_KERNEL"
 HOPPER_KERNEL_MODES = ("auto", "triton", "gluon_ws")
 
@@ -138,7 +138,7 @@ def choose(arch: tuple[int, int] | None, **kw) -> Config:
         mode = os.environ.get(HOPPER_KERNEL_ENV, "auto")
         if mode not in HOPPER_KERNEL_MODES:
             raise ValueError(f"{HOPPER_KERNEL_ENV} must be one of {HOPPER_KERNEL_MODES}, got {mode!r}")
-        if mode == "gluon_ws" and kw["head_dim"] in (64, 128) and kw["dtype_bytes"] == 2:
+        if mode == "gluon_ws":  # the planner still runs the Triton kernel where Gluon is not eligible
             cfg = gluon_ws(kw["head_dim"])
         elif mode == "triton" and cfg.kernel != "triton":
             cfg = hopper_triton(**kw)
