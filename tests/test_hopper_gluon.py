@@ -12,8 +12,7 @@ BIG = dict(head_dim=128, dtype_bytes=2, causal=False, secure=False, seqlen_q=409
 def test_hopper_picks_gluon_for_large_fast_d128_only():
     assert configs.hopper(**BIG).kernel == "gluon_ws"
     assert configs.hopper(**dict(BIG, causal=True)).kernel == "gluon_ws"
-    assert configs.hopper(**dict(BIG, secure=True)).kernel == "gluon_secure"  # tests/test_hopper_secure.py
-    for change in (dict(dtype_bytes=4), dict(head_dim=64), dict(head_dim=96),
+    for change in (dict(secure=True), dict(dtype_bytes=4), dict(head_dim=64), dict(head_dim=96),
                    dict(seqlen_q=512, seqlen_k=512, batch_heads=8)):
         assert configs.hopper(**dict(BIG, **change)).kernel == "triton", change
     assert configs.choose((8, 0), **BIG).kernel == "triton"  # Ampere never gets it
@@ -24,7 +23,7 @@ def test_env_forces_either_kernel(monkeypatch):
     assert configs.choose((9, 0), **BIG).kernel == "triton"
     monkeypatch.setenv(configs.HOPPER_KERNEL_ENV, "gluon_ws")
     assert configs.choose((9, 0), **dict(BIG, head_dim=64, seqlen_q=64, seqlen_k=64)).kernel == "gluon_ws"
-    assert configs.choose((9, 0), **dict(BIG, secure=True)).kernel != "gluon_ws"  # never for secure
+    assert configs.choose((9, 0), **dict(BIG, secure=True)).kernel == "triton"  # never for secure
     monkeypatch.setenv(configs.HOPPER_KERNEL_ENV, "fastest")
     with pytest.raises(ValueError, match=configs.HOPPER_KERNEL_ENV):
         configs.choose((9, 0), **BIG)

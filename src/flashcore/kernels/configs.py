@@ -17,15 +17,12 @@ SECURE_V_ZEROING_MODES = ("auto", "prepass", "in_loop")
 # lets hopper() decide. Ineligible inputs (hopper_fwd.eligible) always run the Triton kernel.
 HOPPER_KERNEL_ENV = "FLASHCORE_HOPPER_KERNEL"
 HOPPER_KERNEL_MODES = ("auto", "triton", "gluon_ws")
-# Benchmark/audit knob: force the Hopper secure path onto one kernel ("triton" | "gluon_secure").
-SECURE_KERNEL_ENV = "FLASHCORE_SECURE_KERNEL"
-SECURE_KERNEL_MODES = ("auto", "triton", "gluon_secure")
 
 
 def env_overrides() -> tuple:
     """The debug/benchmark knobs that change which kernel a plan gets: part of every plan-cache key
     (kernels._plan_key, api._signature), so changing one takes effect on the next call."""
-    return tuple(os.environ.get(n) for n in (HOPPER_KERNEL_ENV, SECURE_KERNEL_ENV, SECURE_V_ZEROING_ENV))
+    return os.environ.get(HOPPER_KERNEL_ENV), os.environ.get(SECURE_V_ZEROING_ENV)
 
 
 def triton_table(arch: tuple[int, int] | None, **kw) -> Config:
@@ -33,7 +30,7 @@ def triton_table(arch: tuple[int, int] | None, **kw) -> Config:
     cannot: varlen, secure, ineligible tensors)."""
     if arch is None:
         return INTERPRETER
-    return _secure_v_zeroing(hopper_triton(**kw) if arch[0] == 9 else generic(**kw), kw.get("secure"))
+    return hopper_triton(**kw) if arch[0] == 9 else generic(**kw)
 
 
 def gluon_ws(head_dim: int) -> Config:
@@ -41,13 +38,6 @@ def gluon_ws(head_dim: int) -> Config:
     is the K ring's depth (V's is the same or one less, hopper_fwd.v_stages). At D=128 two stages
     tie or beat three (1x32x16384x128: 6835 vs 7256 us; causal 3531 vs 3824); D=64 uses three."""
     return Config(block_m=128, block_n=128, num_warps=4, num_stages=2 if head_dim > 64 else 3, kernel="gluon_ws")
-
-
-def gluon_secure(head_dim: int) -> Config:
-    """The constant-time Gluon kernel's configuration (hopper_secure.py): 2x64 query rows, 128-key
-    tiles, a K and a V ring of num_stages slots each (two at D=128: three would exceed shared
-    memory), V always from the pre-pass."""
-    return Config(block_m=128, block_n=128, num_warps=8, num_stages=2 if head_dim > 64 else 3, kernel="gluon_secure")
 
 
 @dataclass(frozen=True)
@@ -60,11 +50,10 @@ class Config:
     # secure mode only: zero V's padding in a pre-pass (True) or with a select on every V tile in
     # the attention loop (False); see kernels/secure_prepass.py for why the pre-pass is the default
     v_prepass: bool = True
-    # which kernel runs: "triton" (attention_fwd.py, every arch), "gluon_ws" (hopper_fwd.py:
-    # warp-specialised, TMA + wgmma; sm_90 fast path) or "gluon_secure" (hopper_secure.py: cp.async +
-    # wgmma, sm_90 secure path); both Gluon kernels take bf16/fp16, D in {64, 128}, 16-byte aligned
-    # inputs. For them block_m is the program's rows (two warpgroups of block_m // 2) and num_stages
-    # the depth of the K/V rings.
+    # which kernel runs: "triton" (attention_fwd.py, every arch) or "gluon_ws" (hopper_fwd.py:
+    # warp-specialised, TMA + wgmma; sm_90 fast path, bf16/fp16, D in {64, 128}, TMA-aligned inputs).
+    # For gluon_ws, block_m is the program's rows (two consumer warpgroups of block_m // 2) and
+    # num_stages the depth of the K/V ring.
     kernel: str = "triton"
 
 
@@ -80,7 +69,8 @@ def block_d(head_dim: int) -> int:
 
 def hopper(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q: int, seqlen_k: int,
            batch_heads: int = 1) -> Config:
-    """H100/H200: the Gluon kernels where they are measured faster, else the Triton kernel's table. Measured 2026-11-21 (docs/perf-notes.md, v4):
+    """H100/H200: the warp-specialised Gluon kernel where it is measured faster, else the Triton
+    kernel's table. Measured 2026-11-21 (docs/perf-notes.md, v4):
 
     * D=128, 16-bit: Gluon is faster on the GPU at every size tried (CUDA-graph times, 1x8x512 9.8
       vs 11.8 us up to 4x32x4096 1790 vs 2269 us) but costs ~10 us more host time per eager call
@@ -90,9 +80,6 @@ def hopper(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q
     if (not secure and dtype_bytes == 2 and head_dim == 128
             and batch_heads * seqlen_q * seqlen_k >= GLUON_MIN_WORK):
         return gluon_ws(head_dim)
-    if (secure and dtype_bytes == 2 and head_dim in (64, 128)
-            and batch_heads * seqlen_q * seqlen_k >= GLUON_MIN_WORK):
-        return gluon_secure(head_dim)
     return hopper_triton(head_dim, dtype_bytes, causal, secure, seqlen_q, seqlen_k, batch_heads)
 
 
@@ -147,34 +134,18 @@ def choose(arch: tuple[int, int] | None, **kw) -> Config:
         cfg = hopper(**kw)
     else:
         cfg = generic(**kw)
-    if arch is not None and arch[0] == 9:
-        if kw.get("secure"):
-            cfg = _forced_kernel(cfg, kw, SECURE_KERNEL_ENV, SECURE_KERNEL_MODES, gluon_secure)
-        else:
-            cfg = _forced_kernel(cfg, kw, HOPPER_KERNEL_ENV, HOPPER_KERNEL_MODES, gluon_ws)
-    if kw.get("secure") and cfg.kernel != "triton" and os.environ.get(SECURE_V_ZEROING_ENV) == "in_loop":
-        cfg = hopper_triton(**kw)  # only the Triton kernel zeroes V in the loop
-    return _secure_v_zeroing(cfg, kw.get("secure"))
-
-
-def _forced_kernel(cfg: Config, kw: dict, env: str, modes: tuple, gluon) -> Config:
-    """Apply a Hopper kernel knob (modes: auto, triton, the Gluon kernel's name). The planner still
-    runs the Triton kernel where the Gluon one is not eligible."""
-    mode = os.environ.get(env, "auto")
-    if mode not in modes:
-        raise ValueError(f"{env} must be one of {modes}, got {mode!r}")
-    if mode == modes[2]:
-        return gluon(kw["head_dim"])
-    if mode == "triton" and cfg.kernel != "triton":
-        return hopper_triton(**kw)
+    if arch is not None and arch[0] == 9 and not kw.get("secure"):
+        mode = os.environ.get(HOPPER_KERNEL_ENV, "auto")
+        if mode not in HOPPER_KERNEL_MODES:
+            raise ValueError(f"{HOPPER_KERNEL_ENV} must be one of {HOPPER_KERNEL_MODES}, got {mode!r}")
+        if mode == "gluon_ws":  # the planner still runs the Triton kernel where Gluon is not eligible
+            cfg = gluon_ws(kw["head_dim"])
+        elif mode == "triton" and cfg.kernel != "triton":
+            cfg = hopper_triton(**kw)
+    if kw.get("secure"):
+        mode = os.environ.get(SECURE_V_ZEROING_ENV, "auto")
+        if mode not in SECURE_V_ZEROING_MODES:
+            raise ValueError(f"{SECURE_V_ZEROING_ENV} must be one of {SECURE_V_ZEROING_MODES}, got {mode!r}")
+        if mode != "auto":
+            cfg = replace(cfg, v_prepass=mode == "prepass")
     return cfg
-
-
-def _secure_v_zeroing(cfg: Config, secure: bool) -> Config:
-    """Apply the FLASHCORE_SECURE_V_ZEROING knob to a secure-mode config."""
-    if not secure:
-        return cfg
-    mode = os.environ.get(SECURE_V_ZEROING_ENV, "auto")
-    if mode not in SECURE_V_ZEROING_MODES:
-        raise ValueError(f"{SECURE_V_ZEROING_ENV} must be one of {SECURE_V_ZEROING_MODES}, got {mode!r}")
-    return cfg if mode == "auto" else replace(cfg, v_prepass=mode == "prepass")
