@@ -159,6 +159,18 @@ def test_parse_ncu_csv_raw_page():
     assert rows[1]["metrics"]["lts__t_sectors.sum"]["value"] == 70266.0
 
 
+def test_parse_ncu_csv_accepts_cells_over_the_csv_default_limit():
+    """A warp-specialised kernel's raw page has cells over 128 KiB (seen on the H100)."""
+    import csv
+
+    limit = csv.field_size_limit()
+    huge = "; ".join(f"OP{i}: {i}" for i in range(20000))  # ~200 KB
+    text = SAMPLE_CSV.replace("(ISETP: 12,288; BRA: 12,288; LDG: 4,096; FFMA: 55,296)", f"({huge})", 1)
+    rows = C.parse_ncu_csv(text)
+    assert len(rows[0]["metrics"]["sass__inst_executed_per_opcode"]["instances"]) == 20000
+    assert csv.field_size_limit() == limit  # restored
+
+
 def test_parse_cell_variants():
     assert C.parse_cell("6,668.80")["value"] == pytest.approx(6668.8)
     assert C.parse_cell("n/a")["value"] is None

@@ -194,7 +194,14 @@ def parse_ncu_csv(text: str) -> list:
     start = next((i for i, ln in enumerate(lines) if ln.startswith('"ID"')), None)
     if start is None:
         raise ValueError("no ncu CSV header (a line starting with '\"ID\"') in the output")
-    rows = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
+    # Some raw metrics are long lists: ncu's CSV for a warp-specialised kernel has cells over the csv
+    # module's default 128 KiB field limit (measured on the H100, 2026-11-21).
+    limit = csv.field_size_limit()
+    csv.field_size_limit(max(limit, 1 << 30))
+    try:
+        rows = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
+    finally:
+        csv.field_size_limit(limit)
     header = rows[0]
     if len(rows) < 2:
         return []
