@@ -188,16 +188,14 @@ def _make_plan(q, k, v, o, lse, **kw) -> LaunchPlan:
     facts = dict(head_dim=q.shape[-1], dtype_bytes=q.element_size(), causal=kw["causal"], secure=kw["secure"],
                  seqlen_q=kw["seqlen_q"], seqlen_k=kw["seqlen_k"], batch_heads=kw["batch"] * kw["num_heads_q"])
     cfg = kw.get("config") or configs.choose(arch, **facts)
-    if cfg.kernel != "triton" and not _gluon_eligible(cfg, q, k, v, o, arch, kw):
-        cfg = configs.triton_table(arch, **facts)
     if cfg.kernel == "gluon_ws":
         from . import hopper_fwd
 
-        return LaunchPlan(cfg, hopper_fwd.GluonLaunch(q, k, v, o, lse, cfg=cfg, **{n: kw[n] for n in _GLUON_KW}))
-    if cfg.kernel == "gluon_secure":
-        from .hopper_secure import SecureGluonLaunch
-
-        return LaunchPlan(cfg, SecureGluonLaunch(q, k, v, o, lse, cfg=cfg, **{n: kw[n] for n in _SECURE_GLUON_KW}))
+        if (kw["cu_seqlens_q"] is None and not kw["secure"] and arch is not None and arch[0] == 9
+                and hopper_fwd.eligible(q, k, v, o, q.shape[-1])):
+            main = hopper_fwd.GluonLaunch(q, k, v, o, lse, cfg=cfg, **{n: kw[n] for n in _GLUON_KW})
+            return LaunchPlan(cfg, main)
+        cfg = configs.triton_table(arch, **facts)
     kw = dict(kw, config=cfg)
     prepass = vs_shape = None
     if kw["secure"] and cfg.v_prepass:
@@ -219,21 +217,6 @@ def _make_plan(q, k, v, o, lse, **kw) -> LaunchPlan:
 
 
 _GLUON_KW = ("scale", "causal", "seqlen_q", "seqlen_k", "batch", "num_heads_q", "num_heads_kv", "lse_strides")
-_SECURE_GLUON_KW = _GLUON_KW + ("secure_public_diag", "q_strides", "k_strides", "v_strides", "o_strides")
-
-
-def _gluon_eligible(cfg, q, k, v, o, arch, kw) -> bool:
-    """Whether a Gluon config can run these inputs (else the planner falls back to the Triton kernel):
-    sm_90, dense, the kernel's own mode, and its rule on dtype, head dim and alignment."""
-    if arch is None or arch[0] != 9 or kw["cu_seqlens_q"] is not None:
-        return False
-    if cfg.kernel == "gluon_ws":
-        from .hopper_fwd import eligible
-        return not kw["secure"] and eligible(q, k, v, o, q.shape[-1])
-    if cfg.kernel == "gluon_secure":
-        from .hopper_secure import eligible
-        return kw["secure"] and eligible(q, k, v, o, q.shape[-1], cfg.block_m, cfg.block_n)
-    raise ValueError(f"unknown kernel {cfg.kernel!r} in config {cfg}")
 
 
 def _launch_unplanned(q, k, v, o, lse, **kw):
@@ -324,10 +307,6 @@ def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0), full: bool = False
             if secure:
                 for S, _, Hkv in _AUDIT_SEQLENS:
                     specs.append(_audit_prepass_spec(dtype, hd, S, Hkv))
-            if secure and arch[0] == 9 and dtype != torch.float32 and hd in (64, 128):
-                for causal, public_diag in modes:
-                    for S, Hq, Hkv in _AUDIT_SEQLENS:
-                        specs.append(_audit_gluon_secure_spec(dtype, hd, causal, public_diag, S, Hq, Hkv))
     return specs
 
 
@@ -363,30 +342,6 @@ def _audit_prepass_spec(dtype, hd, S, Hkv):
     cfg = Config(PREPASS_BLOCK_S, PREPASS_BLOCK_S, PREPASS_WARPS, 1)
     return _spec_from_launch(f"secure_prepass_{_ELT[dtype]}_d{hd}_s{S}_hkv{Hkv}", cfg, args, ce,
                              {"V", "VS", "SEQLENS_K"}, fn=attn_secure_zero_v_padding_kernel)
-
-
-def _audit_gluon_secure_spec(dtype, hd, causal, public_diag, S, Hq, Hkv):
-    """The constant-time Gluon kernel (hopper_secure.py) as :class:`SecureGluonLaunch` plans it."""
-    from .hopper_secure import MAXNREG, SecureGluonLaunch, attn_fwd_hopper_secure_kernel
-
-    B = 2
-    q, o = torch.empty(B, Hq, S, hd, dtype=dtype), torch.empty(B, Hq, S, hd, dtype=dtype)
-    k, v = torch.empty(B, Hkv, S, hd, dtype=dtype), torch.empty(B, Hkv, S, hd, dtype=dtype)
-    lse = torch.empty(B, Hq, S, dtype=torch.float32)
-    lens = torch.full((B,), S, dtype=torch.int32)
-    cfg = configs.gluon_secure(hd)
-    launch = SecureGluonLaunch(q, k, v, o, lse, scale=hd ** -0.5, causal=causal, secure_public_diag=public_diag,
-                               seqlen_q=S, seqlen_k=S, batch=B, num_heads_q=Hq, num_heads_kv=Hkv,
-                               q_strides=q.stride()[:3], k_strides=k.stride()[:3], v_strides=v.stride()[:3],
-                               o_strides=o.stride()[:3], lse_strides=(Hq * S, S), cfg=cfg)
-    mode = ("causal_pubdiag" if public_diag else "causal") if causal else "full"
-    name = f"secure_gluon_{_ELT[dtype]}_d{hd}_{mode}_s{S}_gqa{Hq // Hkv}_ws{cfg.block_m}x{cfg.block_n}"
-    step = launch.step
-    spec = _spec_from_launch(name, cfg, [q, k, v, o, lse, lens, lens, *step.scalars], step.constexprs,
-                             {"Q", "K", "V", "SEQLENS_Q", "SEQLENS_K"}, fn=attn_fwd_hopper_secure_kernel)
-    spec["num_stages"] = 1
-    spec["maxnreg"] = MAXNREG
-    return spec
 
 
 def _audit_spec(dtype, hd, causal, public_diag, S, Hq, Hkv, secure, varlen, arch):

@@ -17,15 +17,12 @@ SECURE_V_ZEROING_MODES = ("auto", "prepass", "in_loop")
 # lets hopper() decide. Ineligible inputs (hopper_fwd.eligible) always run the Triton kernel.
 HOPPER_KERNEL_ENV = "FLASHCORE_HOPPER_KERNEL"
 HOPPER_KERNEL_MODES = ("auto", "triton", "gluon_ws")
-# Benchmark/audit knob: force the Hopper secure path onto one kernel ("triton" | "gluon_secure").
-SECURE_KERNEL_ENV = "FLASHCORE_SECURE_KERNEL"
-SECURE_KERNEL_MODES = ("auto", "triton", "gluon_secure")
 
 
 def env_overrides() -> tuple:
     """The debug/benchmark knobs that change which kernel a plan gets: part of every plan-cache key
     (kernels._plan_key, api._signature), so changing one takes effect on the next call."""
-    return tuple(os.environ.get(n) for n in (HOPPER_KERNEL_ENV, SECURE_KERNEL_ENV, SECURE_V_ZEROING_ENV))
+    return os.environ.get(HOPPER_KERNEL_ENV), os.environ.get(SECURE_V_ZEROING_ENV)
 
 
 def triton_table(arch: tuple[int, int] | None, **kw) -> Config:
@@ -43,12 +40,6 @@ def gluon_ws(head_dim: int) -> Config:
     return Config(block_m=128, block_n=128, num_warps=4, num_stages=2 if head_dim > 64 else 3, kernel="gluon_ws")
 
 
-def gluon_secure(head_dim: int) -> Config:
-    """The constant-time warp-specialised Gluon kernel (hopper_secure.py): 2x64 query rows, 128-key
-    tiles, two-slot K and V rings; it sanitises V itself, so no pre-pass."""
-    return Config(block_m=128, block_n=128, num_warps=4, num_stages=2, v_prepass=False, kernel="gluon_secure")
-
-
 @dataclass(frozen=True)
 class Config:
     block_m: int
@@ -59,11 +50,10 @@ class Config:
     # secure mode only: zero V's padding in a pre-pass (True) or with a select on every V tile in
     # the attention loop (False); see kernels/secure_prepass.py for why the pre-pass is the default
     v_prepass: bool = True
-    # which kernel runs: "triton" (attention_fwd.py, every arch), "gluon_ws" (hopper_fwd.py:
-    # warp-specialised, TMA + wgmma; sm_90 fast path) or "gluon_secure" (hopper_secure.py: warp-
-    # specialised, cp.async + named barriers + wgmma; sm_90 secure path). Both Gluon kernels take
-    # bf16/fp16, D in {64, 128}, 16-byte aligned inputs; block_m is the program's rows (two consumer
-    # warpgroups of block_m // 2), num_warps a partition's warps, num_stages the K/V ring depth.
+    # which kernel runs: "triton" (attention_fwd.py, every arch) or "gluon_ws" (hopper_fwd.py:
+    # warp-specialised, TMA + wgmma; sm_90 fast path, bf16/fp16, D in {64, 128}, TMA-aligned inputs).
+    # For gluon_ws, block_m is the program's rows (two consumer warpgroups of block_m // 2) and
+    # num_stages the depth of the K/V ring.
     kernel: str = "triton"
 
 
@@ -144,29 +134,18 @@ def choose(arch: tuple[int, int] | None, **kw) -> Config:
         cfg = hopper(**kw)
     else:
         cfg = generic(**kw)
-    if arch is not None and arch[0] == 9:
-        if kw.get("secure"):
-            cfg = _forced_kernel(cfg, kw, SECURE_KERNEL_ENV, SECURE_KERNEL_MODES, gluon_secure)
-        else:
-            cfg = _forced_kernel(cfg, kw, HOPPER_KERNEL_ENV, HOPPER_KERNEL_MODES, gluon_ws)
+    if arch is not None and arch[0] == 9 and not kw.get("secure"):
+        mode = os.environ.get(HOPPER_KERNEL_ENV, "auto")
+        if mode not in HOPPER_KERNEL_MODES:
+            raise ValueError(f"{HOPPER_KERNEL_ENV} must be one of {HOPPER_KERNEL_MODES}, got {mode!r}")
+        if mode == "gluon_ws":  # the planner still runs the Triton kernel where Gluon is not eligible
+            cfg = gluon_ws(kw["head_dim"])
+        elif mode == "triton" and cfg.kernel != "triton":
+            cfg = hopper_triton(**kw)
     if kw.get("secure"):
         mode = os.environ.get(SECURE_V_ZEROING_ENV, "auto")
         if mode not in SECURE_V_ZEROING_MODES:
             raise ValueError(f"{SECURE_V_ZEROING_ENV} must be one of {SECURE_V_ZEROING_MODES}, got {mode!r}")
-        if mode != "auto":  # a Triton-kernel variant (the Gluon kernel sanitises V its own way)
-            base = cfg if cfg.kernel == "triton" else (hopper_triton(**kw) if arch is not None else cfg)
-            cfg = replace(base, v_prepass=mode == "prepass")
-    return cfg
-
-
-def _forced_kernel(cfg: Config, kw: dict, env: str, modes: tuple, gluon) -> Config:
-    """Apply a Hopper kernel knob (modes: auto, triton, the Gluon kernel's name). The planner still
-    runs the Triton kernel where the Gluon one is not eligible."""
-    mode = os.environ.get(env, "auto")
-    if mode not in modes:
-        raise ValueError(f"{env} must be one of {modes}, got {mode!r}")
-    if mode == modes[2]:
-        return gluon(kw["head_dim"])
-    if mode == "triton" and cfg.kernel != "triton":
-        return hopper_triton(**kw)
+        if mode != "auto":
+            cfg = replace(cfg, v_prepass=mode == "prepass")
     return cfg
