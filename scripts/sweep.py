@@ -20,7 +20,7 @@ from flashcore.kernels.configs import Config  # noqa: E402
 SEED = [(1, 8, 512, 64, False), (1, 16, 1024, 64, False), (4, 16, 1024, 64, False), (16, 16, 2048, 64, False)]
 LARGE = [(4, 32, 4096, 64, False), (4, 32, 4096, 128, False), (4, 32, 4096, 128, True),
          (1, 32, 16384, 128, False), (1, 32, 16384, 128, True)]
-C = lambda m, n, w, s, pre=True: Config(m, n, w, s, v_prepass=pre)  # noqa: E731
+C = lambda m, n, w, s, pre=True, **kw: Config(m, n, w, s, v_prepass=pre, **kw)  # noqa: E731
 FAST = {
     64: [C(128, 64, 8, 3), C(64, 64, 4, 3), C(64, 128, 4, 3), C(128, 128, 8, 3), C(256, 64, 16, 3), C(256, 128, 16, 2)],
     128: [C(128, 64, 8, 3), C(128, 128, 8, 3), C(256, 32, 16, 3), C(256, 64, 16, 2)],
@@ -30,20 +30,35 @@ SECURE = {  # v_prepass=False: the select-in-the-loop kernel of the previous ses
     128: [C(128, 64, 8, 3), C(128, 128, 8, 3), C(256, 32, 16, 3), C(128, 128, 8, 3, False)],
 }
 
+# --d64: the head-dim-64 question of perf-notes v7 (issue 2's seed bar). Register caps that let two
+# 256-thread programs share an SM, TMA loads, and the Gluon kernel at D=64, beside the current table.
+D64 = [C(128, 64, 8, 3), C(64, 128, 4, 3), C(64, 64, 4, 3), C(128, 64, 8, 3, tma=True),
+       C(128, 128, 8, 2, maxnreg=128), C(128, 128, 8, 2, tma=True, maxnreg=128),
+       C(64, 128, 4, 2, maxnreg=168), C(64, 128, 4, 2, tma=True, maxnreg=168),
+       Config(128, 128, 4, 3, kernel="gluon_ws"), Config(128, 128, 4, 2, kernel="gluon_ws")]
+
 
 def name(cfg):
-    return f"{cfg.block_m}x{cfg.block_n}w{cfg.num_warps}s{cfg.num_stages}{'' if cfg.v_prepass else '_inloop'}"
+    if cfg is None:
+        return "auto"
+    if cfg.kernel != "triton":
+        return f"{cfg.kernel}_s{cfg.num_stages}"
+    return (f"{cfg.block_m}x{cfg.block_n}w{cfg.num_warps}s{cfg.num_stages}{'' if cfg.v_prepass else '_inloop'}"
+            f"{'_tma' if cfg.tma else ''}{f'_r{cfg.maxnreg}' if cfg.maxnreg else ''}")
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true", help="large shapes only at 4096")
+    ap.add_argument("--d64", action="store_true", help="head dim 64 only, with the D64 candidates (fast path)")
+    ap.add_argument("--current", action="store_true",
+                    help="with --d64: also the D=128 shapes, planner's choice (fast and secure) beside the Triton 128x64")
     a = ap.parse_args()
     rows = []
     t_start = time.time()
     for (B, H, S, D, causal) in SEED + LARGE:
-        if a.quick and S > 4096:
+        if (a.quick and S > 4096) or (a.d64 and D != 64 and not a.current):
             continue
         seed = (B, H, S, D, causal) in SEED
         g = torch.Generator(device="cuda").manual_seed(int(time.time() * 1e3) % 2**31)
@@ -55,7 +70,13 @@ def main():
         if seed:
             res["sdpa_default_graph"] = do_bench_cudagraph(sd, return_mode="median") * 1e3
         lens = torch.full((B,), S, dtype=torch.int32, device="cuda")
-        for secure, cands in ((False, FAST[D]), (True, SECURE[D] if not seed else [])):
+        if a.d64 and D == 64:
+            todo = ((False, D64),)
+        elif a.d64:
+            todo = ((False, [None, C(128, 64, 8, 3)]), (True, [None]))
+        else:
+            todo = ((False, FAST[D]), (True, SECURE[D] if not seed else []))
+        for secure, cands in todo:
             for cfg in cands:
                 try:
                     call = ops.dense_call(q, k, v, None, lens if secure else None, causal, D ** -0.5, False, secure,

@@ -9,11 +9,13 @@ from conftest import capture_cuda_graph, rel_err
 BIG = dict(head_dim=128, dtype_bytes=2, causal=False, secure=False, seqlen_q=4096, seqlen_k=4096, batch_heads=128)
 
 
-def test_hopper_picks_gluon_for_large_fast_d128_only():
-    assert configs.hopper(**BIG).kernel == "gluon_ws"
-    assert configs.hopper(**dict(BIG, causal=True)).kernel == "gluon_ws"
-    for change in (dict(secure=True), dict(dtype_bytes=4), dict(head_dim=64), dict(head_dim=96),
-                   dict(seqlen_q=512, seqlen_k=512, batch_heads=8)):
+def test_hopper_picks_gluon_for_large_fast_d64_and_d128_only():
+    for d in (64, 128):
+        assert configs.hopper(**dict(BIG, head_dim=d)).kernel == "gluon_ws"
+        assert configs.hopper(**dict(BIG, head_dim=d, causal=True)).kernel == "gluon_ws"
+    for change in (dict(secure=True), dict(dtype_bytes=4), dict(head_dim=96), dict(head_dim=256),
+                   dict(seqlen_q=512, seqlen_k=512, batch_heads=8), dict(head_dim=64, seqlen_q=1024, seqlen_k=1024,
+                                                                         batch_heads=16)):
         assert configs.hopper(**dict(BIG, **change)).kernel == "triton", change
     assert configs.choose((8, 0), **BIG).kernel == "triton"  # Ampere never gets it
 
@@ -51,8 +53,10 @@ def test_eligibility():
 def test_v_ring_depth_fits_shared_memory():
     for d, stages in ((128, 2), (128, 3), (64, 3), (64, 4)):
         vs = hopper_fwd.v_stages(stages, 128, 128, d)
-        assert vs in (stages, stages - 1)
-        assert 128 * d * 2 + (stages + vs) * 128 * d * 2 <= hopper_fwd.RING_BYTES
+        assert 1 <= vs <= stages
+        q_bytes = 2 * 128 * d * 2  # Q is double-buffered (persistent kernel)
+        assert q_bytes + (stages + vs) * 128 * d * 2 <= hopper_fwd.RING_BYTES
+        assert vs == stages or q_bytes + (stages + vs + 1) * 128 * d * 2 > hopper_fwd.RING_BYTES  # deepest
 
 
 def test_unsupported_gluon_configs_are_refused():
@@ -117,6 +121,23 @@ def test_sm90a_machine_code(head_dim, causal):
     assert "STL" not in sass and "LDL" not in sass, "register spills"
 
 
+def test_grid_is_persistent_unless_causal():
+    """Non-causal: one program per SM, each looping over work items (2 x 64 query rows of a head);
+    causal items differ in cost, so each is its own program and the hardware balances them."""
+    kw = dict(scale=0.1, seqlen_q=4096, seqlen_k=4096, batch=2, num_heads_q=16, num_heads_kv=16,
+              lse_strides=(16 * 4096, 4096), cfg=configs.gluon_ws(128))
+    q, lse = _t(2, 16, 4096, 128), torch.empty(2, 16, 4096)
+    items = 2 * 16 * (4096 // 128)
+    flat = hopper_fwd.GluonLaunch(q, q, q, q, lse, causal=False, **kw).step
+    assert flat.grid == (hopper_fwd._sm_count(q.device), 1) and flat.scalars[-2:] == (4096 // 128, items)
+    tri = hopper_fwd.GluonLaunch(q, q, q, q, lse, causal=True, **kw).step
+    assert tri.grid == (items, 1) and tri.scalars[-2:] == (4096 // 128, items)
+    few = hopper_fwd.GluonLaunch(q[:1, :1, :300], q[:1, :1, :300], q[:1, :1, :300], q[:1, :1, :300], lse,
+                                 causal=False, **dict(kw, seqlen_q=300, seqlen_k=300, batch=1, num_heads_q=1,
+                                                      num_heads_kv=1)).step
+    assert few.grid == (3, 1)  # fewer items than SMs: one program each
+
+
 # --------------------------------------------------------------------------- GPU
 needs_hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                                   reason="needs an sm_90 GPU")
@@ -131,6 +152,36 @@ CASES = [
     (2, 8, 2, 513, 513, 128, True),  # GQA
     (1, 4, 1, 256, 4096, 64, False),  # MQA
 ]
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gluon_persistent_programs_loop_over_many_items(head_dim):
+    """More work items than SMs, and not a multiple of them: each program runs several items, so the
+    Q slots, the K/V rings and their phases carry across items (some programs one item fewer).
+    GQA, a key tail (1000 keys) and the LSE ride along; the output is poisoned first."""
+    import flashcore
+    from flashcore import ops
+
+    B, Hq, Hkv, S = 3, 16, 4, 1000
+    items = B * Hq * -(-S // 128)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert items > sms and items % sms
+    g = torch.Generator(device="cuda").manual_seed(4321 + head_dim)
+    q = torch.randn(B, Hq, S, head_dim, device="cuda", generator=g).bfloat16()
+    k, v = (torch.randn(B, Hkv, S, head_dim, device="cuda", generator=g).bfloat16() for _ in range(2))
+    out = torch.full_like(q, float("nan"))
+    call = ops.dense_call(q, k, v, None, None, False, head_dim ** -0.5, False, False, True, out=out,
+                          config=configs.gluon_ws(head_dim))
+    assert type(call.plan.main).__name__ == "GluonLaunch" and call.plan.main.step.grid[0] < items
+    _, lse = call(q, k, v, None, None, out)
+    ref, ref_lse = flashcore.reference.attention(q, k, v, return_lse=True)
+    assert rel_err(out, ref) < 1.2e-2
+    assert torch.allclose(lse.double(), ref_lse, atol=2e-3, rtol=1e-4)
+    again = torch.full_like(q, float("nan"))
+    call(q, k, v, None, None, again)
+    assert torch.equal(out, again)
 
 
 @pytest.mark.gpu
@@ -165,7 +216,7 @@ def test_gluon_matches_reference(case, dtype):
 @needs_hopper
 @pytest.mark.parametrize("causal", [False, True])
 def test_gluon_k_ring_deeper_than_v_ring(causal):
-    """D=128 with 3 K stages leaves room for only 2 V stages: the two rings then wrap at different
+    """D=128 with 3 K stages leaves room for only 1 V stage: the two rings then wrap at different
     tiles (their phases differ), over enough tiles (1000 keys = 8) to wrap both several times."""
     from dataclasses import replace
 
@@ -173,7 +224,7 @@ def test_gluon_k_ring_deeper_than_v_ring(causal):
     from flashcore import ops
 
     cfg = replace(configs.gluon_ws(128), num_stages=3)
-    assert hopper_fwd.v_stages(3, 128, 128, 128) == 2
+    assert hopper_fwd.v_stages(3, 128, 128, 128) == 1
     g = torch.Generator(device="cuda").manual_seed(24)
     q, k, v = (torch.randn(2, 4, 1000, 128, device="cuda", generator=g).bfloat16() for _ in range(3))
     call = ops.dense_call(q, k, v, None, None, causal, 128 ** -0.5, False, False, False, config=cfg)
@@ -296,3 +347,24 @@ def test_forced_gluon_still_runs_varlen_and_secure_on_triton(force_gluon):
     out = flashcore.attention(qs, ks, vs, secure=True, seqlens_k=sl)
     assert rel_err(out, flashcore.reference.attention(qs, ks, vs, seqlens_k=sl)) < 1.2e-2
     assert not _gluon_planned()
+
+
+def test_register_cap_reaches_the_compiler(monkeypatch):
+    """Config.maxnreg (used by the sweeps) is a compile option of the Triton launch, dropped under the
+    interpreter (which has no registers), and part of the SASS audit's compile spec."""
+    from flashcore import kernels
+    from flashcore.kernels.configs import Config
+
+    capped = Config(128, 128, 8, 2, maxnreg=128)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert kernels._compile_options(capped) == {"maxnreg": 128}
+    assert kernels._compile_options(Config(128, 64, 8, 3)) == {}
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert kernels._compile_options(capped) == {}
+    q = torch.empty(2, 4, 256, 64, dtype=torch.bfloat16)
+    _, _, args, ce = kernels.build_launch(
+        q, q, q, q, None, seqlens_q=None, seqlens_k=None, cu_seqlens_q=None, cu_seqlens_k=None, scale=0.125,
+        causal=False, secure=False, secure_public_diag=False, seqlen_q=256, seqlen_k=256, batch=2, num_heads_q=4,
+        num_heads_kv=4, q_strides=q.stride()[:3], k_strides=q.stride()[:3], v_strides=q.stride()[:3],
+        o_strides=q.stride()[:3], lse_strides=(4 * 256, 256), config=capped, arch=(9, 0))
+    assert kernels._spec_from_launch("x", capped, args, ce, set())["maxnreg"] == 128

@@ -212,7 +212,8 @@ def _make_plan(q, k, v, o, lse, **kw) -> LaunchPlan:
     cfg, grid, args, constexprs = build_launch(q, k, v, o, lse, arch=arch, **kw)
     if constexprs["USE_TMA"]:
         return LaunchPlan(cfg, None, prepass, vs_shape, tma_kw={n: x for n, x in kw.items() if n not in _TENSOR_KWARGS})
-    main = _Step(attn_fwd_kernel, grid, args, 5 + len(_TENSOR_KWARGS), constexprs, cfg.num_warps, cfg.num_stages)
+    main = _Step(attn_fwd_kernel, grid, args, 5 + len(_TENSOR_KWARGS), constexprs, cfg.num_warps, cfg.num_stages,
+                 _compile_options(cfg))
     return LaunchPlan(cfg, main, prepass, vs_shape)
 
 
@@ -224,7 +225,13 @@ def _launch_unplanned(q, k, v, o, lse, **kw):
 
     cfg, grid, args, constexprs = build_launch(q, k, v, o, lse, arch=_arch(q.device), **kw)
     if grid[0] and grid[1]:
-        attn_fwd_kernel[grid](*args, **constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        attn_fwd_kernel[grid](*args, **constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                              **_compile_options(cfg))
+
+
+def _compile_options(cfg: Config) -> dict:
+    """Compiler options beyond warps/stages; only CUDA's compiler knows ``maxnreg``."""
+    return {"maxnreg": cfg.maxnreg} if cfg.maxnreg is not None and not _interpreting() else {}
 
 
 def launch_attention(q, k, v, o, lse, **kw) -> Config:
@@ -282,7 +289,7 @@ def _spec_from_launch(name, cfg, args, constexprs, secret, fn=None):
     for pname in constexprs:
         signature[pname] = "constexpr"
     return dict(name=name, fn=fn, signature=signature, constexprs=consts, attrs=attrs,
-                secret=set(secret), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                secret=set(secret), num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg)
 
 
 def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0), full: bool = False) -> list[dict]:

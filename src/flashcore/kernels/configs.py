@@ -35,7 +35,7 @@ def triton_table(arch: tuple[int, int] | None, **kw) -> Config:
 
 def gluon_ws(head_dim: int) -> Config:
     """The warp-specialised Gluon kernel's configuration: 2x64 query rows, 128-key tiles; num_stages
-    is the K ring's depth (V's is the same or one less, hopper_fwd.v_stages). At D=128 two stages
+    is the K ring's depth (V's is the same or shallower, hopper_fwd.v_stages). At D=128 two stages
     tie or beat three (1x32x16384x128: 6835 vs 7256 us; causal 3531 vs 3824); D=64 uses three."""
     return Config(block_m=128, block_n=128, num_warps=4, num_stages=2 if head_dim > 64 else 3, kernel="gluon_ws")
 
@@ -55,6 +55,9 @@ class Config:
     # For gluon_ws, block_m is the program's rows (two consumer warpgroups of block_m // 2) and
     # num_stages the depth of the K/V ring.
     kernel: str = "triton"
+    # register cap per thread passed to ptxas (None: ptxas decides). Capping a 256-thread program at
+    # 128 registers lets two programs share an SM, so one's softmax overlaps the other's MMAs.
+    maxnreg: int | None = None
 
 
 # The interpreter runs each program in numpy: small tiles keep CI fast, and BLOCK_M != BLOCK_N
@@ -70,14 +73,15 @@ def block_d(head_dim: int) -> int:
 def hopper(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q: int, seqlen_k: int,
            batch_heads: int = 1) -> Config:
     """H100/H200: the warp-specialised Gluon kernel where it is measured faster, else the Triton
-    kernel's table. Measured 2026-11-21 (docs/perf-notes.md, v4):
+    kernel's table. Measured 2026-11-21 (docs/perf-notes.md, v4 and v7):
 
     * D=128, 16-bit: Gluon is faster on the GPU at every size tried (CUDA-graph times, 1x8x512 9.8
       vs 11.8 us up to 4x32x4096 1790 vs 2269 us) but costs ~10 us more host time per eager call
       (four TMA descriptors), so it takes over once the work hides that: B*Hq*Sq*Sk >= 2^26.
-    * D=64: no faster than the Triton kernel (softmax-bound: 16x16x2048x64 665 vs 656 us), so not used.
+    * D=64, 16-bit: since the kernel went persistent (v7) it is faster from the same size on
+      (16x16x2048x64 610 vs 652 us, 4x32x4096x64 1231 vs 1270; CUDA graph 4x16x1024x64 43.0 vs 45.2).
     The caller still falls back to the Triton kernel when the inputs are not TMA-addressable."""
-    if (not secure and dtype_bytes == 2 and head_dim == 128
+    if (not secure and dtype_bytes == 2 and head_dim in (64, 128)
             and batch_heads * seqlen_q * seqlen_k >= GLUON_MIN_WORK):
         return gluon_ws(head_dim)
     return hopper_triton(head_dim, dtype_bytes, causal, secure, seqlen_q, seqlen_k, batch_heads)

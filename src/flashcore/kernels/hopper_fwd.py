@@ -11,6 +11,10 @@ Inside a consumer the S = QK^T of tile j+1 is issued asynchronously before the s
 and the P@V of tile j runs while the next softmax is computed, so one warpgroup keeps the tensor
 cores busy while the other does exponentials (the warp scheduler interleaves the two).
 
+Persistent where work items cost the same (non-causal): one program per SM loops over work items
+(2 x BLOCK_M query rows of one head), with Q double-buffered so the next item's Q and first K/V
+tiles load while the consumers finish the current one; causal items each get a program.
+
 Fast path only (data-dependent causal block skipping); supports bf16/fp16, head dims 64 and 128,
 any Sq/Sk, GQA, and any 16-byte aligned strides (rank-4 TMA descriptors, so a tile never reads
 a neighbouring head: out-of-range rows are zero-filled by the copy engine and clipped on store).
@@ -46,33 +50,52 @@ def _kv_blocks(pid_m, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.con
 
 
 @gluon.jit
-def _loader(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-            lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h,
+def _tile_coords(tile, num_m_tiles, CAUSAL: gl.constexpr):
+    """(row-tile index, batch*head) of a work item. Consecutive items share a head (K/V stay in L2);
+    causal row tiles run last-first, so the heaviest (the most keys) are scheduled first."""
+    bh = tile // num_m_tiles
+    pid_m = tile % num_m_tiles
+    if CAUSAL:
+        pid_m = num_m_tiles - 1 - pid_m
+    return pid_m, bh
+
+
+@gluon.jit
+def _loader(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+            v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h,
+            num_m_tiles, num_tiles,
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
             V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, WG: gl.constexpr):
-    pid_m = gl.num_programs(0) - 1 - gl.program_id(0)  # heaviest causal tiles first
-    bh = gl.program_id(1)
-    b = bh // num_heads
-    h = bh % num_heads
-    hk = h // group
-    m0 = pid_m * 2 * BLOCK_M
+    kc = 0  # K/V tiles loaded so far, over all work items: ring slot and phase
+    it = 0  # work items so far: Q slot and phase
+    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        pid_m, bh = _tile_coords(tile, num_m_tiles, CAUSAL)
+        b = bh // num_heads
+        h = bh % num_heads
+        hk = h // group
+        m0 = pid_m * 2 * BLOCK_M
+        # Q is double-buffered: the next item's Q arrives while the consumers finish this one
+        qs = it % 2
+        mbarrier.wait(q_empty.index(qs), ((it // 2) & 1) ^ 1)
+        mbarrier.expect(q_ready.index(qs), 2 * q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [b, h, m0, 0], q_ready.index(qs), q_smem.index(2 * qs))
+        tma.async_copy_global_to_shared(q_desc, [b, h, m0 + BLOCK_M, 0], q_ready.index(qs), q_smem.index(2 * qs + 1))
 
-    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [b, h, m0, 0], q_bar, q_smem.index(0))
-    tma.async_copy_global_to_shared(q_desc, [b, h, m0 + BLOCK_M, 0], q_bar, q_smem.index(1))
-
-    n_blocks = _kv_blocks(pid_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
-    for j in range(n_blocks):
-        # K and V have separate rings: K_j is free once both S_j = Q K_j^T are done (early in step
-        # j), V_j only after both P_j V_j (step j+1), so K can run further ahead.
-        ks = j % K_STAGES
-        mbarrier.wait(k_empty.index(ks), ((j // K_STAGES) & 1) ^ 1)
-        mbarrier.expect(k_ready.index(ks), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [b, hk, j * BLOCK_N, 0], k_ready.index(ks), k_smem.index(ks))
-        vs = j % V_STAGES
-        mbarrier.wait(v_empty.index(vs), ((j // V_STAGES) & 1) ^ 1)
-        mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [b, hk, j * BLOCK_N, 0], v_ready.index(vs), v_smem.index(vs))
+        n_blocks = _kv_blocks(pid_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+        for j in range(n_blocks):
+            # K and V have separate rings: K_j is free once both S_j = Q K_j^T are done (early in step
+            # j), V_j only after both P_j V_j (step j+1), so K can run further ahead.
+            c = kc + j
+            ks = c % K_STAGES
+            mbarrier.wait(k_empty.index(ks), ((c // K_STAGES) & 1) ^ 1)
+            mbarrier.expect(k_ready.index(ks), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [b, hk, j * BLOCK_N, 0], k_ready.index(ks), k_smem.index(ks))
+            vs = c % V_STAGES
+            mbarrier.wait(v_empty.index(vs), ((c // V_STAGES) & 1) ^ 1)
+            mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [b, hk, j * BLOCK_N, 0], v_ready.index(vs), v_smem.index(vs))
+        kc += n_blocks
+        it += 1
 
 
 @gluon.jit
@@ -97,10 +120,30 @@ def _softmax_step(s, m_i, l_i, col0, row, seqlen_k, diag, qk_scale, MASK: gl.con
 
 
 @gluon.jit
-def _consumer(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-              lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h,
+def _consumer(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+              v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h,
+              num_m_tiles, num_tiles,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
               V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, WG: gl.constexpr):
+    kc = 0
+    it = 0
+    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        _consume_tile(tile, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                      k_empty, v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, lse_stride_b,
+                      lse_stride_h, num_m_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL,
+                      RETURN_LSE, WG)
+        kc += _kv_blocks(_tile_coords(tile, num_m_tiles, CAUSAL)[0], seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+        it += 1
+
+
+@gluon.jit
+def _consume_tile(tile, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                  k_empty, v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, lse_stride_b, lse_stride_h,
+                  num_m_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr,
+                  WG: gl.constexpr):
+    """One work item for this warpgroup: BLOCK_M query rows against all their key tiles. ``kc`` is the
+    ring position of the item's first K/V tile, ``it`` the item's index (Q slot and phase)."""
     dtype: gl.constexpr = q_desc.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -109,8 +152,7 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_r
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
-    pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
-    bh = gl.program_id(1)
+    pid_m, bh = _tile_coords(tile, num_m_tiles, CAUSAL)
     b = bh // num_heads
     h = bh % num_heads
     m_wg = pid_m * 2 * BLOCK_M + WG * BLOCK_M
@@ -124,8 +166,10 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_r
     else:
         n_full = seqlen_k // BLOCK_N
 
-    q = q_smem.index(WG).reshape([BLOCK_M, HEAD_DIM])
-    mbarrier.wait(q_bar, 0)
+    qs = it % 2
+    q_slot = q_smem.index(2 * qs + WG)
+    q = q_slot.reshape([BLOCK_M, HEAD_DIM])
+    mbarrier.wait(q_ready.index(qs), (it // 2) & 1)
 
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
     l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=row_layout)
@@ -133,11 +177,12 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_r
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
 
     # Prologue: tile 0's scores and softmax.
-    mbarrier.wait(k_ready.index(0), 0)
-    k0 = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+    ks0 = kc % K_STAGES
+    mbarrier.wait(k_ready.index(ks0), (kc // K_STAGES) & 1)
+    k0 = k_smem.index(ks0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
     s = warpgroup_mma(q, k0, s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(0, deps=(s, ))
-    mbarrier.arrive(k_empty.index(0), count=1)
+    mbarrier.arrive(k_empty.index(ks0), count=1)
     if n_full > 0:
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, seqlen_k, diag, qk_scale, False, CAUSAL, BLOCK_N,
                                            s_layout)
@@ -147,13 +192,14 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_r
     p_op = gl.convert_layout(p.to(dtype), p_layout)
 
     for j in range(1, n_blocks):
-        ks = j % K_STAGES
-        vp = (j - 1) % V_STAGES
+        c = kc + j
+        ks = c % K_STAGES
+        vp = (c - 1) % V_STAGES
         # issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1}; both run while we wait for S_j only
-        mbarrier.wait(k_ready.index(ks), (j // K_STAGES) & 1)
+        mbarrier.wait(k_ready.index(ks), (c // K_STAGES) & 1)
         kj = k_smem.index(ks).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
         s_tok = warpgroup_mma(q, kj, s_zero, use_acc=False, is_async=True)
-        mbarrier.wait(v_ready.index(vp), ((j - 1) // V_STAGES) & 1)
+        mbarrier.wait(v_ready.index(vp), ((c - 1) // V_STAGES) & 1)
         vj = v_smem.index(vp).reshape([BLOCK_N, HEAD_DIM])
         acc_tok = warpgroup_mma(p_op, vj, acc, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s_tok, ))
@@ -169,8 +215,9 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_r
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
 
-    last = (n_blocks - 1) % V_STAGES
-    mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // V_STAGES) & 1)
+    cl = kc + n_blocks - 1
+    last = cl % V_STAGES
+    mbarrier.wait(v_ready.index(last), (cl // V_STAGES) & 1)
     vl = v_smem.index(last).reshape([BLOCK_N, HEAD_DIM])
     acc = warpgroup_mma(p_op, vl, acc, is_async=True)
     acc = warpgroup_mma_wait(0, deps=(acc, ))
@@ -181,47 +228,56 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_r
     if RETURN_LSE:
         lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
         gl.store(lse_ptr + b * lse_stride_b + h * lse_stride_h + row, lse, mask=row < seqlen_q)
-    # Q is dead: its slot stages the output tile for the TMA store (which clips rows >= Sq).
-    o_smem = q_smem.index(WG)
-    o_smem.reshape([BLOCK_M, HEAD_DIM]).store(o.to(dtype))
+    # Q is dead: its slot stages the output tile for the TMA store (which clips rows >= Sq); the
+    # slot goes back to the loader once the copy engine has read it.
+    q_slot.reshape([BLOCK_M, HEAD_DIM]).store(o.to(dtype))
     fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [b, h, m_wg, 0], o_smem)
+    tma.async_copy_shared_to_global(o_desc, [b, h, m_wg, 0], q_slot)
     tma.store_wait(0)
+    mbarrier.arrive(q_empty.index(qs), count=1)
 
 
 @gluon.jit
 def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group,
-                           lse_stride_b, lse_stride_h,
+                           lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                            K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                            RETURN_LSE: gl.constexpr):
+    """Persistent: program i takes work items i, i + grid, ... (a work item = 2*BLOCK_M query rows of
+    one head), so one item's epilogue and the next one's loads overlap instead of costing a launch."""
     dtype: gl.constexpr = q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [4] + q_desc.block_type.shape, q_desc.layout)  # [Q slot][warpgroup]
     k_smem = gl.allocate_shared_memory(dtype, [K_STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [V_STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [K_STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [K_STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=2)  # one arrival per consumer warpgroup
     for i in gl.static_range(K_STAGES):
         mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)  # one arrival per consumer warpgroup
+        mbarrier.init(k_empty.index(i), count=2)
     for i in gl.static_range(V_STAGES):
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(v_empty.index(i), count=2)
 
     # (constexprs are spelled out in each tuple: a tuple held in a variable turns them into tensors)
     gl.warp_specialize([
-        (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                     lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h,
+        (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                     k_empty, v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
+                     lse_stride_h, num_m_tiles, num_tiles,
                      BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, 0)),
-        (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                     lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h,
+        (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                     k_empty, v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
+                     lse_stride_h, num_m_tiles, num_tiles,
                      BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, 1)),
-        (_loader, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                   lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h,
+        (_loader, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                   k_empty, v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
+                   lse_stride_h, num_m_tiles, num_tiles,
                    BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, 0)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
@@ -249,9 +305,20 @@ RING_BYTES = 200 * 1024  # of the 227 KiB an H100 block may use; the rest is hea
 
 
 def v_stages(k_stages: int, block_m: int, block_n: int, head_dim: int) -> int:
-    """V ring depth: as deep as the K ring if shared memory allows (16-bit tiles), else one less."""
-    q_bytes, tile = block_m * head_dim * 2, block_n * head_dim * 2
-    return k_stages if q_bytes + 2 * k_stages * tile <= RING_BYTES else max(k_stages - 1, 1)
+    """V ring depth: as deep as the K ring if shared memory allows (16-bit tiles), else the deepest
+    that fits (at least 1). ``block_m`` is a work item's rows; Q is double-buffered (two items' worth)."""
+    q_bytes, tile = 2 * block_m * head_dim * 2, block_n * head_dim * 2
+    fits = [v for v in range(1, k_stages + 1) if q_bytes + (k_stages + v) * tile <= RING_BYTES]
+    return max(fits) if fits else 1
+
+
+def _sm_count(device) -> int:
+    """SMs of the device (an H100 SXM's 132 for CPU tensors: the audit compiles without a GPU)."""
+    import torch
+
+    if device.type != "cuda":
+        return 132
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 class GluonLaunch:
@@ -266,7 +333,7 @@ class GluonLaunch:
         D = q.shape[-1]
         import torch
 
-        ring = 2 * cfg.block_m * D + (cfg.num_stages + v_stages(cfg.num_stages, cfg.block_m, cfg.block_n, D)) \
+        ring = 4 * cfg.block_m * D + (cfg.num_stages + v_stages(cfg.num_stages, cfg.block_m, cfg.block_n, D)) \
             * cfg.block_n * D * 2
         if cfg.block_m != 128 or cfg.block_n not in (64, 128) or cfg.num_stages < 1 or ring > RING_BYTES:
             raise ValueError(f"gluon_ws config {cfg} unsupported: block_m must be 128 (two 64-row warpgroups), "
@@ -278,9 +345,15 @@ class GluonLaunch:
         lay_n = gl.NVMMASharedLayout.get_default_for([1, 1, bn, D], gdt)
         self.geom = tuple((list(t.shape), list(t.stride()), [1, 1, rows, D], lay)
                           for t, rows, lay in ((q, bm, lay_m), (k, bn, lay_n), (v, bn, lay_n), (o, bm, lay_m)))
-        grid = (triton_cdiv(seqlen_q, cfg.block_m), batch * num_heads_q)
+        num_m_tiles = triton_cdiv(seqlen_q, cfg.block_m)
+        num_tiles = num_m_tiles * batch * num_heads_q
+        # Persistent (one program per SM; one fits per SM) where items cost the same. Causal items
+        # range from 1 to n key tiles, and a static round-robin over them left SMs idle (4x32x4096x128:
+        # 1067 vs 1004 us non-persistent), so there each item is its own program and the hardware
+        # balances them.
+        grid = (num_tiles if causal else min(num_tiles, _sm_count(q.device)), 1)
         args = [*self._descs(q, k, v, o), lse if lse is not None else q, scale * LOG2E, seqlen_q, seqlen_k,
-                num_heads_q, num_heads_q // num_heads_kv, *lse_strides]
+                num_heads_q, num_heads_q // num_heads_kv, *lse_strides, num_m_tiles, num_tiles]
         constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, K_STAGES=cfg.num_stages,
                           V_STAGES=v_stages(cfg.num_stages, cfg.block_m, bn, D), CAUSAL=bool(causal),
                           RETURN_LSE=lse is not None)

@@ -1,0 +1,104 @@
+"""Nsight Compute side by side: one flashcore kernel configuration and SDPA's default backend on
+the same shape, profiled in fresh processes (pipe utilisation, issue slots, instruction mix,
+occupancy). Writes one text report per subject to --out and prints the key metrics as a table.
+Used for the "why is it where it is" entries of docs/perf-notes.md.
+
+    PYTHONPATH=src python scripts/ncu_compare.py --shape 16,16,2048,64 --config 128x128w8s2r128 --out $OUT
+
+A config is written as in scripts/sweep.py: ``{BM}x{BN}w{warps}s{stages}[_tma][_r{maxnreg}]``, or
+``gluon_ws_s{stages}`` for the warp-specialised Gluon kernel, or ``auto`` for the planner's choice.
+"""
+import argparse, os, re, subprocess, sys
+
+KEY_METRICS = [
+    "gpu__time_duration.sum",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "smsp__issue_active.avg.pct_of_peak_sustained_active",
+    "smsp__inst_executed.sum",
+    "sm__inst_executed_pipe_fma.sum",
+    "sm__inst_executed_pipe_alu.sum",
+    "sm__inst_executed_pipe_xu.sum",
+    "sm__inst_executed_pipe_uniform.sum",
+    "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "launch__registers_per_thread",
+    "launch__occupancy_limit_registers",
+    "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio",
+]
+
+
+def parse_config(text):
+    from flashcore.kernels.configs import Config
+
+    if text == "auto":
+        return None
+    if text.startswith("gluon_ws_s"):
+        return Config(128, 128, 4, int(text[len("gluon_ws_s"):]), kernel="gluon_ws")
+    m = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)(_tma)?(?:_r(\d+))?", text)
+    if m is None:
+        raise SystemExit(f"--config: cannot parse {text!r}")
+    bm, bn, w, s, tma, r = m.groups()
+    return Config(int(bm), int(bn), int(w), int(s), tma=bool(tma), maxnreg=int(r) if r else None)
+
+
+def child(shape, subject):
+    import torch
+    import torch.nn.functional as F
+
+    B, H, S, D = shape
+    g = torch.Generator(device="cuda").manual_seed(1234)
+    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    if subject == "sdpa":
+        fn = lambda: F.scaled_dot_product_attention(q, k, v)  # noqa: E731
+    else:
+        from flashcore import ops
+
+        call = ops.dense_call(q, k, v, None, None, False, D ** -0.5, False, False, False,
+                              config=parse_config(subject), validate=False)
+        fn = lambda: call(q, k, v, None, None)[0]  # noqa: E731
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", required=True, help="B,H,S,D (bf16, non-causal)")
+    ap.add_argument("--config", action="append", default=[], help="flashcore config(s); SDPA is always profiled")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    shape = tuple(int(x) for x in a.shape.split(","))
+    if a.child:
+        child(shape, a.child)
+        return
+    rows = {}
+    for subject in ["sdpa"] + (a.config or ["auto"]):
+        kernel = r"regex:sdpa|fmha|flash|cudnn" if subject == "sdpa" else "regex:attn_fwd"
+        cmd = ["ncu", "--clock-control", "none", "-k", kernel, "--launch-skip", "2", "--launch-count", "1",
+               "--section", "SpeedOfLight", "--section", "ComputeWorkloadAnalysis", "--section", "InstructionStats",
+               "--section", "WarpStateStats", "--section", "SchedulerStats", "--section", "Occupancy",
+               "--section", "LaunchStats", "--metrics", ",".join(KEY_METRICS), "--print-units", "base",
+               sys.executable, __file__, "--shape", a.shape, "--child", subject]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        text = res.stdout + res.stderr
+        tag = f"ncu-{'x'.join(map(str, shape))}-{subject}.txt"
+        with open(os.path.join(a.out, tag), "w") as f:
+            f.write(text)
+        vals = {}
+        for m in KEY_METRICS:
+            hit = re.search(rf"^\s*{re.escape(m)}\s+\S*\s+([\d,.]+)\s*$", text, re.M)
+            vals[m] = hit.group(1) if hit else "?"
+        rows[subject] = vals
+    names = list(rows)
+    print(f"{'metric':<80}" + "".join(f"{n:>20}" for n in names))
+    for m in KEY_METRICS:
+        print(f"{m:<80}" + "".join(f"{rows[n][m]:>20}" for n in names))
+
+
+if __name__ == "__main__":
+    main()
