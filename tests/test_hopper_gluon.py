@@ -12,8 +12,9 @@ BIG = dict(head_dim=128, dtype_bytes=2, causal=False, secure=False, seqlen_q=409
 def test_hopper_picks_gluon_for_large_fast_d64_and_d128_only():
     for d in (64, 128):
         assert configs.hopper(**dict(BIG, head_dim=d)).kernel == "gluon_ws"
-        assert configs.hopper(**dict(BIG, head_dim=d, causal=True)).kernel == "gluon_ws"
+    assert configs.hopper(**dict(BIG, causal=True)).kernel == "gluon_ws"
     for change in (dict(secure=True), dict(dtype_bytes=4), dict(head_dim=96), dict(head_dim=256),
+                   dict(head_dim=64, causal=True),  # measured slower than the Triton kernel there
                    dict(seqlen_q=512, seqlen_k=512, batch_heads=8), dict(head_dim=64, seqlen_q=1024, seqlen_k=1024,
                                                                          batch_heads=16)):
         assert configs.hopper(**dict(BIG, **change)).kernel == "triton", change

@@ -78,10 +78,13 @@ def hopper(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q
     * D=128, 16-bit: Gluon is faster on the GPU at every size tried (CUDA-graph times, 1x8x512 9.8
       vs 11.8 us up to 4x32x4096 1790 vs 2269 us) but costs ~10 us more host time per eager call
       (four TMA descriptors), so it takes over once the work hides that: B*Hq*Sq*Sk >= 2^26.
-    * D=64, 16-bit: since the kernel went persistent (v7) it is faster from the same size on
-      (16x16x2048x64 610 vs 652 us, 4x32x4096x64 1231 vs 1270; CUDA graph 4x16x1024x64 43.0 vs 45.2).
+    * D=64, 16-bit, non-causal: since the kernel went persistent (v7) it is faster from the same size
+      on (16x16x2048x64 610 vs 652 us, 4x32x4096x64 1231 vs 1270; CUDA graph 4x16x1024x64 43.0 vs
+      45.2). Causal D=64 stays on the Triton kernel, measured faster there (4x32x4096x64 685 vs 730 us,
+      16x16x2048x64 388 vs 437): causal Gluon items are not persistent, and at D=64 the per-item fill
+      and drain is a larger share than at D=128.
     The caller still falls back to the Triton kernel when the inputs are not TMA-addressable."""
-    if (not secure and dtype_bytes == 2 and head_dim in (64, 128)
+    if (not secure and dtype_bytes == 2 and (head_dim == 128 or (head_dim == 64 and not causal))
             and batch_heads * seqlen_q * seqlen_k >= GLUON_MIN_WORK):
         return gluon_ws(head_dim)
     return hopper_triton(head_dim, dtype_bytes, causal, secure, seqlen_q, seqlen_k, batch_heads)
