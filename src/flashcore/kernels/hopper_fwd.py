@@ -128,11 +128,10 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q
     kc = 0
     it = 0
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        _consume_tile(tile, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                      k_empty, v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, lse_stride_b,
-                      lse_stride_h, num_m_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL,
-                      RETURN_LSE, WG)
-        kc += _kv_blocks(_tile_coords(tile, num_m_tiles, CAUSAL)[0], seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+        kc += _consume_tile(tile, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                            v_ready, k_empty, v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, lse_stride_b,
+                            lse_stride_h, num_m_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL,
+                            RETURN_LSE, WG)
         it += 1
 
 
@@ -143,7 +142,8 @@ def _consume_tile(tile, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_ready,
                   K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr,
                   WG: gl.constexpr):
     """One work item for this warpgroup: BLOCK_M query rows against all their key tiles. ``kc`` is the
-    ring position of the item's first K/V tile, ``it`` the item's index (Q slot and phase)."""
+    ring position of the item's first K/V tile, ``it`` the item's index (Q slot and phase). Returns the
+    number of K/V tiles it consumed (where the next item's tiles start in the rings)."""
     dtype: gl.constexpr = q_desc.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -235,6 +235,7 @@ def _consume_tile(tile, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_ready,
     tma.async_copy_shared_to_global(o_desc, [b, h, m_wg, 0], q_slot)
     tma.store_wait(0)
     mbarrier.arrive(q_empty.index(qs), count=1)
+    return n_blocks
 
 
 @gluon.jit
@@ -304,11 +305,16 @@ def eligible(q, k, v, o, head_dim: int) -> bool:
 RING_BYTES = 200 * 1024  # of the 227 KiB an H100 block may use; the rest is headroom for barriers
 
 
+def smem_bytes(k_stages: int, v_stages_: int, block_m: int, block_n: int, head_dim: int) -> int:
+    """Shared memory of Q (double-buffered: two work items of ``block_m`` rows) and the K/V rings,
+    16-bit tiles; must stay within RING_BYTES."""
+    return (2 * block_m + (k_stages + v_stages_) * block_n) * head_dim * 2
+
+
 def v_stages(k_stages: int, block_m: int, block_n: int, head_dim: int) -> int:
-    """V ring depth: as deep as the K ring if shared memory allows (16-bit tiles), else the deepest
-    that fits (at least 1). ``block_m`` is a work item's rows; Q is double-buffered (two items' worth)."""
-    q_bytes, tile = 2 * block_m * head_dim * 2, block_n * head_dim * 2
-    fits = [v for v in range(1, k_stages + 1) if q_bytes + (k_stages + v) * tile <= RING_BYTES]
+    """V ring depth: as deep as the K ring if shared memory allows, else the deepest that fits (at
+    least 1)."""
+    fits = [v for v in range(1, k_stages + 1) if smem_bytes(k_stages, v, block_m, block_n, head_dim) <= RING_BYTES]
     return max(fits) if fits else 1
 
 
@@ -333,8 +339,8 @@ class GluonLaunch:
         D = q.shape[-1]
         import torch
 
-        ring = 4 * cfg.block_m * D + (cfg.num_stages + v_stages(cfg.num_stages, cfg.block_m, cfg.block_n, D)) \
-            * cfg.block_n * D * 2
+        ring = smem_bytes(cfg.num_stages, v_stages(cfg.num_stages, cfg.block_m, cfg.block_n, D), cfg.block_m,
+                          cfg.block_n, D)
         if cfg.block_m != 128 or cfg.block_n not in (64, 128) or cfg.num_stages < 1 or ring > RING_BYTES:
             raise ValueError(f"gluon_ws config {cfg} unsupported: block_m must be 128 (two 64-row warpgroups), "
                              f"block_n 64 or 128, and the K/V rings must fit {RING_BYTES} bytes of shared memory")
