@@ -38,77 +38,6 @@ D64 = [C(128, 64, 8, 3), C(64, 128, 4, 3), C(64, 64, 4, 3), C(128, 64, 8, 3, tma
        Config(128, 128, 4, 3, kernel="gluon_ws"), Config(128, 128, 4, 2, kernel="gluon_ws")]
 
 
-# --gluon-variants: perf-notes v8, the seed shapes' fill and drain. (label, config, GluonLaunch class
-# attributes); each is re-planned, timed twice in alternating rounds (ABAB...) beside SDPA.
-def _gv(stages, defer, per_thread, pingpong):
-    return (Config(128, 128, 4, stages, kernel="gluon_ws"),
-            {"defer_o_store": defer, "per_thread_release": per_thread, "pingpong": pingpong})
-
-
-GLUON_VARIANTS = [
-    ("auto", None, {}),
-    ("gluon_s3_v7", *_gv(3, False, False, False)),
-    ("gluon_s3_pp", *_gv(3, False, False, True)),
-    ("gluon_s3_pp_pt", *_gv(3, False, True, True)),
-    ("gluon_s3", *_gv(3, True, True, True)),
-    ("gluon_s2_v7", *_gv(2, False, False, False)),
-    ("gluon_s2_pp", *_gv(2, False, False, True)),
-    ("gluon_s2", *_gv(2, True, True, True)),
-]
-
-
-def gluon_variants(a):
-    """Each variant on the seed shapes plus one large shape per head dim, same run, two rounds."""
-    from flashcore import kernels
-    from flashcore.kernels import hopper_fwd
-
-    shapes = SEED + [(4, 32, 4096, 64, False), (16, 16, 2048, 64, True), (4, 32, 4096, 128, False),
-                     (4, 32, 4096, 128, True), (1, 32, 16384, 128, False)]
-    rows = []
-    for (B, H, S, D, causal) in shapes:
-        g = torch.Generator(device="cuda").manual_seed(int(time.time() * 1e3) % 2**31)
-        q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
-        sl = (slice(0, 1), slice(0, 2))  # float64 reference on two heads keeps 16k affordable
-        ref = F.scaled_dot_product_attention(q[sl].double(), k[sl].double(), v[sl].double(), is_causal=causal)
-        sd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
-        res = {"shape": [B, H, S, D, causal], "sdpa_default": [], "sdpa_default_graph": [], "fast": {}}
-        fns = {}
-        for label, cfg, attrs in GLUON_VARIANTS:
-            if cfg is not None and cfg.num_stages == 3 and D == 128:
-                continue  # D=128 runs two stages (configs.gluon_ws: three measured slower)
-            for attr, val in attrs.items():
-                setattr(hopper_fwd.GluonLaunch, attr, val)
-            kernels._PLANS.clear()
-            call = ops.dense_call(q, k, v, None, None, causal, D ** -0.5, False, False, False, config=cfg,
-                                  validate=False)
-            for attr in attrs:  # back to the defaults: the plan holds its constexprs already
-                setattr(hopper_fwd.GluonLaunch, attr, True)
-            fn = lambda call=call: call(q, k, v, None, None)[0]  # noqa: E731
-            out = torch.full_like(q, float("nan"))  # poisoned: the kernel must write every element
-            call(q, k, v, None, None, out)
-            # an element left unwritten (still NaN) is a wrong answer, reported as an infinite error
-            err = float("inf") if out.isnan().any() else ((out[sl].double() - ref).norm() / ref.norm()).item()
-            again = fn()
-            res["fast"][label] = {"kernel": type(call.plan.main).__name__, "rel_err": err,
-                                  "bitwise_repeat": bool(torch.equal(out, again)), "us": [], "graph_us": []}
-            if err < 2e-2:
-                fns[label] = fn
-        for _ in range(2):
-            res["sdpa_default"].append(do_bench(sd, return_mode="median") * 1e3)
-            if S <= 2048:
-                res["sdpa_default_graph"].append(do_bench_cudagraph(sd, return_mode="median") * 1e3)
-            for label, fn in fns.items():
-                res["fast"][label]["us"].append(do_bench(fn, return_mode="median") * 1e3)
-                if S <= 2048:
-                    res["fast"][label]["graph_us"].append(do_bench_cudagraph(fn, return_mode="median") * 1e3)
-        rows.append(res)
-        base = min(res["sdpa_default"])
-        print(f"{B}x{H}x{S}x{D}{'c' if causal else ' '} sdpa {base:7.1f} " + " ".join(
-            f"{lab}={min(r['us']):.1f}({base / min(r['us']):.3f})" if r["us"] else f"{lab}=WRONG({r['rel_err']:.2g})"
-            for lab, r in res["fast"].items()), flush=True)
-    return rows
-
-
 def name(cfg):
     if cfg is None:
         return "auto"
@@ -125,13 +54,10 @@ def main():
     ap.add_argument("--d64", action="store_true", help="head dim 64 only, with the D64 candidates (fast path)")
     ap.add_argument("--current", action="store_true",
                     help="with --d64: also the D=128 shapes, planner's choice (fast and secure) beside the Triton 128x64")
-    ap.add_argument("--gluon-variants", action="store_true", help="perf-notes v8: Gluon kernel variants on the seed shapes")
     a = ap.parse_args()
     rows = []
-    if a.gluon_variants:
-        rows = gluon_variants(a)
     t_start = time.time()
-    for (B, H, S, D, causal) in ([] if a.gluon_variants else SEED + LARGE):
+    for (B, H, S, D, causal) in SEED + LARGE:
         if (a.quick and S > 4096) or (a.d64 and D != 64 and not a.current):
             continue
         seed = (B, H, S, D, causal) in SEED

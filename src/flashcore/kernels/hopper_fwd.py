@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -66,9 +65,7 @@ def _loader(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_e
             v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h,
             num_m_tiles, num_tiles,
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
-            V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, DEFER_O_STORE: gl.constexpr,
-            PER_THREAD_RELEASE: gl.constexpr, PINGPONG: gl.constexpr,
-            WG: gl.constexpr):
+            V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, WG: gl.constexpr):
     kc = 0  # K/V tiles loaded so far, over all work items: ring slot and phase
     it = 0  # work items so far: Q slot and phase
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
@@ -101,44 +98,6 @@ def _loader(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_e
         it += 1
 
 
-# Ping-pong: named hardware barriers (ids clear of the ones Triton's warp_specialize uses) that make
-# the two consumer warpgroups take turns issuing their MMAs, so one's softmax runs while the other's
-# MMAs do (FlashAttention-3's schedule). bar.sync waits for 256 arrivals: its own 128 threads plus the
-# other warpgroup's bar.arrive.
-SCHED_BAR = gl.constexpr(8)  # + warpgroup: "this warpgroup's turn to issue"
-
-
-@gluon.jit
-def _named_barrier(op: gl.constexpr, bar_id: gl.constexpr):
-    lay: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    ids = gl.full([128], bar_id, gl.int32, layout=lay)
-    gl.inline_asm_elementwise(op, "=r,r", [ids], gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _turn_begin(WG: gl.constexpr, PINGPONG: gl.constexpr):
-    if PINGPONG:
-        _named_barrier("bar.sync $1, 256; mov.u32 $0, 0;", SCHED_BAR + WG)
-
-
-@gluon.jit
-def _turn_end(WG: gl.constexpr, PINGPONG: gl.constexpr):
-    if PINGPONG:
-        _named_barrier("bar.arrive $1, 256; mov.u32 $0, 0;", SCHED_BAR + 1 - WG)
-
-
-@gluon.jit
-def _release(bar, PER_THREAD: gl.constexpr):
-    """A consumer warpgroup is done reading a K/V slot. ``mbarrier.arrive`` is one thread's arrival, so
-    the compiler puts a warpgroup ``bar.sync`` before it; per-thread, every thread arrives on its own
-    (``cp.async.mbarrier.arrive.noinc``: it has no copies in flight, so it is an immediate arrival) and
-    no warp waits for the others; the barrier then counts 128 arrivals per warpgroup."""
-    if PER_THREAD:
-        async_copy.mbarrier_arrive(bar, increment_count=False)
-    else:
-        mbarrier.arrive(bar, count=1)
-
-
 @gluon.jit
 def _softmax_step(s, m_i, l_i, col0, row, seqlen_k, diag, qk_scale, MASK: gl.constexpr, CAUSAL: gl.constexpr,
                   BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
@@ -165,23 +124,15 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q
               v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h,
               num_m_tiles, num_tiles,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
-              V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, DEFER_O_STORE: gl.constexpr,
-              PER_THREAD_RELEASE: gl.constexpr, PINGPONG: gl.constexpr,
-            WG: gl.constexpr):
+              V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, WG: gl.constexpr):
     kc = 0
     it = 0
-    if PINGPONG and WG == 1:
-        _turn_end(1, PINGPONG)  # warpgroup 0 takes the first turn
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         kc += _consume_tile(tile, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                             v_ready, k_empty, v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, lse_stride_b,
                             lse_stride_h, num_m_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL,
-                            RETURN_LSE, DEFER_O_STORE, PER_THREAD_RELEASE, PINGPONG, WG)
+                            RETURN_LSE, WG)
         it += 1
-    if PINGPONG and WG == 0:
-        _turn_begin(0, PINGPONG)  # warpgroup 1's last hand-over: leave the barrier drained
-    if DEFER_O_STORE:
-        tma.store_wait(0)  # the last item's O tile: its shared-memory source must outlive the copy
 
 
 @gluon.jit
@@ -189,8 +140,7 @@ def _consume_tile(tile, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_ready,
                   k_empty, v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, lse_stride_b, lse_stride_h,
                   num_m_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                   K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr,
-                  DEFER_O_STORE: gl.constexpr, PER_THREAD_RELEASE: gl.constexpr, PINGPONG: gl.constexpr,
-            WG: gl.constexpr):
+                  WG: gl.constexpr):
     """One work item for this warpgroup: BLOCK_M query rows against all their key tiles. ``kc`` is the
     ring position of the item's first K/V tile, ``it`` the item's index (Q slot and phase). Returns the
     number of K/V tiles it consumed (where the next item's tiles start in the rings)."""
@@ -230,11 +180,9 @@ def _consume_tile(tile, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_ready,
     ks0 = kc % K_STAGES
     mbarrier.wait(k_ready.index(ks0), (kc // K_STAGES) & 1)
     k0 = k_smem.index(ks0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-    _turn_begin(WG, PINGPONG)
     s = warpgroup_mma(q, k0, s_zero, use_acc=False, is_async=True)
-    _turn_end(WG, PINGPONG)
     s = warpgroup_mma_wait(0, deps=(s, ))
-    _release(k_empty.index(ks0), PER_THREAD_RELEASE)
+    mbarrier.arrive(k_empty.index(ks0), count=1)
     if n_full > 0:
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, seqlen_k, diag, qk_scale, False, CAUSAL, BLOCK_N,
                                            s_layout)
@@ -242,12 +190,6 @@ def _consume_tile(tile, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_ready,
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, seqlen_k, diag, qk_scale, True, CAUSAL, BLOCK_N,
                                            s_layout)
     p_op = gl.convert_layout(p.to(dtype), p_layout)
-    if DEFER_O_STORE:
-        # the previous item's O store (issued from its Q slot) has had this item's first QK^T and
-        # softmax to drain; only now is that slot handed back for the item after next's Q
-        if it > 0:
-            tma.store_wait(0)
-            mbarrier.arrive(q_empty.index((it - 1) % 2), count=1)
 
     for j in range(1, n_blocks):
         c = kc + j
@@ -256,17 +198,12 @@ def _consume_tile(tile, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_ready,
         # issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1}; both run while we wait for S_j only
         mbarrier.wait(k_ready.index(ks), (c // K_STAGES) & 1)
         kj = k_smem.index(ks).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-        if PINGPONG:  # both tiles must be in before taking the turn, or the other warpgroup waits too
-            mbarrier.wait(v_ready.index(vp), ((c - 1) // V_STAGES) & 1)
-        _turn_begin(WG, PINGPONG)
         s_tok = warpgroup_mma(q, kj, s_zero, use_acc=False, is_async=True)
-        if not PINGPONG:
-            mbarrier.wait(v_ready.index(vp), ((c - 1) // V_STAGES) & 1)
+        mbarrier.wait(v_ready.index(vp), ((c - 1) // V_STAGES) & 1)
         vj = v_smem.index(vp).reshape([BLOCK_N, HEAD_DIM])
         acc_tok = warpgroup_mma(p_op, vj, acc, is_async=True)
-        _turn_end(WG, PINGPONG)
         s = warpgroup_mma_wait(1, deps=(s_tok, ))
-        _release(k_empty.index(ks), PER_THREAD_RELEASE)
+        mbarrier.arrive(k_empty.index(ks), count=1)
         if j < n_full:
             p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, seqlen_k, diag, qk_scale, False,
                                                CAUSAL, BLOCK_N, s_layout)
@@ -274,7 +211,7 @@ def _consume_tile(tile, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_ready,
             p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, seqlen_k, diag, qk_scale, True,
                                                CAUSAL, BLOCK_N, s_layout)
         acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
-        _release(v_empty.index(vp), PER_THREAD_RELEASE)
+        mbarrier.arrive(v_empty.index(vp), count=1)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
 
@@ -282,11 +219,9 @@ def _consume_tile(tile, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_ready,
     last = cl % V_STAGES
     mbarrier.wait(v_ready.index(last), (cl // V_STAGES) & 1)
     vl = v_smem.index(last).reshape([BLOCK_N, HEAD_DIM])
-    _turn_begin(WG, PINGPONG)
     acc = warpgroup_mma(p_op, vl, acc, is_async=True)
-    _turn_end(WG, PINGPONG)
     acc = warpgroup_mma_wait(0, deps=(acc, ))
-    _release(v_empty.index(last), PER_THREAD_RELEASE)
+    mbarrier.arrive(v_empty.index(last), count=1)
 
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)
     o = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
@@ -298,9 +233,8 @@ def _consume_tile(tile, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_ready,
     q_slot.reshape([BLOCK_M, HEAD_DIM]).store(o.to(dtype))
     fence_async_shared()
     tma.async_copy_shared_to_global(o_desc, [b, h, m_wg, 0], q_slot)
-    if not DEFER_O_STORE:
-        tma.store_wait(0)
-        mbarrier.arrive(q_empty.index(qs), count=1)
+    tma.store_wait(0)
+    mbarrier.arrive(q_empty.index(qs), count=1)
     return n_blocks
 
 
@@ -309,8 +243,7 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, se
                            lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                            K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                           RETURN_LSE: gl.constexpr, DEFER_O_STORE: gl.constexpr,
-                           PER_THREAD_RELEASE: gl.constexpr, PINGPONG: gl.constexpr):
+                           RETURN_LSE: gl.constexpr):
     """Persistent: program i takes work items i, i + grid, ... (a work item = 2*BLOCK_M query rows of
     one head), so one item's epilogue and the next one's loads overlap instead of costing a launch."""
     dtype: gl.constexpr = q_desc.dtype
@@ -326,32 +259,27 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, se
     for i in gl.static_range(2):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=2)  # one arrival per consumer warpgroup
-    # K/V slots are released by both consumer warpgroups: one arrival each, or one per thread
-    releases: gl.constexpr = 2 * 128 if PER_THREAD_RELEASE else 2
     for i in gl.static_range(K_STAGES):
         mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=releases)
+        mbarrier.init(k_empty.index(i), count=2)
     for i in gl.static_range(V_STAGES):
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(v_empty.index(i), count=releases)
+        mbarrier.init(v_empty.index(i), count=2)
 
     # (constexprs are spelled out in each tuple: a tuple held in a variable turns them into tensors)
     gl.warp_specialize([
         (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                      k_empty, v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
                      lse_stride_h, num_m_tiles, num_tiles,
-                     BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, DEFER_O_STORE,
-                     PER_THREAD_RELEASE, PINGPONG, 0)),
+                     BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, 0)),
         (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                      k_empty, v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
                      lse_stride_h, num_m_tiles, num_tiles,
-                     BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, DEFER_O_STORE,
-                     PER_THREAD_RELEASE, PINGPONG, 1)),
+                     BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, 1)),
         (_loader, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                    k_empty, v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
                    lse_stride_h, num_m_tiles, num_tiles,
-                   BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, DEFER_O_STORE,
-                   PER_THREAD_RELEASE, PINGPONG, 0)),
+                   BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, 0)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
@@ -403,11 +331,6 @@ class GluonLaunch:
     """A planned launch of :func:`attn_fwd_hopper_kernel`; ``run`` takes (q, k, v, o, lse, ...)
     in [B, H, S, D] views with the planned shapes/strides and builds the four TMA descriptors."""
     __slots__ = ("step", "geom")
-    # Hand an item's Q slot back only after the next item's first tile, so the O store's drain
-    # overlaps work instead of stalling both warpgroups (class attribute: the sweep A/Bs it).
-    defer_o_store = True
-    per_thread_release = True
-    pingpong = True
 
     def __init__(self, q, k, v, o, lse, *, scale: float, causal: bool, seqlen_q: int, seqlen_k: int,
                  batch: int, num_heads_q: int, num_heads_kv: int, lse_strides, cfg):
@@ -439,8 +362,7 @@ class GluonLaunch:
                 num_heads_q, num_heads_q // num_heads_kv, *lse_strides, num_m_tiles, num_tiles]
         constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, K_STAGES=cfg.num_stages,
                           V_STAGES=v_stages(cfg.num_stages, cfg.block_m, bn, D), CAUSAL=bool(causal),
-                          RETURN_LSE=lse is not None, DEFER_O_STORE=self.defer_o_store,
-                          PER_THREAD_RELEASE=self.per_thread_release, PINGPONG=self.pingpong)
+                          RETURN_LSE=lse is not None)
         self.step = _Step(attn_fwd_hopper_kernel, grid, args, 5, constexprs, cfg.num_warps, 1,
                           options=dict(maxnreg=MAXNREG))
 
