@@ -9,14 +9,18 @@ from conftest import capture_cuda_graph, rel_err
 BIG = dict(head_dim=128, dtype_bytes=2, causal=False, secure=False, seqlen_q=4096, seqlen_k=4096, batch_heads=128)
 
 
-def test_hopper_picks_gluon_for_large_fast_d64_and_d128_only():
+def test_hopper_picks_gluon_for_fast_d128_and_larger_d64_only():
     for d in (64, 128):
         assert configs.hopper(**dict(BIG, head_dim=d)).kernel == "gluon_ws"
     assert configs.hopper(**dict(BIG, causal=True)).kernel == "gluon_ws"
+    # D=128 from 1x8x512x512 on (host cost no longer decides); D=64 from 2x16x1024x1024 on
+    assert configs.hopper(**dict(BIG, seqlen_q=512, seqlen_k=512, batch_heads=8)).kernel == "gluon_ws"
+    assert configs.hopper(**dict(BIG, seqlen_q=1, seqlen_k=4096, batch_heads=32)).kernel == "triton"  # decode
+    assert configs.hopper(**dict(BIG, head_dim=64, seqlen_q=1024, seqlen_k=1024, batch_heads=32)).kernel == "gluon_ws"
     for change in (dict(secure=True), dict(dtype_bytes=4), dict(head_dim=96), dict(head_dim=256),
                    dict(head_dim=64, causal=True),  # measured slower than the Triton kernel there
-                   dict(seqlen_q=512, seqlen_k=512, batch_heads=8), dict(head_dim=64, seqlen_q=1024, seqlen_k=1024,
-                                                                         batch_heads=16)):
+                   dict(head_dim=64, seqlen_q=1024, seqlen_k=1024, batch_heads=16),  # 1x16x1024x64
+                   dict(head_dim=64, seqlen_q=512, seqlen_k=512, batch_heads=8)):
         assert configs.hopper(**dict(BIG, **change)).kernel == "triton", change
     assert configs.choose((8, 0), **BIG).kernel == "triton"  # Ampere never gets it
 
@@ -276,6 +280,87 @@ def test_misaligned_strides_fall_back_to_triton():
     assert kernels._PLANS, "nothing was planned"
     assert all(type(p.main).__name__ != "GluonLaunch" for p in kernels._PLANS.values())
     assert rel_err(out, flashcore.reference.attention(q, k, v)) < 1.2e-2
+
+
+def test_descriptor_fast_path_finds_tritons_raw_launcher():
+    """The encoded-descriptor cache launches through the raw launcher behind Triton's own
+    descriptor-expanding wrapper: built here with that very wrapper, it must be found (and refused
+    where scratch memory or a different wrapper shape would make the shortcut wrong)."""
+    from types import SimpleNamespace
+    from triton.backends.nvidia.driver import wrap_handle_tensordesc
+
+    def raw(*args):
+        return args
+
+    sig = {"q_desc": "tensordesc<bf16[1, 1, 64, 128]>", "k_desc": "tensordesc<bf16[1, 1, 128, 128]>",
+           "v_desc": "tensordesc<bf16[1, 1, 128, 128]>", "o_desc": "tensordesc<bf16[1, 1, 64, 128]>",
+           "lse_ptr": "*fp32", "qk_scale": "fp32"}
+    meta = [{"swizzle": 3, "elem_size": 2, "elem_type": "bf16", "block_size": [1, 1, 64, 128], "fp4_padded": False}] * 4
+    run = SimpleNamespace(launch=wrap_handle_tensordesc(raw, sig, meta), global_scratch_size=0, profile_scratch_size=0)
+    found = hopper_fwd._unwrap_tensordesc_launcher(SimpleNamespace(run=run))
+    assert found is not None and found[0] is raw and found[1] == meta
+    for bad in (dict(global_scratch_size=256), dict(profile_scratch_size=64), dict(launch=raw)):
+        run2 = SimpleNamespace(**{**vars(run), **bad})
+        assert hopper_fwd._unwrap_tensordesc_launcher(SimpleNamespace(run=run2)) is None, bad
+    wrong_sig = dict(sig, q_desc="*bf16")  # three descriptors: not this kernel's wrapper
+    run3 = SimpleNamespace(**{**vars(run), "launch": wrap_handle_tensordesc(raw, wrong_sig, meta[:3])})
+    assert hopper_fwd._unwrap_tensordesc_launcher(SimpleNamespace(run=run3)) is None
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gluon_encoded_descriptors_follow_the_pointers():
+    """One plan, several buffer sets, revisited out of order and more sets than the cache keeps: each
+    call must read its own q/k/v and write its own (poisoned) output, so a descriptor encoded for one
+    pointer set is never used for another."""
+    import flashcore
+    from flashcore import ops
+
+    g = torch.Generator(device="cuda").manual_seed(77)
+    mk = lambda: torch.randn(2, 4, 300, 128, device="cuda", generator=g).bfloat16()  # noqa: E731
+    sets = [(mk(), mk(), mk()) for _ in range(hopper_fwd.GluonLaunch.ENCODED_SETS + 2)]
+    q0, k0, v0 = sets[0]
+    call = ops.dense_call(q0, k0, v0, None, None, False, 128 ** -0.5, False, False, False,
+                          config=configs.gluon_ws(128))
+    launch = call.plan.main
+    assert type(launch).__name__ == "GluonLaunch"
+    order = list(range(len(sets))) + [3, 0, len(sets) - 1, 3]
+    for i in order:
+        q, k, v = sets[i]
+        out = torch.full_like(q, float("nan"))
+        call(q, k, v, None, None, out)
+        assert rel_err(out, flashcore.reference.attention(q, k, v)) < 1.2e-2, i
+    assert launch.fast, "the raw-launcher fast path was not taken on this Triton"
+    assert 0 < len(launch.encoded) <= hopper_fwd.GluonLaunch.ENCODED_SETS
+
+    # a registered launch hook (a profiler's) still sees every launch: those go through Triton's path
+    from triton import knobs
+
+    seen = []
+    hook = lambda meta: seen.append(meta.get()["name"])  # noqa: E731
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        q, k, v = sets[1]
+        out = torch.full_like(q, float("nan"))
+        call(q, k, v, None, None, out)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert seen == ["attn_fwd_hopper_kernel"]
+    assert rel_err(out, flashcore.reference.attention(q, k, v)) < 1.2e-2
+
+
+def test_launch_hooks_count_only_when_registered():
+    from triton import knobs
+    from flashcore import kernels
+
+    assert not kernels._launch_hooks_active()  # Triton's empty hook chains are no hooks
+    hook = lambda meta: None  # noqa: E731
+    knobs.runtime.launch_exit_hook.add(hook)
+    try:
+        assert kernels._launch_hooks_active()
+    finally:
+        knobs.runtime.launch_exit_hook.remove(hook)
+    assert not kernels._launch_hooks_active()
 
 
 @pytest.fixture

@@ -115,13 +115,28 @@ class _Step:
                 self.tail = tuple(self.constexprs[n] for n in names[len(ptrs) + len(self.scalars):])
                 self.compiled = kernel
             return
-        from triton import knobs
-
         args = (*ptrs, *self.scalars, *self.tail)
         stream = _current_stream(device)
-        compiled.run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata,
-                     compiled.launch_metadata(grid, stream, *args), knobs.runtime.launch_enter_hook,
-                     knobs.runtime.launch_exit_hook, *args)
+        if _launch_hooks_active():
+            from triton import knobs
+
+            compiled.run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata,
+                         compiled.launch_metadata(grid, stream, *args), knobs.runtime.launch_enter_hook,
+                         knobs.runtime.launch_exit_hook, *args)
+        else:  # no hook to call: skip building launch metadata and calling two empty hook chains
+            compiled.run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
+                         *args)
+
+
+def _launch_hooks_active() -> bool:
+    """Whether a profiler or user registered a Triton launch hook. Triton 3.6 keeps the hooks as
+    ``HookChain`` objects that are never None, so an empty chain counts as no hook."""
+    from triton import knobs
+
+    for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
+        if hook is not None and getattr(hook, "calls", True):
+            return True
+    return False
 
 
 def _current_stream(device: torch.device) -> int:

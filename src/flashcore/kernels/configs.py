@@ -73,24 +73,28 @@ def block_d(head_dim: int) -> int:
 def hopper(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q: int, seqlen_k: int,
            batch_heads: int = 1) -> Config:
     """H100/H200: the warp-specialised Gluon kernel where it is measured faster, else the Triton
-    kernel's table. Measured 2026-11-21 (docs/perf-notes.md, v4 and v7):
+    kernel's table. Measured 2026-11-21 (docs/perf-notes.md, v4, v7 and v8):
 
-    * D=128, 16-bit: Gluon is faster on the GPU at every size tried (CUDA-graph times, 1x8x512 9.8
-      vs 11.8 us up to 4x32x4096 1790 vs 2269 us) but costs ~10 us more host time per eager call
-      (four TMA descriptors), so it takes over once the work hides that: B*Hq*Sq*Sk >= 2^26.
-    * D=64, 16-bit, non-causal: since the kernel went persistent (v7) it is faster from the same size
-      on (16x16x2048x64 610 vs 652 us, 4x32x4096x64 1231 vs 1270; CUDA graph 4x16x1024x64 43.0 vs
-      45.2). Causal D=64 stays on the Triton kernel, measured faster there (4x32x4096x64 685 vs 730 us,
-      16x16x2048x64 388 vs 437): causal Gluon items are not persistent, and at D=64 the per-item fill
-      and drain is a larger share than at D=128.
+    * D=128, 16-bit: Gluon is faster on the GPU at every size tried (do_bench, L2 flushed: 1x8x512
+      15.2 vs 16.0 us, 1x16x1024 23.1 vs 26.0, 2x16x1024 37.7 vs 47.8, up to 4x32x4096 ~1750 vs
+      ~2270). Its extra host cost (four TMA descriptors encoded per call, ~10 us) is gone since v8
+      keeps the encoded descriptors per buffer set, so the threshold is now the smallest size
+      measured (1x8x512x512, 2^21); below it (decode-like Sq of a few rows) nothing was measured.
+    * D=64, 16-bit, non-causal: the persistent kernel (v7) is faster from B*Hq*Sq*Sk >= 2^25 on
+      (2x16x1024 28.3 vs 31.9 us, 1x32x1024 28.8 vs 32.0, 16x16x2048 610 vs 652); below that the
+      Triton kernel's 64-row programs win (1x16x1024 18.1 vs 19.1, 1x8x512 10.9 vs 13.4). Causal D=64
+      stays on the Triton kernel, measured faster there (4x32x4096x64 685 vs 730 us, 16x16x2048x64 388
+      vs 437): causal Gluon items are not persistent, and at D=64 the per-item fill and drain is a
+      larger share than at D=128.
     The caller still falls back to the Triton kernel when the inputs are not TMA-addressable."""
-    if (not secure and dtype_bytes == 2 and (head_dim == 128 or (head_dim == 64 and not causal))
-            and batch_heads * seqlen_q * seqlen_k >= GLUON_MIN_WORK):
+    if (not secure and dtype_bytes == 2 and head_dim in GLUON_MIN_WORK and not (head_dim == 64 and causal)
+            and batch_heads * seqlen_q * seqlen_k >= GLUON_MIN_WORK[head_dim]):
         return gluon_ws(head_dim)
     return hopper_triton(head_dim, dtype_bytes, causal, secure, seqlen_q, seqlen_k, batch_heads)
 
 
-GLUON_MIN_WORK = 1 << 26  # B*Hq*Sq*Sk; 4x16x1024x1024
+# B*Hq*Sq*Sk from which the Gluon kernel runs, per head dim it supports
+GLUON_MIN_WORK = {128: 1 << 21, 64: 1 << 25}
 
 
 def hopper_triton(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q: int, seqlen_k: int,

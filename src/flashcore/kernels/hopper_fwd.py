@@ -327,10 +327,37 @@ def _sm_count(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def _unwrap_tensordesc_launcher(compiled):
+    """(raw launcher, per-descriptor metadata) behind Triton's descriptor-expanding wrapper
+    (``triton.backends.nvidia.driver.wrap_handle_tensordesc``), or None where this Triton build does
+    not have that shape; the caller then keeps Triton's own path. Reaches into Triton 3.6's launcher
+    on purpose: the wrapper re-encodes every TMA descriptor on every launch (``cuTensorMapEncodeTiled``
+    four times, ~10 us of host time per call), and a serving loop calls with the same buffers."""
+    run = getattr(compiled, "run", None)
+    inner = getattr(run, "launch", None)
+    code, cells = getattr(inner, "__code__", None), getattr(inner, "__closure__", None)
+    if code is None or not cells or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
+        return None
+    try:
+        free = dict(zip(code.co_freevars, (c.cell_contents for c in cells)))
+    except ValueError:  # an empty cell
+        return None
+    launcher, meta, idx = free.get("launcher"), free.get("tensordesc_meta"), free.get("tensordesc_indices")
+    if not callable(launcher) or idx != {0, 1, 2, 3} or meta is None or len(meta) != 4:
+        return None
+    return launcher, list(meta)
+
+
 class GluonLaunch:
     """A planned launch of :func:`attn_fwd_hopper_kernel`; ``run`` takes (q, k, v, o, lse, ...)
-    in [B, H, S, D] views with the planned shapes/strides and builds the four TMA descriptors."""
-    __slots__ = ("step", "geom")
+    in [B, H, S, D] views with the planned shapes/strides and builds the four TMA descriptors.
+
+    Host cost: the descriptors depend on the plan (fixed) and the four data pointers, so once the
+    kernel is compiled the encoded descriptors are kept per pointer set (``ENCODED_SETS`` of them, the
+    oldest dropped first) and the launch goes straight to Triton's compiled launcher. A pointer set
+    seen before costs a dict lookup instead of four descriptor encodings."""
+    __slots__ = ("step", "geom", "fast", "encoded")
+    ENCODED_SETS = 16
 
     def __init__(self, q, k, v, o, lse, *, scale: float, causal: bool, seqlen_q: int, seqlen_k: int,
                  batch: int, num_heads_q: int, num_heads_kv: int, lse_strides, cfg):
@@ -365,6 +392,8 @@ class GluonLaunch:
                           RETURN_LSE=lse is not None)
         self.step = _Step(attn_fwd_hopper_kernel, grid, args, 5, constexprs, cfg.num_warps, 1,
                           options=dict(maxnreg=MAXNREG))
+        self.fast = None  # (raw launcher, descriptor metadata) once compiled; False: not available
+        self.encoded = {}
 
     def _descs(self, q, k, v, o):
         """Descriptors for these tensors. The plan validated shapes, strides and alignment (the plan
@@ -380,4 +409,35 @@ class GluonLaunch:
 
     def run(self, ptrs, device) -> None:
         q, k, v, o, lse = ptrs[:5]
-        self.step.run((*self._descs(q, k, v, o), lse), device)
+        fast, step = self.fast, self.step
+        if not fast:
+            step.run((*self._descs(q, k, v, o), lse), device)
+            if fast is None and step.compiled is not None:
+                self.fast = _unwrap_tensordesc_launcher(step.compiled) or False
+            return
+        from . import _current_stream, _launch_hooks_active
+
+        if _launch_hooks_active():  # a profiler's hooks want Triton's own path (with its launch metadata)
+            step.run((*self._descs(q, k, v, o), lse), device)
+            return
+        key = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr())
+        enc = self.encoded.get(key)
+        if enc is None:
+            enc = self._encode(q, k, v, o, fast[1])
+            if len(self.encoded) >= self.ENCODED_SETS:
+                del self.encoded[next(iter(self.encoded))]
+            self.encoded[key] = enc
+        c, grid = step.compiled, step.grid
+        fast[0](grid[0], grid[1], 1, _current_stream(device), c.function, c.run.launch_cooperative_grid,
+                c.run.launch_pdl, None, None, c.packed_metadata, None, None, None, *enc, lse, *step.scalars,
+                *step.tail)
+
+    def _encode(self, q, k, v, o, meta) -> tuple:
+        """The launcher's arguments for the four descriptors (each: encoded CUtensorMap, shape, strides),
+        as Triton's wrapper would build them."""
+        from triton.backends.nvidia.driver import make_tensordesc_arg
+
+        out = []
+        for d, m in zip(self._descs(q, k, v, o), meta):
+            out.extend(make_tensordesc_arg(d, m))
+        return tuple(out)
