@@ -70,10 +70,21 @@ def test_unsupported_gluon_configs_are_refused():
     q, lse = _t(2, 4, 256, 128), torch.empty(2, 4, 256)
     kw = dict(scale=0.1, causal=False, seqlen_q=256, seqlen_k=256, batch=2, num_heads_q=4, num_heads_kv=4,
               lse_strides=(4 * 256, 256))
-    for bad in (dict(block_m=64), dict(block_n=256), dict(num_stages=0), dict(num_stages=5)):
-        with pytest.raises(ValueError, match="gluon_ws config"):
+    for bad in (dict(block_m=64), dict(block_m=192), dict(block_n=256), dict(num_stages=0), dict(num_stages=5)):
+        with pytest.raises(ValueError, match="gluon_ws config"):  # (three warpgroups only at D=64)
             hopper_fwd.GluonLaunch(q, q, q, q, lse, cfg=replace(configs.gluon_ws(128), **bad), **kw)
     hopper_fwd.GluonLaunch(q, q, q, q, lse, cfg=configs.gluon_ws(128), **kw)  # the default is accepted
+    q64 = _t(2, 4, 256, 64)
+    three = hopper_fwd.GluonLaunch(q64, q64, q64, q64, lse, cfg=configs.gluon_ws(64, 4096), **kw).step
+    assert three.constexprs["NUM_WG"] == 3 and three.options["maxnreg"] == hopper_fwd.MAXNREG_3WG
+    assert three.scalars[-2] == -(-256 // 192)  # 192-row work items
+
+
+def test_three_consumer_warpgroups_only_for_long_noncausal_d64():
+    assert configs.gluon_ws(64, 2048).block_m == 192
+    assert configs.hopper(**dict(BIG, head_dim=64, seqlen_q=2048, seqlen_k=2048)).block_m == 192
+    for other in (configs.gluon_ws(64, 1024), configs.gluon_ws(64, 4096, causal=True), configs.gluon_ws(128, 4096)):
+        assert other.block_m == 128
 
 
 def test_env_knobs_are_part_of_the_plan_keys(monkeypatch):
@@ -108,14 +119,17 @@ def test_build_launch_never_uses_a_gluon_config_for_the_triton_kernel():
     assert cfg.kernel == "triton" and ce["BLOCK_M"] == cfg.block_m
 
 
-@pytest.mark.parametrize("head_dim,causal", [(128, False), (64, True)])
-def test_sm90a_machine_code(head_dim, causal):
+@pytest.mark.parametrize("head_dim,causal,block_m", [(128, False, 128), (64, True, 128), (64, False, 192)])
+def test_sm90a_machine_code(head_dim, causal, block_m):
     """Compiled for sm_90a here (no GPU): the kernel must be warp-specialised (register
-    reallocation between partitions), run P@V from registers on wgmma, and never spill."""
+    reallocation between partitions), run P@V from registers on wgmma, and never spill (three
+    consumer warpgroups at 160 registers each included)."""
+    from dataclasses import replace
     from flashcore import kernels
     from flashcore.audit.sass import compile_cubin, disassemble
 
-    spec = kernels.gluon_spec(head_dim, causal, return_lse=True)
+    cfg = replace(configs.gluon_ws(head_dim), block_m=block_m)
+    spec = kernels.gluon_spec(head_dim, causal, return_lse=True, cfg=cfg)
     compiled = compile_cubin(spec["fn"], spec["signature"], spec["constexprs"], num_warps=spec["num_warps"],
                              num_stages=spec["num_stages"], attrs=spec["attrs"], maxnreg=spec["maxnreg"])
     sass = disassemble(compiled.cubin)
@@ -156,21 +170,25 @@ CASES = [
     (1, 2, 2, 1, 1, 128, False),
     (2, 8, 2, 513, 513, 128, True),  # GQA
     (1, 4, 1, 256, 4096, 64, False),  # MQA
+    (1, 2, 2, 2500, 2100, 64, False),  # three consumer warpgroups (Sq >= 2048), tails in both
+    (2, 6, 3, 2048, 333, 64, False),  # three warpgroups, GQA, fewer keys than one item's rows
 ]
 
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_gluon_persistent_programs_loop_over_many_items(head_dim):
+@pytest.mark.parametrize("head_dim,block_m", [(64, 128), (64, 192), (128, 128)])
+def test_gluon_persistent_programs_loop_over_many_items(head_dim, block_m):
     """More work items than SMs, and not a multiple of them: each program runs several items, so the
     Q slots, the K/V rings and their phases carry across items (some programs one item fewer).
     GQA, a key tail (1000 keys) and the LSE ride along; the output is poisoned first."""
     import flashcore
     from flashcore import ops
 
+    from dataclasses import replace
+
     B, Hq, Hkv, S = 3, 16, 4, 1000
-    items = B * Hq * -(-S // 128)
+    items = B * Hq * -(-S // block_m)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert items > sms and items % sms
     g = torch.Generator(device="cuda").manual_seed(4321 + head_dim)
@@ -178,8 +196,9 @@ def test_gluon_persistent_programs_loop_over_many_items(head_dim):
     k, v = (torch.randn(B, Hkv, S, head_dim, device="cuda", generator=g).bfloat16() for _ in range(2))
     out = torch.full_like(q, float("nan"))
     call = ops.dense_call(q, k, v, None, None, False, head_dim ** -0.5, False, False, True, out=out,
-                          config=configs.gluon_ws(head_dim))
+                          config=replace(configs.gluon_ws(head_dim), block_m=block_m))
     assert type(call.plan.main).__name__ == "GluonLaunch" and call.plan.main.step.grid[0] < items
+    assert call.plan.main.step.constexprs["NUM_WG"] == block_m // 64
     _, lse = call(q, k, v, None, None, out)
     ref, ref_lse = flashcore.reference.attention(q, k, v, return_lse=True)
     assert rel_err(out, ref) < 1.2e-2
@@ -202,7 +221,7 @@ def test_gluon_matches_reference(case, dtype):
     q, k, v = mk(Hq, Sq), mk(Hkv, Sk), mk(Hkv, Sk)
     out = torch.full_like(q, float("nan"))
     call = ops.dense_call(q, k, v, None, None, causal, D ** -0.5, False, False, True, out=out,
-                          config=configs.gluon_ws(D))
+                          config=configs.gluon_ws(D, Sq, causal))
     assert type(call.plan.main).__name__ == "GluonLaunch"
     _, lse = call(q, k, v, None, None, out)
     import flashcore

@@ -333,15 +333,15 @@ def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0), full: bool = False
 
 
 def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096, Hq: int = 8, Hkv: int = 8,
-               return_lse: bool = False) -> dict:
+               return_lse: bool = False, cfg=None) -> dict:
     """The Gluon Hopper kernel as launched for these public facts, as a compile spec like
     :func:`audit_specs`' (plus ``maxnreg``); built from CPU tensors, no GPU needed."""
-    from .hopper_fwd import GluonLaunch, MAXNREG, attn_fwd_hopper_kernel
+    from .hopper_fwd import GluonLaunch, attn_fwd_hopper_kernel
 
     B = 2
     q, k = torch.empty(B, Hq, S, head_dim, dtype=dtype), torch.empty(B, Hkv, S, head_dim, dtype=dtype)
     lse = torch.empty(B, Hq, S, dtype=torch.float32) if return_lse else None
-    cfg = configs.gluon_ws(head_dim)
+    cfg = cfg or configs.gluon_ws(head_dim)
     launch = GluonLaunch(q, k, k, q, lse, scale=head_dim ** -0.5, causal=causal, seqlen_q=S, seqlen_k=S, batch=B,
                          num_heads_q=Hq, num_heads_kv=Hkv, lse_strides=(Hq * S, S), cfg=cfg)
     step = launch.step
@@ -349,7 +349,7 @@ def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096,
     name = f"fast_gluon_ws_{_ELT[dtype]}_d{head_dim}_{'causal' if causal else 'full'}_s{S}_gqa{Hq // Hkv}"
     spec = _spec_from_launch(name, cfg, args, step.constexprs, {"q_desc", "k_desc", "v_desc"}, fn=attn_fwd_hopper_kernel)
     spec["num_stages"] = 1
-    spec["maxnreg"] = MAXNREG
+    spec["maxnreg"] = step.options["maxnreg"]
     return spec
 
 

@@ -33,10 +33,19 @@ def triton_table(arch: tuple[int, int] | None, **kw) -> Config:
     return hopper_triton(**kw) if arch[0] == 9 else generic(**kw)
 
 
-def gluon_ws(head_dim: int) -> Config:
-    """The warp-specialised Gluon kernel's configuration: 2x64 query rows, 128-key tiles; num_stages
-    is the K ring's depth (V's is the same or shallower, hopper_fwd.v_stages). At D=128 two stages
-    tie or beat three (1x32x16384x128: 6835 vs 7256 us; causal 3531 vs 3824); D=64 uses three."""
+def gluon_ws(head_dim: int, seqlen_q: int = 0, causal: bool = False) -> Config:
+    """The warp-specialised Gluon kernel's configuration: 128-key tiles and 64 query rows per consumer
+    warpgroup; num_stages is the K ring's depth (V's is the same or shallower, hopper_fwd.v_stages).
+
+    * Two consumer warpgroups (block_m=128) by default. At D=128 two stages tie or beat three
+      (1x32x16384x128: 6835 vs 7256 us; causal 3531 vs 3824); D=64 uses three.
+    * Three (block_m=192) at D=64, non-causal, Sq >= 2048 (perf-notes v8.3): more warps to hide the
+      softmax chain, at 160 registers each (no spills). Same run: 16x16x2048x64 608 vs 631 us,
+      4x32x4096x64 1177 vs 1244, 1x32x16384x64 4462 vs 4849. Not below 2048 query rows (a 192-row
+      item pads 1024 rows to 1152, and 2x16x1024x64 ran 36 vs 28 us) nor causal (16x16x2048x64 465 vs
+      425 us: causal items are not persistent, and a taller item skips fewer key tiles)."""
+    if head_dim == 64 and not causal and seqlen_q >= 2048:
+        return Config(block_m=192, block_n=128, num_warps=4, num_stages=3, kernel="gluon_ws")
     return Config(block_m=128, block_n=128, num_warps=4, num_stages=2 if head_dim > 64 else 3, kernel="gluon_ws")
 
 
@@ -81,7 +90,8 @@ def hopper(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q
       keeps the encoded descriptors per buffer set, so the threshold is now the smallest size
       measured (1x8x512x512, 2^21); below it (decode-like Sq of a few rows) nothing was measured.
     * D=64, 16-bit, non-causal: the persistent kernel (v7) is faster from B*Hq*Sq*Sk >= 2^25 on
-      (2x16x1024 28.3 vs 31.9 us, 1x32x1024 28.8 vs 32.0, 16x16x2048 610 vs 652); below that the
+      (2x16x1024 28.3 vs 31.9 us, 1x32x1024 28.8 vs 32.0, 16x16x2048 610 vs 652; from Sq >= 2048 with
+      three consumer warpgroups, see gluon_ws); below that the
       Triton kernel's 64-row programs win (1x16x1024 18.1 vs 19.1, 1x8x512 10.9 vs 13.4). Causal D=64
       stays on the Triton kernel, measured faster there (4x32x4096x64 685 vs 730 us, 16x16x2048x64 388
       vs 437): causal Gluon items are not persistent, and at D=64 the per-item fill and drain is a
@@ -89,7 +99,7 @@ def hopper(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q
     The caller still falls back to the Triton kernel when the inputs are not TMA-addressable."""
     if (not secure and dtype_bytes == 2 and head_dim in GLUON_MIN_WORK and not (head_dim == 64 and causal)
             and batch_heads * seqlen_q * seqlen_k >= GLUON_MIN_WORK[head_dim]):
-        return gluon_ws(head_dim)
+        return gluon_ws(head_dim, seqlen_q, causal)
     return hopper_triton(head_dim, dtype_bytes, causal, secure, seqlen_q, seqlen_k, batch_heads)
 
 
@@ -150,7 +160,7 @@ def choose(arch: tuple[int, int] | None, **kw) -> Config:
         if mode not in HOPPER_KERNEL_MODES:
             raise ValueError(f"{HOPPER_KERNEL_ENV} must be one of {HOPPER_KERNEL_MODES}, got {mode!r}")
         if mode == "gluon_ws":  # the planner still runs the Triton kernel where Gluon is not eligible
-            cfg = gluon_ws(kw["head_dim"])
+            cfg = gluon_ws(kw["head_dim"], kw["seqlen_q"], kw["causal"])
         elif mode == "triton" and cfg.kernel != "triton":
             cfg = hopper_triton(**kw)
     if kw.get("secure"):

@@ -36,14 +36,18 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 LOADER_REGS = gl.constexpr(24)
 CONSUMER_REGS = gl.constexpr(240)
 MAXNREG = 168
+# Three consumer warpgroups (16 warps with the padded loader group): 3 x 128 x 160 + 128 x 24 fits.
+CONSUMER_REGS_3WG = gl.constexpr(160)
+MAXNREG_3WG = 128
 
 
 @gluon.jit
-def _kv_blocks(pid_m, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """K/V tiles the program's 2*BLOCK_M query rows visit (at least 1: an all-masked tile yields zeros)."""
+def _kv_blocks(pid_m, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+               NUM_WG: gl.constexpr):
+    """K/V tiles the item's NUM_WG*BLOCK_M query rows visit (at least 1: an all-masked tile yields zeros)."""
     if CAUSAL:
         # bottom-right alignment: row i sees keys j <= i + Sk - Sq
-        hi = gl.minimum((pid_m + 1) * 2 * BLOCK_M + seqlen_k - seqlen_q, seqlen_k)
+        hi = gl.minimum((pid_m + 1) * NUM_WG * BLOCK_M + seqlen_k - seqlen_q, seqlen_k)
     else:
         hi = seqlen_k
     return gl.maximum(gl.cdiv(hi, BLOCK_N), 1)
@@ -65,7 +69,8 @@ def _loader(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_e
             v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h,
             num_m_tiles, num_tiles,
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
-            V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, WG: gl.constexpr):
+            V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr,
+            WG: gl.constexpr):
     kc = 0  # K/V tiles loaded so far, over all work items: ring slot and phase
     it = 0  # work items so far: Q slot and phase
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
@@ -73,15 +78,16 @@ def _loader(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_e
         b = bh // num_heads
         h = bh % num_heads
         hk = h // group
-        m0 = pid_m * 2 * BLOCK_M
+        m0 = pid_m * NUM_WG * BLOCK_M
         # Q is double-buffered: the next item's Q arrives while the consumers finish this one
         qs = it % 2
         mbarrier.wait(q_empty.index(qs), ((it // 2) & 1) ^ 1)
-        mbarrier.expect(q_ready.index(qs), 2 * q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [b, h, m0, 0], q_ready.index(qs), q_smem.index(2 * qs))
-        tma.async_copy_global_to_shared(q_desc, [b, h, m0 + BLOCK_M, 0], q_ready.index(qs), q_smem.index(2 * qs + 1))
+        mbarrier.expect(q_ready.index(qs), NUM_WG * q_desc.block_type.nbytes)
+        for w in gl.static_range(NUM_WG):
+            tma.async_copy_global_to_shared(q_desc, [b, h, m0 + w * BLOCK_M, 0], q_ready.index(qs),
+                                            q_smem.index(NUM_WG * qs + w))
 
-        n_blocks = _kv_blocks(pid_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+        n_blocks = _kv_blocks(pid_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, NUM_WG)
         for j in range(n_blocks):
             # K and V have separate rings: K_j is free once both S_j = Q K_j^T are done (early in step
             # j), V_j only after both P_j V_j (step j+1), so K can run further ahead.
@@ -124,14 +130,15 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q
               v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h,
               num_m_tiles, num_tiles,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
-              V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, WG: gl.constexpr):
+              V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr,
+            WG: gl.constexpr):
     kc = 0
     it = 0
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         kc += _consume_tile(tile, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                             v_ready, k_empty, v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, lse_stride_b,
                             lse_stride_h, num_m_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL,
-                            RETURN_LSE, WG)
+                            RETURN_LSE, NUM_WG, WG)
         it += 1
 
 
@@ -140,7 +147,7 @@ def _consume_tile(tile, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_ready,
                   k_empty, v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, lse_stride_b, lse_stride_h,
                   num_m_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                   K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr,
-                  WG: gl.constexpr):
+                  NUM_WG: gl.constexpr, WG: gl.constexpr):
     """One work item for this warpgroup: BLOCK_M query rows against all their key tiles. ``kc`` is the
     ring position of the item's first K/V tile, ``it`` the item's index (Q slot and phase). Returns the
     number of K/V tiles it consumed (where the next item's tiles start in the rings)."""
@@ -155,11 +162,11 @@ def _consume_tile(tile, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_ready,
     pid_m, bh = _tile_coords(tile, num_m_tiles, CAUSAL)
     b = bh // num_heads
     h = bh % num_heads
-    m_wg = pid_m * 2 * BLOCK_M + WG * BLOCK_M
+    m_wg = pid_m * NUM_WG * BLOCK_M + WG * BLOCK_M
     row = m_wg + gl.arange(0, BLOCK_M, layout=row_layout)
     diag = seqlen_k - seqlen_q
 
-    n_blocks = _kv_blocks(pid_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+    n_blocks = _kv_blocks(pid_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, NUM_WG)
     # Tiles before n_full need no mask for any of this warpgroup's rows.
     if CAUSAL:
         n_full = gl.minimum(gl.maximum(m_wg + 1 + diag, 0), seqlen_k) // BLOCK_N
@@ -167,7 +174,7 @@ def _consume_tile(tile, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_ready,
         n_full = seqlen_k // BLOCK_N
 
     qs = it % 2
-    q_slot = q_smem.index(2 * qs + WG)
+    q_slot = q_smem.index(NUM_WG * qs + WG)
     q = q_slot.reshape([BLOCK_M, HEAD_DIM])
     mbarrier.wait(q_ready.index(qs), (it // 2) & 1)
 
@@ -243,11 +250,11 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, se
                            lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                            K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                           RETURN_LSE: gl.constexpr):
+                           RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr):
     """Persistent: program i takes work items i, i + grid, ... (a work item = 2*BLOCK_M query rows of
     one head), so one item's epilogue and the next one's loads overlap instead of costing a launch."""
     dtype: gl.constexpr = q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, [4] + q_desc.block_type.shape, q_desc.layout)  # [Q slot][warpgroup]
+    q_smem = gl.allocate_shared_memory(dtype, [2 * NUM_WG] + q_desc.block_type.shape, q_desc.layout)  # [Q slot][WG]
     k_smem = gl.allocate_shared_memory(dtype, [K_STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [V_STAGES] + v_desc.block_type.shape, v_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -258,29 +265,42 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, se
     v_empty = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(q_empty.index(i), count=2)  # one arrival per consumer warpgroup
+        mbarrier.init(q_empty.index(i), count=NUM_WG)  # one arrival per consumer warpgroup
     for i in gl.static_range(K_STAGES):
         mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)
+        mbarrier.init(k_empty.index(i), count=NUM_WG)
     for i in gl.static_range(V_STAGES):
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(v_empty.index(i), count=2)
+        mbarrier.init(v_empty.index(i), count=NUM_WG)
 
     # (constexprs are spelled out in each tuple: a tuple held in a variable turns them into tensors)
-    gl.warp_specialize([
-        (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                     k_empty, v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
-                     lse_stride_h, num_m_tiles, num_tiles,
-                     BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, 0)),
-        (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                     k_empty, v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
-                     lse_stride_h, num_m_tiles, num_tiles,
-                     BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, 1)),
-        (_loader, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                   k_empty, v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
-                   lse_stride_h, num_m_tiles, num_tiles,
-                   BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, 0)),
-    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    if NUM_WG == 3:
+        gl.warp_specialize([
+            (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+          v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles,
+          num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, 0)),
+            (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+          v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles,
+          num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, 1)),
+            (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+          v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles,
+          num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, 2)),
+            (_loader, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+          v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles,
+          num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, 0)),
+        ], [4, 4, 1], [CONSUMER_REGS_3WG, CONSUMER_REGS_3WG, LOADER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+          v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles,
+          num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, 0)),
+            (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+          v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles,
+          num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, 1)),
+            (_loader, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+          v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles,
+          num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, 0)),
+        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,12 +388,15 @@ class GluonLaunch:
 
         ring = smem_bytes(cfg.num_stages, v_stages(cfg.num_stages, cfg.block_m, cfg.block_n, D), cfg.block_m,
                           cfg.block_n, D)
-        if cfg.block_m != 128 or cfg.block_n not in (64, 128) or cfg.num_stages < 1 or ring > RING_BYTES:
-            raise ValueError(f"gluon_ws config {cfg} unsupported: block_m must be 128 (two 64-row warpgroups), "
-                             f"block_n 64 or 128, and the K/V rings must fit {RING_BYTES} bytes of shared memory")
+        if (cfg.block_m not in (128, 192) or (cfg.block_m == 192 and D != 64) or cfg.block_n not in (64, 128)
+                or cfg.num_stages < 1 or ring > RING_BYTES):
+            raise ValueError(f"gluon_ws config {cfg} unsupported: block_m must be 128 (two 64-row warpgroups) or, at "
+                             f"D=64, 192 (three), block_n 64 or 128, and the K/V rings must fit {RING_BYTES} bytes "
+                             f"of shared memory")
+        num_wg = cfg.block_m // 64
 
         gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-        bm, bn = cfg.block_m // 2, cfg.block_n
+        bm, bn = 64, cfg.block_n
         lay_m = gl.NVMMASharedLayout.get_default_for([1, 1, bm, D], gdt)
         lay_n = gl.NVMMASharedLayout.get_default_for([1, 1, bn, D], gdt)
         self.geom = tuple((list(t.shape), list(t.stride()), [1, 1, rows, D], lay)
@@ -389,9 +412,9 @@ class GluonLaunch:
                 num_heads_q, num_heads_q // num_heads_kv, *lse_strides, num_m_tiles, num_tiles]
         constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, K_STAGES=cfg.num_stages,
                           V_STAGES=v_stages(cfg.num_stages, cfg.block_m, bn, D), CAUSAL=bool(causal),
-                          RETURN_LSE=lse is not None)
+                          RETURN_LSE=lse is not None, NUM_WG=num_wg)
         self.step = _Step(attn_fwd_hopper_kernel, grid, args, 5, constexprs, cfg.num_warps, 1,
-                          options=dict(maxnreg=MAXNREG))
+                          options=dict(maxnreg=MAXNREG_3WG if num_wg == 3 else MAXNREG))
         self.fast = None  # (raw launcher, descriptor metadata) once compiled; False: not available
         self.encoded = {}
 
