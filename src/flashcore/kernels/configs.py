@@ -61,7 +61,7 @@ class Config:
     v_prepass: bool = True
     # which kernel runs: "triton" (attention_fwd.py, every arch) or "gluon_ws" (hopper_fwd.py:
     # warp-specialised, TMA + wgmma; sm_90 fast path, bf16/fp16, D in {64, 128}, TMA-aligned inputs).
-    # For gluon_ws, block_m is the program's rows (two consumer warpgroups of block_m // 2) and
+    # For gluon_ws, block_m is a work item's rows (block_m // 64 consumer warpgroups of 64 rows: 2 or 3) and
     # num_stages the depth of the K/V ring.
     kernel: str = "triton"
     # register cap per thread passed to ptxas (None: ptxas decides). Capping a 256-thread program at

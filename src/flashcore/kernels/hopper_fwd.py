@@ -5,14 +5,16 @@ MMAs of a tile one after another in all warps, so the tensor cores idle during s
 cuDNN at D=128, docs/perf-notes.md). This one splits each program into three partitions:
 
 * a 1-warp **loader** that streams K/V tiles into a ring of shared-memory slots with TMA;
-* two 4-warp **consumers** (one warpgroup each, ``BLOCK_M`` query rows each) that share the ring.
+* ``NUM_WG`` 4-warp **consumers** (one warpgroup each, ``BLOCK_M`` = 64 query rows each) that share
+  the ring: two, or three at D=64 for long sequences, where the extra warps hide more of each
+  softmax's dependency chain (160 registers each instead of 240 still fit D=64 without spills).
 
 Inside a consumer the S = QK^T of tile j+1 is issued asynchronously before the softmax of tile j
 and the P@V of tile j runs while the next softmax is computed, so one warpgroup keeps the tensor
 cores busy while the other does exponentials (the warp scheduler interleaves the two).
 
 Persistent where work items cost the same (non-causal): one program per SM loops over work items
-(2 x BLOCK_M query rows of one head), with Q double-buffered so the next item's Q and first K/V
+(NUM_WG x BLOCK_M query rows of one head), with Q double-buffered so the next item's Q and first K/V
 tiles load while the consumers finish the current one; causal items each get a program.
 
 Fast path only (data-dependent causal block skipping); supports bf16/fp16, head dims 64 and 128,
