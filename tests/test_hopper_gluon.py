@@ -140,9 +140,10 @@ def test_sm90a_machine_code(head_dim, causal, block_m):
     assert "STL" not in sass and "LDL" not in sass, "register spills"
 
 
-def test_grid_is_persistent_unless_causal():
-    """Non-causal: one program per SM, each looping over work items (2 x 64 query rows of a head);
-    causal items differ in cost, so each is its own program and the hardware balances them."""
+def test_grid_is_persistent_with_paired_causal_items(monkeypatch):
+    """Non-causal: one program per SM, each looping over work items (2 x 64 query rows of a head).
+    Causal: the scheduling unit is a pair of row tiles (heavy + its light mirror), so units cost the
+    same; with pairing off, each causal item is its own program."""
     kw = dict(scale=0.1, seqlen_q=4096, seqlen_k=4096, batch=2, num_heads_q=16, num_heads_kv=16,
               lse_strides=(16 * 4096, 4096), cfg=configs.gluon_ws(128))
     q, lse = _t(2, 16, 4096, 128), torch.empty(2, 16, 4096)
@@ -150,7 +151,11 @@ def test_grid_is_persistent_unless_causal():
     flat = hopper_fwd.GluonLaunch(q, q, q, q, lse, causal=False, **kw).step
     assert flat.grid == (hopper_fwd._sm_count(q.device), 1) and flat.scalars[-2:] == (4096 // 128, items)
     tri = hopper_fwd.GluonLaunch(q, q, q, q, lse, causal=True, **kw).step
-    assert tri.grid == (items, 1) and tri.scalars[-2:] == (4096 // 128, items)
+    assert tri.constexprs["PAIRED"] and tri.scalars[-2:] == (4096 // 128, items // 2)
+    assert tri.grid == (hopper_fwd._sm_count(q.device), 1)
+    monkeypatch.setattr(hopper_fwd.GluonLaunch, "causal_pairs", False)
+    own = hopper_fwd.GluonLaunch(q, q, q, q, lse, causal=True, **kw).step
+    assert own.grid == (items, 1) and own.scalars[-2:] == (4096 // 128, items) and not own.constexprs["PAIRED"]
     few = hopper_fwd.GluonLaunch(q[:1, :1, :300], q[:1, :1, :300], q[:1, :1, :300], q[:1, :1, :300], lse,
                                  causal=False, **dict(kw, seqlen_q=300, seqlen_k=300, batch=1, num_heads_q=1,
                                                       num_heads_kv=1)).step
@@ -177,30 +182,35 @@ CASES = [
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("head_dim,block_m", [(64, 128), (64, 192), (128, 128)])
-def test_gluon_persistent_programs_loop_over_many_items(head_dim, block_m):
-    """More work items than SMs, and not a multiple of them: each program runs several items, so the
-    Q slots, the K/V rings and their phases carry across items (some programs one item fewer).
-    GQA, a key tail (1000 keys) and the LSE ride along; the output is poisoned first."""
+@pytest.mark.parametrize("head_dim,block_m,causal", [(64, 128, False), (64, 192, False), (128, 128, False),
+                                                    (64, 128, True), (128, 128, True), (64, 192, True)])
+def test_gluon_persistent_programs_loop_over_many_items(head_dim, block_m, causal):
+    """More scheduling units than SMs, and not a multiple of them: each program runs several work
+    items, so the Q slots, the K/V rings and their phases carry across items (some programs one unit
+    fewer). Causal units pair a heavy row tile with its light mirror (odd tile counts, which leave one
+    tile unpaired, are in CASES). GQA, a key tail (1000 keys) and the LSE ride along; the
+    output is poisoned first."""
     import flashcore
     from flashcore import ops
 
     from dataclasses import replace
 
     B, Hq, Hkv, S = 3, 16, 4, 1000
-    items = B * Hq * -(-S // block_m)
+    tiles = -(-S // block_m)
+    units = B * Hq * (-(-tiles // 2) if causal else tiles)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert items > sms and items % sms
-    g = torch.Generator(device="cuda").manual_seed(4321 + head_dim)
+    assert units > sms and units % sms
+    g = torch.Generator(device="cuda").manual_seed(4321 + head_dim + causal)
     q = torch.randn(B, Hq, S, head_dim, device="cuda", generator=g).bfloat16()
     k, v = (torch.randn(B, Hkv, S, head_dim, device="cuda", generator=g).bfloat16() for _ in range(2))
     out = torch.full_like(q, float("nan"))
-    call = ops.dense_call(q, k, v, None, None, False, head_dim ** -0.5, False, False, True, out=out,
+    call = ops.dense_call(q, k, v, None, None, causal, head_dim ** -0.5, False, False, True, out=out,
                           config=replace(configs.gluon_ws(head_dim), block_m=block_m))
-    assert type(call.plan.main).__name__ == "GluonLaunch" and call.plan.main.step.grid[0] < items
-    assert call.plan.main.step.constexprs["NUM_WG"] == block_m // 64
+    step = call.plan.main.step
+    assert type(call.plan.main).__name__ == "GluonLaunch" and step.grid[0] < units
+    assert step.constexprs["NUM_WG"] == block_m // 64 and step.constexprs["PAIRED"] == causal
     _, lse = call(q, k, v, None, None, out)
-    ref, ref_lse = flashcore.reference.attention(q, k, v, return_lse=True)
+    ref, ref_lse = flashcore.reference.attention(q, k, v, causal=causal, return_lse=True)
     assert rel_err(out, ref) < 1.2e-2
     assert torch.allclose(lse.double(), ref_lse, atol=2e-3, rtol=1e-4)
     again = torch.full_like(q, float("nan"))

@@ -56,14 +56,25 @@ def _kv_blocks(pid_m, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.con
 
 
 @gluon.jit
-def _tile_coords(tile, num_m_tiles, CAUSAL: gl.constexpr):
-    """(row-tile index, batch*head) of a work item. Consecutive items share a head (K/V stay in L2);
-    causal row tiles run last-first, so the heaviest (the most keys) are scheduled first."""
-    bh = tile // num_m_tiles
-    pid_m = tile % num_m_tiles
+def _tile_coords(unit, HALF: gl.constexpr, num_m_tiles, CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
+    """(row-tile index, batch*head, valid) of work item ``HALF`` of scheduling unit ``unit``.
+    Consecutive units share a head (K/V stay in L2). Causal row tiles run last-first, so the heaviest
+    (the most keys) go first; PAIRED (persistent causal) units are two row tiles of a head, the i-th
+    heaviest with the i-th lightest, so every unit costs the same number of key tiles (+-1) and a
+    static round-robin over units stays balanced. An odd tile count leaves the middle tile unpaired."""
+    if PAIRED:
+        n_pairs = (num_m_tiles + 1) // 2
+        bh = unit // n_pairs
+        p = unit % n_pairs
+        heavy = num_m_tiles - 1 - p
+        if HALF == 0:
+            return heavy, bh, True
+        return p, bh, p != heavy
+    bh = unit // num_m_tiles
+    pid_m = unit % num_m_tiles
     if CAUSAL:
         pid_m = num_m_tiles - 1 - pid_m
-    return pid_m, bh
+    return pid_m, bh, True
 
 
 @gluon.jit
@@ -72,38 +83,52 @@ def _loader(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_e
             num_m_tiles, num_tiles,
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
             V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr,
-            WG: gl.constexpr):
+            PAIRED: gl.constexpr, WG: gl.constexpr):
     kc = 0  # K/V tiles loaded so far, over all work items: ring slot and phase
     it = 0  # work items so far: Q slot and phase
-    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        pid_m, bh = _tile_coords(tile, num_m_tiles, CAUSAL)
-        b = bh // num_heads
-        h = bh % num_heads
-        hk = h // group
-        m0 = pid_m * NUM_WG * BLOCK_M
-        # Q is double-buffered: the next item's Q arrives while the consumers finish this one
-        qs = it % 2
-        mbarrier.wait(q_empty.index(qs), ((it // 2) & 1) ^ 1)
-        mbarrier.expect(q_ready.index(qs), NUM_WG * q_desc.block_type.nbytes)
-        for w in gl.static_range(NUM_WG):
-            tma.async_copy_global_to_shared(q_desc, [b, h, m0 + w * BLOCK_M, 0], q_ready.index(qs),
-                                            q_smem.index(NUM_WG * qs + w))
+    for unit in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        for half in gl.static_range(2 if PAIRED else 1):
+            pid_m, bh, valid = _tile_coords(unit, half, num_m_tiles, CAUSAL, PAIRED)
+            if valid:
+                n = _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty,
+                               k_ready, v_ready, k_empty, v_empty, seqlen_q, seqlen_k, num_heads, group, BLOCK_M,
+                               BLOCK_N, K_STAGES, V_STAGES, CAUSAL, NUM_WG)
+                kc += n
+                it += 1
 
-        n_blocks = _kv_blocks(pid_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, NUM_WG)
-        for j in range(n_blocks):
-            # K and V have separate rings: K_j is free once both S_j = Q K_j^T are done (early in step
-            # j), V_j only after both P_j V_j (step j+1), so K can run further ahead.
-            c = kc + j
-            ks = c % K_STAGES
-            mbarrier.wait(k_empty.index(ks), ((c // K_STAGES) & 1) ^ 1)
-            mbarrier.expect(k_ready.index(ks), k_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [b, hk, j * BLOCK_N, 0], k_ready.index(ks), k_smem.index(ks))
-            vs = c % V_STAGES
-            mbarrier.wait(v_empty.index(vs), ((c // V_STAGES) & 1) ^ 1)
-            mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(v_desc, [b, hk, j * BLOCK_N, 0], v_ready.index(vs), v_smem.index(vs))
-        kc += n_blocks
-        it += 1
+
+@gluon.jit
+def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+               k_empty, v_empty, seqlen_q, seqlen_k, num_heads, group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, NUM_WG: gl.constexpr):
+    """The loader's side of one work item: its Q tiles, then its K/V tiles through the rings. Returns
+    the number of K/V tiles loaded."""
+    b = bh // num_heads
+    h = bh % num_heads
+    hk = h // group
+    m0 = pid_m * NUM_WG * BLOCK_M
+    # Q is double-buffered: the next item's Q arrives while the consumers finish this one
+    qs = it % 2
+    mbarrier.wait(q_empty.index(qs), ((it // 2) & 1) ^ 1)
+    mbarrier.expect(q_ready.index(qs), NUM_WG * q_desc.block_type.nbytes)
+    for w in gl.static_range(NUM_WG):
+        tma.async_copy_global_to_shared(q_desc, [b, h, m0 + w * BLOCK_M, 0], q_ready.index(qs),
+                                        q_smem.index(NUM_WG * qs + w))
+
+    n_blocks = _kv_blocks(pid_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, NUM_WG)
+    for j in range(n_blocks):
+        # K and V have separate rings: K_j is free once both S_j = Q K_j^T are done (early in step
+        # j), V_j only after both P_j V_j (step j+1), so K can run further ahead.
+        c = kc + j
+        ks = c % K_STAGES
+        mbarrier.wait(k_empty.index(ks), ((c // K_STAGES) & 1) ^ 1)
+        mbarrier.expect(k_ready.index(ks), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [b, hk, j * BLOCK_N, 0], k_ready.index(ks), k_smem.index(ks))
+        vs = c % V_STAGES
+        mbarrier.wait(v_empty.index(vs), ((c // V_STAGES) & 1) ^ 1)
+        mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [b, hk, j * BLOCK_N, 0], v_ready.index(vs), v_smem.index(vs))
+    return n_blocks
 
 
 @gluon.jit
@@ -133,21 +158,25 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q
               num_m_tiles, num_tiles,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
               V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr,
-            WG: gl.constexpr):
+            PAIRED: gl.constexpr, WG: gl.constexpr):
     kc = 0
     it = 0
-    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        kc += _consume_tile(tile, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                            v_ready, k_empty, v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, lse_stride_b,
-                            lse_stride_h, num_m_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL,
-                            RETURN_LSE, NUM_WG, WG)
-        it += 1
+    for unit in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        for half in gl.static_range(2 if PAIRED else 1):
+            pid_m, bh, valid = _tile_coords(unit, half, num_m_tiles, CAUSAL, PAIRED)
+            if valid:
+                n = _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty,
+                                  k_ready, v_ready, k_empty, v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads,
+                                  lse_stride_b, lse_stride_h, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES,
+                                  CAUSAL, RETURN_LSE, NUM_WG, WG)
+                kc += n
+                it += 1
 
 
 @gluon.jit
-def _consume_tile(tile, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                   k_empty, v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, lse_stride_b, lse_stride_h,
-                  num_m_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                   K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr,
                   NUM_WG: gl.constexpr, WG: gl.constexpr):
     """One work item for this warpgroup: BLOCK_M query rows against all their key tiles. ``kc`` is the
@@ -161,7 +190,6 @@ def _consume_tile(tile, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_ready,
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
-    pid_m, bh = _tile_coords(tile, num_m_tiles, CAUSAL)
     b = bh // num_heads
     h = bh % num_heads
     m_wg = pid_m * NUM_WG * BLOCK_M + WG * BLOCK_M
@@ -252,7 +280,8 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, se
                            lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                            K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                           RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr):
+                           RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr,
+                           PAIRED: gl.constexpr):
     """Persistent: program i takes work items i, i + grid, ... (a work item = 2*BLOCK_M query rows of
     one head), so one item's epilogue and the next one's loads overlap instead of costing a launch."""
     dtype: gl.constexpr = q_desc.dtype
@@ -280,28 +309,28 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, se
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
           v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles,
-          num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, 0)),
+          num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, 0)),
             (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
           v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles,
-          num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, 1)),
+          num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, 1)),
             (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
           v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles,
-          num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, 2)),
+          num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, 2)),
             (_loader, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
           v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles,
-          num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, 0)),
+          num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, 0)),
         ], [4, 4, 1], [CONSUMER_REGS_3WG, CONSUMER_REGS_3WG, LOADER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
           v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles,
-          num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, 0)),
+          num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, 0)),
             (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
           v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles,
-          num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, 1)),
+          num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, 1)),
             (_loader, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
           v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles,
-          num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, 0)),
+          num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, 0)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
@@ -380,6 +409,8 @@ class GluonLaunch:
     seen before costs a dict lookup instead of four descriptor encodings."""
     __slots__ = ("step", "geom", "fast", "encoded")
     ENCODED_SETS = 16
+    # Causal: persistent over pairs of row tiles (True), or one program per row tile (False)
+    causal_pairs = True
 
     def __init__(self, q, k, v, o, lse, *, scale: float, causal: bool, seqlen_q: int, seqlen_k: int,
                  batch: int, num_heads_q: int, num_heads_kv: int, lse_strides, cfg):
@@ -405,16 +436,19 @@ class GluonLaunch:
                           for t, rows, lay in ((q, bm, lay_m), (k, bn, lay_n), (v, bn, lay_n), (o, bm, lay_m)))
         num_m_tiles = triton_cdiv(seqlen_q, cfg.block_m)
         num_tiles = num_m_tiles * batch * num_heads_q
-        # Persistent (one program per SM; one fits per SM) where items cost the same. Causal items
-        # range from 1 to n key tiles, and a static round-robin over them left SMs idle (4x32x4096x128:
-        # 1067 vs 1004 us non-persistent), so there each item is its own program and the hardware
-        # balances them.
-        grid = (num_tiles if causal else min(num_tiles, _sm_count(q.device)), 1)
+        # Persistent: one program per SM (one fits per SM) loops over scheduling units. Non-causal, a
+        # unit is one work item (all cost the same). Causal items range from 1 to n key tiles, and a
+        # static round-robin over them left SMs idle (4x32x4096x128: 1067 vs 1004 us non-persistent),
+        # so a causal unit pairs a heavy row tile with its light mirror (causal_pairs); without
+        # pairing each causal item is its own program and the hardware balances them.
+        paired = bool(causal) and self.causal_pairs
+        units = batch * num_heads_q * -(-num_m_tiles // 2) if paired else num_tiles
+        grid = (num_tiles if causal and not paired else min(units, _sm_count(q.device)), 1)
         args = [*self._descs(q, k, v, o), lse if lse is not None else q, scale * LOG2E, seqlen_q, seqlen_k,
-                num_heads_q, num_heads_q // num_heads_kv, *lse_strides, num_m_tiles, num_tiles]
+                num_heads_q, num_heads_q // num_heads_kv, *lse_strides, num_m_tiles, units]
         constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, K_STAGES=cfg.num_stages,
                           V_STAGES=v_stages(cfg.num_stages, cfg.block_m, bn, D), CAUSAL=bool(causal),
-                          RETURN_LSE=lse is not None, NUM_WG=num_wg)
+                          RETURN_LSE=lse is not None, NUM_WG=num_wg, PAIRED=paired)
         self.step = _Step(attn_fwd_hopper_kernel, grid, args, 5, constexprs, cfg.num_warps, 1,
                           options=dict(maxnreg=MAXNREG_3WG if num_wg == 3 else MAXNREG))
         self.fast = None  # (raw launcher, descriptor metadata) once compiled; False: not available
