@@ -441,7 +441,9 @@ class GluonLaunch:
         # static round-robin over them left SMs idle (4x32x4096x128: 1067 vs 1004 us non-persistent),
         # so a causal unit pairs a heavy row tile with its light mirror (causal_pairs); without
         # pairing each causal item is its own program and the hardware balances them.
-        paired = bool(causal) and self.causal_pairs
+        # (one row tile per head has nothing to pair with; Triton also specialises num_m_tiles == 1 to a
+        # constant, which folds the pairing arithmetic into a branch its lowering rejects)
+        paired = bool(causal) and self.causal_pairs and num_m_tiles > 1
         units = batch * num_heads_q * -(-num_m_tiles // 2) if paired else num_tiles
         grid = (num_tiles if causal and not paired else min(units, _sm_count(q.device)), 1)
         args = [*self._descs(q, k, v, o), lse if lse is not None else q, scale * LOG2E, seqlen_q, seqlen_k,
