@@ -19,7 +19,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import flashcore  # noqa: E402
+from gpu_check import host_latency_us as sync_us  # noqa: E402  (median wall time of call + synchronize)
 from flashcore import api, kernels  # noqa: E402
 from flashcore.kernels import configs  # noqa: E402
 
@@ -40,14 +42,6 @@ def enqueue_us(fn, n=200, rounds=7):
         per_round.append((time.perf_counter() - t) / n * 1e6)
         torch.cuda.synchronize()
     return statistics.median(per_round)
-
-
-def sync_us(fn, n=200):
-    fn(); torch.cuda.synchronize()
-    samples = []
-    for _ in range(n):
-        t = time.perf_counter(); fn(); torch.cuda.synchronize(); samples.append((time.perf_counter() - t) * 1e6)
-    return statistics.median(samples)
 
 
 def loop_us(fn, n=200):
