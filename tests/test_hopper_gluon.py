@@ -9,7 +9,7 @@ from conftest import capture_cuda_graph, rel_err
 BIG = dict(head_dim=128, dtype_bytes=2, causal=False, secure=False, seqlen_q=4096, seqlen_k=4096, batch_heads=128)
 
 
-def test_hopper_picks_gluon_for_fast_d128_and_larger_d64_only():  # (causal or not)
+def test_hopper_picks_gluon_for_fast_d128_and_larger_d64_only():
     for d in (64, 128):
         assert configs.hopper(**dict(BIG, head_dim=d)).kernel == "gluon_ws"
     assert configs.hopper(**dict(BIG, causal=True)).kernel == "gluon_ws"
@@ -17,8 +17,8 @@ def test_hopper_picks_gluon_for_fast_d128_and_larger_d64_only():  # (causal or n
     assert configs.hopper(**dict(BIG, seqlen_q=512, seqlen_k=512, batch_heads=8)).kernel == "gluon_ws"
     assert configs.hopper(**dict(BIG, seqlen_q=1, seqlen_k=4096, batch_heads=32)).kernel == "triton"  # decode
     assert configs.hopper(**dict(BIG, head_dim=64, seqlen_q=1024, seqlen_k=1024, batch_heads=32)).kernel == "gluon_ws"
-    assert configs.hopper(**dict(BIG, head_dim=64, causal=True)).kernel == "gluon_ws"  # paired causal units
     for change in (dict(secure=True), dict(dtype_bytes=4), dict(head_dim=96), dict(head_dim=256),
+                   dict(head_dim=64, causal=True),  # ties or trails the Triton kernel on the H100
                    dict(head_dim=64, seqlen_q=1024, seqlen_k=1024, batch_heads=16),  # 1x16x1024x64
                    dict(head_dim=64, seqlen_q=512, seqlen_k=512, batch_heads=8)):
         assert configs.hopper(**dict(BIG, **change)).kernel == "triton", change

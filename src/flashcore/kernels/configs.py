@@ -92,11 +92,12 @@ def hopper(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q
     * D=64, 16-bit: the persistent kernel (v7) is faster from B*Hq*Sq*Sk >= 2^25 on (2x16x1024 28.3
       vs 31.9 us, 1x32x1024 28.8 vs 32.0, 16x16x2048 610 vs 652; from Sq >= 2048 with three consumer
       warpgroups, see gluon_ws); below that the Triton kernel's 64-row programs win (1x16x1024 18.1 vs
-      19.1, 1x8x512 10.9 vs 13.4). Causal D=64 runs it too since causal work is persistent over
-      balanced pairs of row tiles (v8.4, H200: 16x16x2048x64 372 vs 386 us on the Triton kernel,
-      4x32x4096x64 677 vs 706; before pairing the Gluon kernel was the slower one, 730 vs 685).
+      19.1, 1x8x512 10.9 vs 13.4). Causal D=64 stays on the Triton kernel: with causal work persistent
+      over balanced pairs of row tiles (v8.4) the Gluon kernel won on an H200 (16x16x2048x64 372 vs
+      386 us) but on the H100 it ties or trails (same run: 4x32x4096x64 691 vs 687, 16x16x2048x64 396
+      vs 381, 4x16x1024x64 48.8 vs 44.9; ahead only at 4x16x2048x64, 111 vs 115).
     The caller still falls back to the Triton kernel when the inputs are not TMA-addressable."""
-    if (not secure and dtype_bytes == 2 and head_dim in GLUON_MIN_WORK
+    if (not secure and dtype_bytes == 2 and head_dim in GLUON_MIN_WORK and not (head_dim == 64 and causal)
             and batch_heads * seqlen_q * seqlen_k >= GLUON_MIN_WORK[head_dim]):
         return gluon_ws(head_dim, seqlen_q, causal)
     return hopper_triton(head_dim, dtype_bytes, causal, secure, seqlen_q, seqlen_k, batch_heads)
