@@ -428,8 +428,8 @@ class GluonLaunch:
         D = q.shape[-1]
         import torch
 
-        ring = smem_bytes(cfg.num_stages, v_stages(cfg.num_stages, cfg.block_m, cfg.block_n, D), cfg.block_m,
-                          cfg.block_n, D)
+        v_depth = v_stages(cfg.num_stages, cfg.block_m, cfg.block_n, D)
+        ring = smem_bytes(cfg.num_stages, v_depth, cfg.block_m, cfg.block_n, D)
         if (cfg.block_m not in (128, 192) or (cfg.block_m == 192 and D != 64) or cfg.block_n not in (64, 128)
                 or cfg.num_stages < 1 or ring > RING_BYTES):
             raise ValueError(f"gluon_ws config {cfg} unsupported: block_m must be 128 (two 64-row warpgroups) or, at "
@@ -458,7 +458,7 @@ class GluonLaunch:
         args = [*self._descs(q, k, v, o), lse if lse is not None else q, scale * LOG2E, seqlen_q, seqlen_k,
                 num_heads_q, num_heads_q // num_heads_kv, *lse_strides, num_m_tiles, units]
         constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, K_STAGES=cfg.num_stages,
-                          V_STAGES=v_stages(cfg.num_stages, cfg.block_m, bn, D), CAUSAL=bool(causal),
+                          V_STAGES=v_depth, CAUSAL=bool(causal),
                           RETURN_LSE=lse is not None, NUM_WG=num_wg, PAIRED=paired)
         self.step = _Step(attn_fwd_hopper_kernel, grid, args, 5, constexprs, cfg.num_warps, 1,
                           options=dict(maxnreg=MAXNREG_3WG if num_wg == 3 else MAXNREG))
@@ -479,16 +479,17 @@ class GluonLaunch:
 
     def run(self, ptrs, device) -> None:
         q, k, v, o, lse = ptrs[:5]
+        # (imported here: as module globals of this file these names broke the Gluon kernel's
+        # compilation under Triton 3.6, a CompilationError in warp_specialize; cause not traced)
+        from . import _current_stream, _launch_hooks_active
+
         fast, step = self.fast, self.step
-        if not fast:
+        # Triton's own path: until compiled, where its launcher has another shape, and whenever a
+        # profiler's hooks want their launch metadata
+        if not fast or _launch_hooks_active():
             step.run((*self._descs(q, k, v, o), lse), device)
             if fast is None and step.compiled is not None:
                 self.fast = _unwrap_tensordesc_launcher(step.compiled) or False
-            return
-        from . import _current_stream, _launch_hooks_active
-
-        if _launch_hooks_active():  # a profiler's hooks want Triton's own path (with its launch metadata)
-            step.run((*self._descs(q, k, v, o), lse), device)
             return
         key = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr())
         enc = self.encoded.get(key)
