@@ -153,7 +153,7 @@ def test_secure_v_prepass_and_in_loop_select_agree_bitwise(causal):
     lens = torch.tensor([1000, 333, 0], dtype=torch.int32, device="cuda")
     for b, n in enumerate(lens.tolist()):
         q[b, :, n:] = float("nan"); k[b, :, n:] = float("-inf"); v[b, :, n:] = float("nan")
-    base = configs.hopper(D, 2, causal, True, S, S)
+    base = configs.hopper_triton(D, 2, causal, True, S, S)  # the Triton kernel has both variants
     outs = [ops._dense_impl(q, k, v, None, lens, causal, D ** -0.5, False, True, False,
                             config=replace(base, v_prepass=p))[0] for p in (True, False)]
     torch.cuda.synchronize()

@@ -17,7 +17,7 @@ def test_hopper_picks_gluon_for_fast_d128_and_larger_d64_only():
     assert configs.hopper(**dict(BIG, seqlen_q=512, seqlen_k=512, batch_heads=8)).kernel == "gluon_ws"
     assert configs.hopper(**dict(BIG, seqlen_q=1, seqlen_k=4096, batch_heads=32)).kernel == "triton"  # decode
     assert configs.hopper(**dict(BIG, head_dim=64, seqlen_q=1024, seqlen_k=1024, batch_heads=32)).kernel == "gluon_ws"
-    for change in (dict(secure=True), dict(dtype_bytes=4), dict(head_dim=96), dict(head_dim=256),
+    for change in (dict(dtype_bytes=4), dict(head_dim=96), dict(head_dim=256),
                    dict(head_dim=64, causal=True),  # ties or trails the Triton kernel on the H100
                    dict(head_dim=64, seqlen_q=1024, seqlen_k=1024, batch_heads=16),  # 1x16x1024x64
                    dict(head_dim=64, seqlen_q=512, seqlen_k=512, batch_heads=8)):
@@ -30,7 +30,9 @@ def test_env_forces_either_kernel(monkeypatch):
     assert configs.choose((9, 0), **BIG).kernel == "triton"
     monkeypatch.setenv(configs.HOPPER_KERNEL_ENV, "gluon_ws")
     assert configs.choose((9, 0), **dict(BIG, head_dim=64, seqlen_q=64, seqlen_k=64)).kernel == "gluon_ws"
-    assert configs.choose((9, 0), **dict(BIG, secure=True)).kernel == "triton"  # never for secure
+    # the fast path's knob does not steer secure mode (that is SECURE_KERNEL_ENV's job)
+    monkeypatch.setenv(configs.SECURE_KERNEL_ENV, "triton")
+    assert configs.choose((9, 0), **dict(BIG, secure=True)).kernel == "triton"
     monkeypatch.setenv(configs.HOPPER_KERNEL_ENV, "fastest")
     with pytest.raises(ValueError, match=configs.HOPPER_KERNEL_ENV):
         configs.choose((9, 0), **BIG)

@@ -4,6 +4,7 @@ the static SASS audit."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Optional
 
 import torch
@@ -206,30 +207,42 @@ def _make_plan(q, k, v, o, lse, **kw) -> LaunchPlan:
     if cfg.kernel == "gluon_ws":
         from . import hopper_fwd
 
-        if (kw["cu_seqlens_q"] is None and not kw["secure"] and arch is not None and arch[0] == 9
+        # secure causal only in the self-attention form, whose diagonal is public
+        secure_ok = not kw["secure"] or (cfg.v_prepass and (not kw["causal"] or kw["secure_public_diag"]))
+        if (kw["cu_seqlens_q"] is None and secure_ok and arch is not None and arch[0] == 9
                 and hopper_fwd.eligible(q, k, v, o, q.shape[-1])):
-            main = hopper_fwd.GluonLaunch(q, k, v, o, lse, cfg=cfg, **{n: kw[n] for n in _GLUON_KW})
-            return LaunchPlan(cfg, main)
-        cfg = configs.triton_table(arch, **facts)
+            prepass, vs_shape, v_in = None, None, v
+            if kw["secure"]:
+                prepass, vs_shape, v_in = _prepass_plan(v, kw)
+            main = hopper_fwd.GluonLaunch(q, k, v_in, o, lse, cfg=cfg, secure=kw["secure"],
+                                          **{n: kw[n] for n in _GLUON_KW})
+            return LaunchPlan(cfg, main, prepass, vs_shape)
+        fallback = configs.triton_table(arch, **facts)
+        cfg = replace(fallback, v_prepass=cfg.v_prepass) if kw["secure"] else fallback
     kw = dict(kw, config=cfg)
     prepass = vs_shape = None
     if kw["secure"] and cfg.v_prepass:
-        from .secure_prepass import attn_secure_zero_v_padding_kernel
-
+        prepass, vs_shape, v = _prepass_plan(v, kw)
         B, Hkv, Sk, D = kw["batch"], kw["num_heads_kv"], kw["seqlen_k"], v.shape[-1]
-        vs_shape = (B, Hkv, Sk, D)
-        vs = torch.empty(vs_shape, dtype=v.dtype, device=v.device)
-        grid, args, ce = build_prepass(v, vs, kw["seqlens_k"], seqlen_k=Sk, batch=B, num_heads_kv=Hkv,
-                                       v_strides=kw["v_strides"])
-        prepass = _Step(attn_secure_zero_v_padding_kernel, grid, args, 3, ce, PREPASS_WARPS, 1)
         kw["v_strides"] = (Hkv * Sk * D, Sk * D, D)
-        v = vs
     cfg, grid, args, constexprs = build_launch(q, k, v, o, lse, arch=arch, **kw)
     if constexprs["USE_TMA"]:
         return LaunchPlan(cfg, None, prepass, vs_shape, tma_kw={n: x for n, x in kw.items() if n not in _TENSOR_KWARGS})
     main = _Step(attn_fwd_kernel, grid, args, 5 + len(_TENSOR_KWARGS), constexprs, cfg.num_warps, cfg.num_stages,
                  _compile_options(cfg))
     return LaunchPlan(cfg, main, prepass, vs_shape)
+
+
+def _prepass_plan(v, kw):
+    """(pre-pass step, shape of the sanitised V copy, a representative copy) for secure mode."""
+    from .secure_prepass import attn_secure_zero_v_padding_kernel
+
+    B, Hkv, Sk, D = kw["batch"], kw["num_heads_kv"], kw["seqlen_k"], v.shape[-1]
+    vs_shape = (B, Hkv, Sk, D)
+    vs = torch.empty(vs_shape, dtype=v.dtype, device=v.device)
+    grid, args, ce = build_prepass(v, vs, kw["seqlens_k"], seqlen_k=Sk, batch=B, num_heads_kv=Hkv,
+                                   v_strides=kw["v_strides"])
+    return _Step(attn_secure_zero_v_padding_kernel, grid, args, 3, ce, PREPASS_WARPS, 1), vs_shape, vs
 
 
 _GLUON_KW = ("scale", "causal", "seqlen_q", "seqlen_k", "batch", "num_heads_q", "num_heads_kv", "lse_strides")
@@ -333,21 +346,25 @@ def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0), full: bool = False
 
 
 def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096, Hq: int = 8, Hkv: int = 8,
-               return_lse: bool = False, cfg=None) -> dict:
+               return_lse: bool = False, cfg=None, secure: bool = False) -> dict:
     """The Gluon Hopper kernel as launched for these public facts, as a compile spec like
-    :func:`audit_specs`' (plus ``maxnreg``); built from CPU tensors, no GPU needed."""
-    from .hopper_fwd import GluonLaunch, attn_fwd_hopper_kernel
+    :func:`audit_specs`' (plus ``maxnreg``); built from CPU tensors, no GPU needed. ``secure``: the
+    constant-time kernel (secret: the data behind the descriptors and the lengths)."""
+    from .hopper_fwd import GluonLaunch
 
     B = 2
     q, k = torch.empty(B, Hq, S, head_dim, dtype=dtype), torch.empty(B, Hkv, S, head_dim, dtype=dtype)
     lse = torch.empty(B, Hq, S, dtype=torch.float32) if return_lse else None
-    cfg = cfg or configs.gluon_ws(head_dim)
+    cfg = cfg or (configs.gluon_secure(head_dim, causal) if secure else configs.gluon_ws(head_dim))
     launch = GluonLaunch(q, k, k, q, lse, scale=head_dim ** -0.5, causal=causal, seqlen_q=S, seqlen_k=S, batch=B,
-                         num_heads_q=Hq, num_heads_kv=Hkv, lse_strides=(Hq * S, S), cfg=cfg)
+                         num_heads_q=Hq, num_heads_kv=Hkv, lse_strides=(Hq * S, S), cfg=cfg, secure=secure)
     step = launch.step
-    args = [*launch._descs(q, k, k, q), lse if lse is not None else q, *step.scalars]
-    name = f"fast_gluon_ws_{_ELT[dtype]}_d{head_dim}_{'causal' if causal else 'full'}_s{S}_gqa{Hq // Hkv}"
-    spec = _spec_from_launch(name, cfg, args, step.constexprs, {"q_desc", "k_desc", "v_desc"}, fn=attn_fwd_hopper_kernel)
+    lens = torch.full((B,), S, dtype=torch.int32)
+    args = [*launch._descs(q, k, k, q), lse if lse is not None else q, lens, lens, *step.scalars]
+    secret = {"q_desc", "k_desc", "v_desc"} | ({"seqlens_q_ptr", "seqlens_k_ptr"} if secure else set())
+    mode = "secure" if secure else "fast"
+    name = f"{mode}_gluon_ws_{_ELT[dtype]}_d{head_dim}_{'causal' if causal else 'full'}_s{S}_gqa{Hq // Hkv}"
+    spec = _spec_from_launch(name, cfg, args, step.constexprs, secret, fn=step.fn)
     spec["num_stages"] = 1
     spec["maxnreg"] = step.options["maxnreg"]
     return spec

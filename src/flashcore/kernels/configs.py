@@ -17,12 +17,14 @@ SECURE_V_ZEROING_MODES = ("auto", "prepass", "in_loop")
 # lets hopper() decide. Ineligible inputs (hopper_fwd.eligible) always run the Triton kernel.
 HOPPER_KERNEL_ENV = "FLASHCORE_HOPPER_KERNEL"
 HOPPER_KERNEL_MODES = ("auto", "triton", "gluon_ws")
+# The same for the secure (constant-time) path: both kernels are audited; this picks which one runs.
+SECURE_KERNEL_ENV = "FLASHCORE_SECURE_KERNEL"
 
 
 def env_overrides() -> tuple:
     """The debug/benchmark knobs that change which kernel a plan gets: part of every plan-cache key
     (kernels._plan_key, api._signature), so changing one takes effect on the next call."""
-    return os.environ.get(HOPPER_KERNEL_ENV), os.environ.get(SECURE_V_ZEROING_ENV)
+    return os.environ.get(HOPPER_KERNEL_ENV), os.environ.get(SECURE_V_ZEROING_ENV), os.environ.get(SECURE_KERNEL_ENV)
 
 
 def triton_table(arch: tuple[int, int] | None, **kw) -> Config:
@@ -79,6 +81,16 @@ def block_d(head_dim: int) -> int:
     return max(16, 1 << (head_dim - 1).bit_length())
 
 
+def gluon_secure(head_dim: int, causal: bool = False) -> Config:
+    """The Gluon kernel in secure mode (hopper_fwd.attn_fwd_hopper_secure_kernel): two consumer
+    warpgroups, and no register reallocation, so every warp has the launch's 168 registers. That fits
+    64-key tiles without spills (sm_90a compile: 128-key tiles spill ~110 registers at D=128 and at
+    causal D=64); non-causal D=64 keeps 128-key tiles. V always comes from the pre-pass (the kernel
+    has no in-loop V select)."""
+    wide = head_dim <= 64 and not causal
+    return Config(block_m=128, block_n=128 if wide else 64, num_warps=4, num_stages=3, kernel="gluon_ws")
+
+
 def hopper(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q: int, seqlen_k: int,
            batch_heads: int = 1) -> Config:
     """H100/H200: the warp-specialised Gluon kernel where it is measured faster, else the Triton
@@ -96,7 +108,11 @@ def hopper(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q
       over balanced pairs of row tiles (v8.4) the Gluon kernel won on an H200 (16x16x2048x64 372 vs
       386 us) but on the H100 it ties or trails (same run: 4x32x4096x64 691 vs 687, 16x16x2048x64 396
       vs 381, 4x16x1024x64 48.8 vs 44.9; ahead only at 4x16x2048x64, 111 vs 115).
+    Secure mode: see SECURE_GLUON_MIN_WORK.
     The caller still falls back to the Triton kernel when the inputs are not TMA-addressable."""
+    if (secure and dtype_bytes == 2 and head_dim in SECURE_GLUON_MIN_WORK
+            and batch_heads * seqlen_q * seqlen_k >= SECURE_GLUON_MIN_WORK[head_dim]):
+        return gluon_secure(head_dim, causal)
     if (not secure and dtype_bytes == 2 and head_dim in GLUON_MIN_WORK and not (head_dim == 64 and causal)
             and batch_heads * seqlen_q * seqlen_k >= GLUON_MIN_WORK[head_dim]):
         return gluon_ws(head_dim, seqlen_q, causal)
@@ -105,6 +121,8 @@ def hopper(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q
 
 # B*Hq*Sq*Sk from which the Gluon kernel runs, per head dim it supports
 GLUON_MIN_WORK = {128: 1 << 21, 64: 1 << 25}
+# the same for the secure path (secure causal runs there only in the self-attention form)
+SECURE_GLUON_MIN_WORK = {128: 1 << 21, 64: 1 << 25}
 
 
 def hopper_triton(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q: int, seqlen_k: int,
@@ -163,10 +181,20 @@ def choose(arch: tuple[int, int] | None, **kw) -> Config:
             cfg = gluon_ws(kw["head_dim"], kw["seqlen_q"], kw["causal"])
         elif mode == "triton" and cfg.kernel != "triton":
             cfg = hopper_triton(**kw)
+    if arch is not None and arch[0] == 9 and kw.get("secure"):
+        mode = os.environ.get(SECURE_KERNEL_ENV, "auto")
+        if mode not in HOPPER_KERNEL_MODES:
+            raise ValueError(f"{SECURE_KERNEL_ENV} must be one of {HOPPER_KERNEL_MODES}, got {mode!r}")
+        if mode == "gluon_ws":
+            cfg = gluon_secure(kw["head_dim"], kw["causal"])
+        elif mode == "triton" and cfg.kernel != "triton":
+            cfg = hopper_triton(**kw)
     if kw.get("secure"):
         mode = os.environ.get(SECURE_V_ZEROING_ENV, "auto")
         if mode not in SECURE_V_ZEROING_MODES:
             raise ValueError(f"{SECURE_V_ZEROING_ENV} must be one of {SECURE_V_ZEROING_MODES}, got {mode!r}")
         if mode != "auto":
+            if mode == "in_loop" and cfg.kernel == "gluon_ws":  # the Gluon kernel needs the pre-pass
+                cfg = hopper_triton(**kw)
             cfg = replace(cfg, v_prepass=mode == "prepass")
     return cfg

@@ -23,6 +23,9 @@ a neighbouring head: out-of-range rows are zero-filled by the copy engine and cl
 """
 from __future__ import annotations
 
+import functools
+import re
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -41,6 +44,10 @@ MAXNREG = 168
 # Three consumer warpgroups (16 warps with the padded loader group): 3 x 128 x 160 + 128 x 24 fits.
 CONSUMER_REGS_3WG = gl.constexpr(160)
 MAXNREG_3WG = 128
+# Secure kernel: with every worker warpgroup asking for 256, the register budget of 12 warps x MAXNREG
+# goes negative, so Triton's AllocateWarpGroups emits no reallocation at all (see
+# attn_fwd_hopper_secure_kernel); the tests check the SASS for it.
+NO_REALLOC_REGS = gl.constexpr(240)
 
 
 @gluon.jit
@@ -79,11 +86,11 @@ def _tile_coords(unit, HALF: gl.constexpr, num_m_tiles, CAUSAL: gl.constexpr, PA
 
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-            v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h,
-            num_m_tiles, num_tiles,
+            v_empty, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group,
+            lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
             V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr,
-            PAIRED: gl.constexpr, WG: gl.constexpr):
+            PAIRED: gl.constexpr, SECURE: gl.constexpr, WG: gl.constexpr):
     kc = 0  # K/V tiles loaded so far, over all work items: ring slot and phase
     it = 0  # work items so far: Q slot and phase
     for unit in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
@@ -132,12 +139,14 @@ def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem
 
 
 @gluon.jit
-def _softmax_step(s, m_i, l_i, col0, row, seqlen_k, diag, qk_scale, MASK: gl.constexpr, CAUSAL: gl.constexpr,
+def _softmax_step(s, m_i, l_i, col0, row, key_limit, diag, qk_scale, MASK: gl.constexpr, CAUSAL: gl.constexpr,
                   BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
-    """Online softmax of one score tile: returns (p, alpha, m_new, l_new); scores are raw QK^T."""
+    """Online softmax of one score tile: returns (p, alpha, m_new, l_new); scores are raw QK^T.
+    MASK: keys at or past ``key_limit`` are masked, and with CAUSAL also keys right of the diagonal
+    (selects on the raw scores: a NaN in a masked key's score cannot reach the output)."""
     if MASK:
         col = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        ok = gl.expand_dims(col < seqlen_k, 0)
+        ok = gl.expand_dims(col < key_limit, 0)
         if CAUSAL:
             ok = ok & (gl.expand_dims(col, 0) <= gl.expand_dims(row + diag, 1))
         s = gl.where(ok, s, float("-inf"))
@@ -154,11 +163,11 @@ def _softmax_step(s, m_i, l_i, col0, row, seqlen_k, diag, qk_scale, MASK: gl.con
 
 @gluon.jit
 def _consumer(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-              v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h,
-              num_m_tiles, num_tiles,
+              v_empty, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group,
+              lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
               V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr,
-              PAIRED: gl.constexpr, WG: gl.constexpr):
+              PAIRED: gl.constexpr, SECURE: gl.constexpr, WG: gl.constexpr):
     kc = 0
     it = 0
     for unit in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
@@ -166,22 +175,25 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q
             pid_m, bh, valid = _tile_coords(unit, half, num_m_tiles, CAUSAL, PAIRED)
             if valid:
                 n = _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty,
-                                  k_ready, v_ready, k_empty, v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads,
-                                  lse_stride_b, lse_stride_h, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES,
-                                  CAUSAL, RETURN_LSE, NUM_WG, WG)
+                                  k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale,
+                                  seqlen_q, seqlen_k, num_heads, lse_stride_b, lse_stride_h, BLOCK_M, BLOCK_N,
+                                  HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, SECURE, WG)
                 kc += n
                 it += 1
 
 
 @gluon.jit
 def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                  k_empty, v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, lse_stride_b, lse_stride_h,
-                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  k_empty, v_empty, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale, seqlen_q, seqlen_k, num_heads,
+                  lse_stride_b, lse_stride_h, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                   K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr,
-                  NUM_WG: gl.constexpr, WG: gl.constexpr):
+                  NUM_WG: gl.constexpr, SECURE: gl.constexpr, WG: gl.constexpr):
     """One work item for this warpgroup: BLOCK_M query rows against all their key tiles. ``kc`` is the
     ring position of the item's first K/V tile, ``it`` the item's index (Q slot and phase). Returns the
-    number of K/V tiles it consumed (where the next item's tiles start in the rings)."""
+    number of K/V tiles it consumed (where the next item's tiles start in the rings).
+
+    SECURE: every trip count and address above is a function of the public shape (the padded lengths);
+    the true lengths are loaded here and enter only the selects of the score mask and of the epilogue."""
     dtype: gl.constexpr = q_desc.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -195,6 +207,13 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_r
     m_wg = pid_m * NUM_WG * BLOCK_M + WG * BLOCK_M
     row = m_wg + gl.arange(0, BLOCK_M, layout=row_layout)
     diag = seqlen_k - seqlen_q
+    if SECURE:
+        # secret: clamped arithmetically into [0, padded length]; the diagonal stays public (secure
+        # causal runs here only in the self-attention form, len_q == len_k and Sq == Sk)
+        len_q = gl.minimum(gl.maximum(gl.load(seqlens_q_ptr + b), 0), seqlen_q)
+        key_limit = gl.minimum(gl.maximum(gl.load(seqlens_k_ptr + b), 0), seqlen_k)
+    else:
+        key_limit = seqlen_k
 
     n_blocks = _kv_blocks(pid_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, NUM_WG)
     # Tiles before n_full need no mask for any of this warpgroup's rows.
@@ -221,10 +240,10 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_r
     s = warpgroup_mma_wait(0, deps=(s, ))
     mbarrier.arrive(k_empty.index(ks0), count=1)
     if n_full > 0:
-        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, seqlen_k, diag, qk_scale, False, CAUSAL, BLOCK_N,
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, key_limit, diag, qk_scale, SECURE, False, BLOCK_N,
                                            s_layout)
     else:
-        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, seqlen_k, diag, qk_scale, True, CAUSAL, BLOCK_N,
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, key_limit, diag, qk_scale, True, CAUSAL, BLOCK_N,
                                            s_layout)
     p_op = gl.convert_layout(p.to(dtype), p_layout)
 
@@ -242,10 +261,10 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_r
         s = warpgroup_mma_wait(1, deps=(s_tok, ))
         mbarrier.arrive(k_empty.index(ks), count=1)
         if j < n_full:
-            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, seqlen_k, diag, qk_scale, False,
-                                               CAUSAL, BLOCK_N, s_layout)
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, key_limit, diag, qk_scale, SECURE,
+                                               False, BLOCK_N, s_layout)
         else:
-            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, seqlen_k, diag, qk_scale, True,
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, key_limit, diag, qk_scale, True,
                                                CAUSAL, BLOCK_N, s_layout)
         acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
         mbarrier.arrive(v_empty.index(vp), count=1)
@@ -260,10 +279,17 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_r
     acc = warpgroup_mma_wait(0, deps=(acc, ))
     mbarrier.arrive(v_empty.index(last), count=1)
 
+    # a row that saw no key has l == 0 and acc == 0: divide by 1 for exact zeros. ``/`` is the approximate
+    # divide (div.full.f32): no data-dependent slow path
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)
     o = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
+    if SECURE:  # rows past the true length output exact zeros, whatever their padding held
+        row_o = m_wg + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+        o = gl.where(gl.expand_dims(row_o < len_q, 1), o, 0.0)
     if RETURN_LSE:
         lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
+        if SECURE:
+            lse = gl.where(row < len_q, lse, float("-inf"))
         gl.store(lse_ptr + b * lse_stride_b + h * lse_stride_h + row, lse, mask=row < seqlen_q)
     # Q is dead: its slot stages the output tile for the TMA store (which clips rows >= Sq); the
     # slot goes back to the loader once the copy engine has read it.
@@ -276,12 +302,49 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_r
 
 
 @gluon.jit
-def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group,
-                           lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
+def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale, seqlen_q,
+                           seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                            K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                           RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr,
-                           PAIRED: gl.constexpr):
+                           RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr, PAIRED: gl.constexpr):
+    """The fast path (``seqlens_*_ptr`` unused): see :func:`_attn_fwd_hopper`."""
+    _attn_fwd_hopper(q_desc, k_desc, v_desc, o_desc, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale, seqlen_q,
+                     seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
+                     HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, False, CONSUMER_REGS,
+                     LOADER_REGS)
+
+
+@gluon.jit
+def attn_fwd_hopper_secure_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale,
+                                  seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles,
+                                  num_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                                  K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                                  RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr, PAIRED: gl.constexpr,
+                                  WAIT_HINT_NS: gl.constexpr):
+    """The constant-time mode (docs/security.md): true lengths read on the device, every key tile
+    masked by select, V already sanitised by the pre-pass. Two things differ from the fast kernel's
+    machine code because their trip counts would follow timing, which gate 2 forbids:
+
+    * no register reallocation: the register requests exceed the launch's budget on purpose, so
+      Triton's AllocateWarpGroups emits no ``setmaxnreg`` (whose ``.inc`` is a retry loop in SASS);
+      every warp keeps the launch's 168 registers;
+    * every mbarrier wait carries a suspend-time hint of ``WAIT_HINT_NS`` (added to the PTX by
+      :func:`_hint_mbarrier_waits`), so the first ``try_wait`` returns when the phase completes
+      rather than after a short system-dependent time limit that sends it round the retry loop.
+      ``WAIT_HINT_NS`` is a constexpr so that it is part of Triton's cache key."""
+    _attn_fwd_hopper(q_desc, k_desc, v_desc, o_desc, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale, seqlen_q,
+                     seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
+                     HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, True, NO_REALLOC_REGS,
+                     NO_REALLOC_REGS)
+
+
+@gluon.jit
+def _attn_fwd_hopper(q_desc, k_desc, v_desc, o_desc, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale, seqlen_q,
+                     seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                     K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                     RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr, PAIRED: gl.constexpr, SECURE: gl.constexpr,
+                     WG_REGS: gl.constexpr, LOADER_WG_REGS: gl.constexpr):
     """Persistent: program i takes scheduling units i, i + grid, ... (a unit = one work item of
     NUM_WG*BLOCK_M query rows of one head, or with PAIRED two causal items of equal total cost), so one
     item's epilogue and the next one's loads overlap instead of costing a launch."""
@@ -310,42 +373,90 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, se
     if NUM_WG == 3:
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                         k_empty, v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
+                         k_empty, v_empty, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
                          lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES,
-                         CAUSAL, RETURN_LSE, NUM_WG, PAIRED, 0)),
+                         CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, 0)),
             (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                         k_empty, v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
+                         k_empty, v_empty, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
                          lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES,
-                         CAUSAL, RETURN_LSE, NUM_WG, PAIRED, 1)),
+                         CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, 1)),
             (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                         k_empty, v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
+                         k_empty, v_empty, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
                          lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES,
-                         CAUSAL, RETURN_LSE, NUM_WG, PAIRED, 2)),
+                         CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, 2)),
             (_loader, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                       k_empty, v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
+                       k_empty, v_empty, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
                        lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES,
-                       CAUSAL, RETURN_LSE, NUM_WG, PAIRED, 0)),
+                       CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, 0)),
         ], [4, 4, 1], [CONSUMER_REGS_3WG, CONSUMER_REGS_3WG, LOADER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                         k_empty, v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
+                         k_empty, v_empty, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
                          lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES,
-                         CAUSAL, RETURN_LSE, NUM_WG, PAIRED, 0)),
+                         CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, 0)),
             (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                         k_empty, v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
+                         k_empty, v_empty, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
                          lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES,
-                         CAUSAL, RETURN_LSE, NUM_WG, PAIRED, 1)),
+                         CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, 1)),
             (_loader, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                       k_empty, v_empty, lse_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
+                       k_empty, v_empty, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
                        lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES,
-                       CAUSAL, RETURN_LSE, NUM_WG, PAIRED, 0)),
-        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+                       CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, 0)),
+        ], [4, 1], [WG_REGS, LOADER_WG_REGS])
 
 
 # ---------------------------------------------------------------------------------------------
 # Host side: descriptors are rebuilt on every call (they hold the base pointer); everything else
 # is planned once per input signature.
+
+# Suspend-time hint of the secure kernel's mbarrier waits, in ns: far longer than any wait in a
+# running kernel (a K/V tile, a slot release), so the first try_wait returns on phase completion.
+WAIT_HINT_NS = 10_000_000
+_TRY_WAIT = re.compile(r"(mbarrier\.try_wait\.parity[\w.:]*\.b64\s+\w+,\s*\[[^\]]+\],\s*[^;,\s]+)\s*;")
+
+
+def hint_mbarrier_waits(ptx: str, hint_ns: int) -> str:
+    """``ptx`` with a suspend-time hint on every ``mbarrier.try_wait.parity`` (Triton 3.6 emits them
+    without one, in a retry loop). Raises if there is none to rewrite: a Triton whose PTX has another
+    shape must not silently yield a secure kernel without the hint."""
+    out, n = _TRY_WAIT.subn(lambda m: f"{m.group(1)}, {int(hint_ns)};", ptx)
+    if n == 0:
+        raise RuntimeError("no mbarrier.try_wait.parity found in the secure Gluon kernel's PTX; "
+                           "flashcore's PTX rewrite does not match this Triton version")
+    return out
+
+
+def _ptx_hook(backend, stages, options, language, capability, _prev=None):
+    """Triton's ``add_stages_inspection_hook``: rewrites the PTX of the secure Gluon kernel only."""
+    if _prev is not None:
+        _prev(backend, stages, options, language, capability)
+    make_ptx = stages.get("ptx")
+    if make_ptx is None or getattr(make_ptx, "_flashcore", False):
+        return
+
+    def ptx_stage(src, metadata):
+        out = make_ptx(src, metadata)
+        if metadata.get("name") == attn_fwd_hopper_secure_kernel.__name__:
+            out = hint_mbarrier_waits(out, WAIT_HINT_NS)
+        return out
+
+    ptx_stage._flashcore = True
+    stages["ptx"] = ptx_stage
+
+
+def install_ptx_hook() -> None:
+    """Install :func:`_ptx_hook` (chained after any hook already there) unless it is installed; called
+    before every secure Gluon plan, so a hook set by someone else later cannot drop the rewrite."""
+    from triton import knobs
+
+    cur = knobs.runtime.add_stages_inspection_hook
+    if getattr(cur, "_flashcore", False):
+        return
+    hook = functools.partial(_ptx_hook, _prev=cur)
+    hook._flashcore = True
+    knobs.runtime.add_stages_inspection_hook = hook
+
 
 def eligible(q, k, v, o, head_dim: int) -> bool:
     """What this kernel supports (besides the caller's checks: sm_90, fast path, dense): 16-bit
@@ -422,7 +533,7 @@ class GluonLaunch:
     causal_pairs = True
 
     def __init__(self, q, k, v, o, lse, *, scale: float, causal: bool, seqlen_q: int, seqlen_k: int,
-                 batch: int, num_heads_q: int, num_heads_kv: int, lse_strides, cfg):
+                 batch: int, num_heads_q: int, num_heads_kv: int, lse_strides, cfg, secure: bool = False):
         from . import LOG2E, _Step, triton_cdiv
 
         D = q.shape[-1]
@@ -436,6 +547,9 @@ class GluonLaunch:
                              f"D=64, 192 (three), block_n 64 or 128, and the K/V rings must fit {RING_BYTES} bytes "
                              f"of shared memory")
         num_wg = cfg.block_m // 64
+        if secure and (num_wg != 2 or D * cfg.block_n > 64 * 128):
+            raise ValueError(f"gluon_ws config {cfg} unsupported in secure mode: it runs two consumer warpgroups "
+                             f"at the launch's {MAXNREG} registers (block_m=128, and block_n=64 at D=128)")
 
         gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
         bm, bn = 64, cfg.block_n
@@ -455,12 +569,17 @@ class GluonLaunch:
         paired = bool(causal) and self.causal_pairs and num_m_tiles > 1
         units = batch * num_heads_q * -(-num_m_tiles // 2) if paired else num_tiles
         grid = (num_tiles if causal and not paired else min(units, _sm_count(q.device)), 1)
-        args = [*self._descs(q, k, v, o), lse if lse is not None else q, scale * LOG2E, seqlen_q, seqlen_k,
+        dummy = lse if lse is not None else q  # the lengths pointers are read only in secure mode
+        args = [*self._descs(q, k, v, o), dummy, dummy, dummy, scale * LOG2E, seqlen_q, seqlen_k,
                 num_heads_q, num_heads_q // num_heads_kv, *lse_strides, num_m_tiles, units]
         constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, K_STAGES=cfg.num_stages,
                           V_STAGES=v_depth, CAUSAL=bool(causal),
                           RETURN_LSE=lse is not None, NUM_WG=num_wg, PAIRED=paired)
-        self.step = _Step(attn_fwd_hopper_kernel, grid, args, 5, constexprs, cfg.num_warps, 1,
+        kernel = attn_fwd_hopper_kernel
+        if secure:
+            install_ptx_hook()
+            kernel, constexprs["WAIT_HINT_NS"] = attn_fwd_hopper_secure_kernel, WAIT_HINT_NS
+        self.step = _Step(kernel, grid, args, 7, constexprs, cfg.num_warps, 1,
                           options=dict(maxnreg=MAXNREG_3WG if num_wg == 3 else MAXNREG))
         self.fast = None  # (raw launcher, descriptor metadata) once compiled; False: not available
         self.encoded = {}
@@ -478,7 +597,8 @@ class GluonLaunch:
         return descs
 
     def run(self, ptrs, device) -> None:
-        q, k, v, o, lse = ptrs[:5]
+        """``ptrs``: q, k, v, o, lse, seqlens_q, seqlens_k (unused ones: any tensor)."""
+        q, k, v, o, lse, sq, sk = ptrs[:7]
         # (imported here: as module globals of this file these names broke the Gluon kernel's
         # compilation under Triton 3.6, a CompilationError in warp_specialize; cause not traced)
         from . import _current_stream, _launch_hooks_active
@@ -487,7 +607,7 @@ class GluonLaunch:
         # Triton's own path: until compiled, where its launcher has another shape, and whenever a
         # profiler's hooks want their launch metadata
         if not fast or _launch_hooks_active():
-            step.run((*self._descs(q, k, v, o), lse), device)
+            step.run((*self._descs(q, k, v, o), lse, sq, sk), device)
             if fast is None and step.compiled is not None:
                 self.fast = _unwrap_tensordesc_launcher(step.compiled) or False
             return
@@ -500,7 +620,7 @@ class GluonLaunch:
             self.encoded[key] = enc
         c, grid = step.compiled, step.grid
         fast[0](grid[0], grid[1], 1, _current_stream(device), c.function, c.run.launch_cooperative_grid,
-                c.run.launch_pdl, None, None, c.packed_metadata, None, None, None, *enc, lse, *step.scalars,
+                c.run.launch_pdl, None, None, c.packed_metadata, None, None, None, *enc, lse, sq, sk, *step.scalars,
                 *step.tail)
 
     def _encode(self, q, k, v, o, meta) -> tuple:

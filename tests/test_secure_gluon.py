@@ -1,0 +1,201 @@
+"""The secure (constant-time) mode on the warp-specialised Gluon kernel (hopper_fwd.py,
+``attn_fwd_hopper_secure_kernel``): dispatch, the PTX rewrite and the machine code on the CPU; the
+secure contract against float64 on the GPU."""
+import re
+
+import pytest
+import torch
+
+import flashcore
+from conftest import rel_err
+from flashcore.kernels import configs, hopper_fwd
+
+H100 = (9, 0)
+
+
+def _facts(D=128, causal=False, S=4096, bh=64, dtype_bytes=2):
+    return dict(head_dim=D, dtype_bytes=dtype_bytes, causal=causal, secure=True, seqlen_q=S, seqlen_k=S,
+                batch_heads=bh)
+
+
+def test_secure_dispatch_picks_the_gluon_kernel_where_it_applies(monkeypatch):
+    for var in (configs.SECURE_KERNEL_ENV, configs.SECURE_V_ZEROING_ENV):
+        monkeypatch.delenv(var, raising=False)
+    assert configs.choose(H100, **_facts(128)) == configs.gluon_secure(128)
+    assert configs.choose(H100, **_facts(64)).kernel == "gluon_ws"
+    assert configs.choose(H100, **_facts(64, causal=True)).block_n == 64  # 128-key tiles spill there
+    assert configs.gluon_secure(64).block_n == 128 and configs.gluon_secure(128).block_n == 64
+    assert configs.choose(H100, **_facts(128, dtype_bytes=4)).kernel == "triton"
+    assert configs.choose(H100, **_facts(96)).kernel == "triton"
+    assert configs.choose(H100, **_facts(64, S=256, bh=2)).kernel == "triton"  # below the size threshold
+    monkeypatch.setenv(configs.SECURE_KERNEL_ENV, "triton")
+    assert configs.choose(H100, **_facts(128)).kernel == "triton"
+    monkeypatch.setenv(configs.SECURE_KERNEL_ENV, "gluon_ws")
+    assert configs.choose(H100, **_facts(64, S=256, bh=2)) == configs.gluon_secure(64)
+    monkeypatch.setenv(configs.SECURE_V_ZEROING_ENV, "in_loop")  # the Gluon kernel has no in-loop select
+    cfg = configs.choose(H100, **_facts(128))
+    assert cfg.kernel == "triton" and not cfg.v_prepass
+    monkeypatch.setenv(configs.SECURE_KERNEL_ENV, "nope")
+    with pytest.raises(ValueError, match=configs.SECURE_KERNEL_ENV):
+        configs.choose(H100, **_facts(128))
+
+
+def test_secure_launch_refuses_configs_that_need_register_reallocation():
+    from dataclasses import replace
+
+    q = torch.empty(2, 4, 512, 128, dtype=torch.bfloat16)
+    kw = dict(scale=0.1, causal=False, seqlen_q=512, seqlen_k=512, batch=2, num_heads_q=4, num_heads_kv=4,
+              lse_strides=(4 * 512, 512), secure=True)
+    with pytest.raises(ValueError, match="secure mode"):
+        hopper_fwd.GluonLaunch(q, q, q, q, None, cfg=replace(configs.gluon_secure(128), block_n=128), **kw)
+    q64 = torch.empty(2, 4, 4096, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="secure mode"):
+        hopper_fwd.GluonLaunch(q64, q64, q64, q64, None, cfg=configs.gluon_ws(64, 4096), **dict(kw, seqlen_q=4096,
+                               seqlen_k=4096))
+    step = hopper_fwd.GluonLaunch(q, q, q, q, None, cfg=configs.gluon_secure(128), **kw).step
+    assert step.fn is hopper_fwd.attn_fwd_hopper_secure_kernel and step.n_ptrs == 7
+    assert step.constexprs["WAIT_HINT_NS"] == hopper_fwd.WAIT_HINT_NS
+
+
+def test_mbarrier_wait_hint_rewrite():
+    ptx = ("\twaitLoop:\n\tmbarrier.try_wait.parity.shared.b64 complete, [%r2591], %r2592;\n"
+           "\t@!complete bra.uni waitLoop;\n\tmbarrier.try_wait.parity.shared::cta.b64 P1, [%r7+8], 1;\n")
+    out = hopper_fwd.hint_mbarrier_waits(ptx, 12345)
+    assert out.count(", 12345;") == 2 and "[%r2591], %r2592, 12345;" in out and "[%r7+8], 1, 12345;" in out
+    with pytest.raises(RuntimeError, match="try_wait"):
+        hopper_fwd.hint_mbarrier_waits("mov.u32 %r1, 0;", 1)
+
+
+def test_ptx_hook_chains_and_installs_once(monkeypatch):
+    from triton import knobs
+
+    seen = []
+    monkeypatch.setattr(knobs.runtime, "add_stages_inspection_hook", lambda *a: seen.append(a))
+    hopper_fwd.install_ptx_hook()
+    hook = knobs.runtime.add_stages_inspection_hook
+    hopper_fwd.install_ptx_hook()
+    assert knobs.runtime.add_stages_inspection_hook is hook
+    stages = {"ptx": lambda src, md: "mbarrier.try_wait.parity.shared.b64 c, [%r1], %r2;"}
+    hook(None, stages, None, None, 90)
+    assert len(seen) == 1  # the hook that was there first still runs
+    secure = {"name": hopper_fwd.attn_fwd_hopper_secure_kernel.__name__}
+    assert f", {hopper_fwd.WAIT_HINT_NS};" in stages["ptx"]("", secure)
+    assert stages["ptx"]("", {"name": "attn_fwd_hopper_kernel"}).endswith("%r2;")  # the fast kernel: untouched
+
+
+@pytest.mark.parametrize("head_dim,causal", [(128, False), (64, False), (64, True), (128, True)])
+def test_secure_machine_code_has_no_timing_dependent_loops(head_dim, causal):
+    """sm_90a SASS of the secure kernel (no GPU): no register reallocation (``USETMAXREG.TRY_ALLOC`` is a
+    retry loop), every mbarrier wait hinted (ptxas then puts a ``NANOSLEEP`` on the retry path), TMA
+    and wgmma as in the fast kernel, and no spills where the config was chosen for it."""
+    from flashcore import kernels
+    from flashcore.audit.sass import compile_cubin, disassemble
+
+    spec = kernels.gluon_spec(head_dim, causal, return_lse=True, secure=True)
+    compiled = compile_cubin(spec["fn"], spec["signature"], spec["constexprs"], num_warps=spec["num_warps"],
+                             num_stages=spec["num_stages"], attrs=spec["attrs"], maxnreg=spec["maxnreg"])
+    sass = disassemble(compiled.cubin)
+    assert "USETMAXREG" not in sass
+    waits = len(re.findall(r"SYNCS\.PHASECHK\.TRANS64\.TRYWAIT", sass))
+    assert waits and len(re.findall(r"\bNANOSLEEP\b", sass)) * 2 == waits
+    assert "UTMALDG" in sass and "UTMASTG" in sass and "HGMMA." in sass
+    if not (head_dim == 128 and causal):  # causal D=128 spills one register (sm_90a, Triton 3.6)
+        assert "STL" not in sass and "LDL" not in sass, "register spills"
+    fast = kernels.gluon_spec(head_dim, causal, return_lse=True)
+    fast_sass = disassemble(compile_cubin(fast["fn"], fast["signature"], fast["constexprs"],
+                                          num_warps=fast["num_warps"], num_stages=fast["num_stages"],
+                                          attrs=fast["attrs"], maxnreg=fast["maxnreg"]).cubin)
+    assert "USETMAXREG" in fast_sass and "NANOSLEEP" not in fast_sass  # the fast kernel keeps both
+
+
+# --------------------------------------------------------------------------------------------- GPU
+gpu = pytest.mark.gpu
+TOL = {torch.bfloat16: 1.2e-2, torch.float16: 2e-3}
+
+
+@pytest.fixture
+def force_secure_gluon(monkeypatch):
+    monkeypatch.setenv(configs.SECURE_KERNEL_ENV, "gluon_ws")
+
+
+def _inputs(B, Hq, Hkv, S, D, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    mk = lambda h: torch.randn(B, h, S, D, device="cuda", generator=g, dtype=torch.float32).to(dtype)
+    return mk(Hq), mk(Hkv), mk(Hkv)
+
+
+def _secure_kernel(q, k, v, causal, lens):
+    """The kernel function the secure call's plan launches."""
+    from flashcore import ops
+
+    main = ops.dense_call(q, k, v, None, lens, causal, q.shape[-1] ** -0.5, False, True, False).plan.main
+    return main.step.fn
+
+
+SECURE_CASES = [
+    # B, Hq, Hkv, S, D, causal, lengths
+    (4, 8, 8, 1024, 128, False, [1024, 517, 1, 0]),
+    (4, 8, 8, 1024, 128, True, [1024, 517, 1, 0]),
+    (3, 8, 2, 1000, 64, False, [1000, 333, 64]),
+    (3, 8, 2, 1000, 64, True, [999, 128, 2]),
+    (2, 4, 1, 333, 128, True, [333, 200]),
+    (1, 16, 16, 2048, 64, False, [1500]),
+]
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", SECURE_CASES)
+def test_secure_gluon_matches_reference_and_ignores_padding(case, dtype, force_secure_gluon):
+    B, Hq, Hkv, S, D, causal, lengths = case
+    q, k, v = _inputs(B, Hq, Hkv, S, D, dtype, seed=hash((case, str(dtype))) % 2**31)
+    lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    out = torch.full_like(q, float("nan"))
+    _, lse = flashcore.attention(q, k, v, causal=causal, secure=True, seqlens_k=lens, return_lse=True, out=out)
+    ref, ref_lse = flashcore.reference.attention(q, k, v, causal=causal, seqlens_k=lens, return_lse=True)
+    torch.cuda.synchronize()
+    assert _secure_kernel(q, k, v, causal, lens) is hopper_fwd.attn_fwd_hopper_secure_kernel
+    assert not torch.isnan(out).any()
+    assert rel_err(out, ref) < TOL[dtype]
+    for b, n in enumerate(lengths):
+        assert bool((out[b, :, n:] == 0).all()), "rows past the true length must be exact zeros"
+        assert bool(torch.isneginf(lse[b, :, n:]).all())
+        if n:
+            assert torch.allclose(lse[b, :, :n].double(), ref_lse[b, :, :n], atol=2e-2, rtol=0)
+    # whatever the padding holds (NaN, Inf, huge), the output bytes are the same
+    q2, k2, v2 = q.clone(), k.clone(), v.clone()
+    for b, n in enumerate(lengths):
+        q2[b, :, n:] = float("nan"); k2[b, :, n:] = float("inf"); v2[b, :, n:] = float("nan")
+    out2 = flashcore.attention(q2, k2, v2, causal=causal, secure=True, seqlens_k=lens)
+    assert torch.equal(out, out2)
+    for _ in range(3):  # bitwise repeatable
+        assert torch.equal(flashcore.attention(q, k, v, causal=causal, secure=True, seqlens_k=lens), out)
+
+
+@gpu
+def test_secure_gluon_cross_lengths_and_cuda_graph(force_secure_gluon):
+    from conftest import capture_cuda_graph
+
+    B, H, S, D = 2, 8, 777, 128
+    q, k, v = _inputs(B, H, H, S, D, torch.bfloat16, seed=77)
+    lq = torch.tensor([700, 5], dtype=torch.int32, device="cuda")
+    lk = torch.tensor([300, 777], dtype=torch.int32, device="cuda")
+    out = flashcore.attention(q, k, v, secure=True, seqlens_q=lq, seqlens_k=lk)
+    assert _secure_kernel(q, k, v, False, lk) is hopper_fwd.attn_fwd_hopper_secure_kernel
+    assert rel_err(out, flashcore.reference.attention(q, k, v, seqlens_q=lq, seqlens_k=lk)) < TOL[torch.bfloat16]
+    # explicit query lengths with causal: a secret diagonal, so the Triton kernel runs it
+    outc = flashcore.attention(q, k, v, causal=True, secure=True, seqlens_q=lq, seqlens_k=lk)
+    refc = flashcore.reference.attention(q, k, v, causal=True, seqlens_q=lq, seqlens_k=lk)
+    assert rel_err(outc, refc) < TOL[torch.bfloat16]
+    from flashcore import ops
+    plan = ops.dense_call(q, k, v, lq, lk, True, D ** -0.5, False, True, False).plan
+    assert plan.cfg.kernel == "triton"
+    lens = torch.tensor([777, 100], dtype=torch.int32, device="cuda")
+    flashcore.attention(q, k, v, causal=True, secure=True, seqlens_k=lens)  # warm-up outside the graph
+    g, out_g = capture_cuda_graph(lambda: flashcore.attention(q, k, v, causal=True, secure=True, seqlens_k=lens))
+    q2, k2, v2 = _inputs(B, H, H, S, D, torch.bfloat16, seed=78)
+    q.copy_(q2); k.copy_(k2); v.copy_(v2); lens.copy_(torch.tensor([5, 700], dtype=torch.int32))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out_g, flashcore.attention(q2, k2, v2, causal=True, secure=True, seqlens_k=lens))
+    assert bool((out_g[0, :, 5:] == 0).all())
