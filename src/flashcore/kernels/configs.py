@@ -7,6 +7,7 @@ docs/perf-notes.md for the sweeps that chose them.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, replace
 
 # Audit/debug knob: force the secure mode's V zeroing to one variant ("prepass" | "in_loop"), so the
@@ -17,7 +18,8 @@ SECURE_V_ZEROING_MODES = ("auto", "prepass", "in_loop")
 # lets hopper() decide. Ineligible inputs (hopper_fwd.eligible) always run the Triton kernel.
 HOPPER_KERNEL_ENV = "FLASHCORE_HOPPER_KERNEL"
 HOPPER_KERNEL_MODES = ("auto", "triton", "gluon_ws")
-# The same for the secure (constant-time) path: both kernels are audited; this picks which one runs.
+# The same for the secure (constant-time) path. "gluon_ws" runs the experimental secure Gluon kernel,
+# which gate 2 measured but gate 1 cannot certify yet (docs/security.md, perf-notes v9); it warns.
 SECURE_KERNEL_ENV = "FLASHCORE_SECURE_KERNEL"
 
 
@@ -82,7 +84,9 @@ def block_d(head_dim: int) -> int:
 
 
 def gluon_secure(head_dim: int, causal: bool = False) -> Config:
-    """The Gluon kernel in secure mode (hopper_fwd.attn_fwd_hopper_secure_kernel): two consumer
+    """Experimental, opt-in (SECURE_KERNEL_ENV): the Gluon kernel in secure mode
+    (hopper_fwd.attn_fwd_hopper_secure_kernel; perf-notes v9: 0.75-0.80x of the fast path at D=128
+    against the Triton kernel's 0.63-0.71x, slower than it at D=64). Two consumer
     warpgroups, and no register reallocation, so every warp has the launch's 168 registers. That fits
     64-key tiles without spills (sm_90a compile: 128-key tiles spill ~110 registers at D=128 and at
     causal D=64); non-causal D=64 keeps 128-key tiles. V always comes from the pre-pass (the kernel
@@ -121,8 +125,9 @@ def hopper(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q
 
 # B*Hq*Sq*Sk from which the Gluon kernel runs, per head dim it supports
 GLUON_MIN_WORK = {128: 1 << 21, 64: 1 << 25}
-# the same for the secure path (secure causal runs there only in the self-attention form)
-SECURE_GLUON_MIN_WORK = {128: 1 << 21, 64: 1 << 25}
+# the same for the secure path: empty, so secure mode runs the Triton kernel unless SECURE_KERNEL_ENV
+# asks for the (experimental) Gluon one; see gluon_secure
+SECURE_GLUON_MIN_WORK: dict = {}
 
 
 def hopper_triton(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q: int, seqlen_k: int,
@@ -186,6 +191,8 @@ def choose(arch: tuple[int, int] | None, **kw) -> Config:
         if mode not in HOPPER_KERNEL_MODES:
             raise ValueError(f"{SECURE_KERNEL_ENV} must be one of {HOPPER_KERNEL_MODES}, got {mode!r}")
         if mode == "gluon_ws":
+            warnings.warn(f"{SECURE_KERNEL_ENV}=gluon_ws: the secure Gluon kernel is experimental; the static "
+                          "SASS gate does not certify it yet (docs/security.md)", stacklevel=2)
             cfg = gluon_secure(kw["head_dim"], kw["causal"])
         elif mode == "triton" and cfg.kernel != "triton":
             cfg = hopper_triton(**kw)

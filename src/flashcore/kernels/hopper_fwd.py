@@ -24,6 +24,7 @@ a neighbouring head: out-of-range rows are zero-filled by the copy engine and cl
 from __future__ import annotations
 
 import functools
+import os
 import re
 
 from triton.experimental import gluon
@@ -410,9 +411,9 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, o_desc, lse_ptr, seqlens_q_ptr, seq
 # Host side: descriptors are rebuilt on every call (they hold the base pointer); everything else
 # is planned once per input signature.
 
-# Suspend-time hint of the secure kernel's mbarrier waits, in ns: far longer than any wait in a
-# running kernel (a K/V tile, a slot release), so the first try_wait returns on phase completion.
-WAIT_HINT_NS = 10_000_000
+# Suspend-time hint of the secure kernel's mbarrier waits, in ns (0: none). Measured (perf-notes v9):
+# ptxas keeps the first TRYWAIT unhinted and puts the hint on a NANOSLEEP.SYNCS in the retry path.
+WAIT_HINT_NS = int(os.environ.get("FLASHCORE_SECURE_WAIT_HINT_NS", "10000000"))
 _TRY_WAIT = re.compile(r"(mbarrier\.try_wait\.parity[\w.:]*\.b64\s+\w+,\s*\[[^\]]+\],\s*[^;,\s]+)\s*;")
 
 
@@ -437,7 +438,7 @@ def _ptx_hook(backend, stages, options, language, capability, _prev=None):
 
     def ptx_stage(src, metadata):
         out = make_ptx(src, metadata)
-        if metadata.get("name") == attn_fwd_hopper_secure_kernel.__name__:
+        if metadata.get("name") == attn_fwd_hopper_secure_kernel.__name__ and WAIT_HINT_NS > 0:
             out = hint_mbarrier_waits(out, WAIT_HINT_NS)
         return out
 
