@@ -17,15 +17,12 @@ Persistent where work items cost the same (non-causal): one program per SM loops
 (NUM_WG x BLOCK_M query rows of one head), with Q double-buffered so the next item's Q and first K/V
 tiles load while the consumers finish the current one; causal items each get a program.
 
-Fast path only (data-dependent causal block skipping); supports bf16/fp16, head dims 64 and 128,
-any Sq/Sk, GQA, and any 16-byte aligned strides (rank-4 TMA descriptors, so a tile never reads
+``attn_fwd_hopper_kernel`` is the fast path (data-dependent causal block skipping);
+``attn_fwd_hopper_secure_kernel`` the experimental constant-time variant of the same code (``SECURE``).
+Both support bf16/fp16, head dims 64 and 128, any Sq/Sk, GQA, and any 16-byte aligned strides (rank-4 TMA descriptors, so a tile never reads
 a neighbouring head: out-of-range rows are zero-filled by the copy engine and clipped on store).
 """
 from __future__ import annotations
-
-import functools
-import os
-import re
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -45,9 +42,9 @@ MAXNREG = 168
 # Three consumer warpgroups (16 warps with the padded loader group): 3 x 128 x 160 + 128 x 24 fits.
 CONSUMER_REGS_3WG = gl.constexpr(160)
 MAXNREG_3WG = 128
-# Secure kernel: with every worker warpgroup asking for 256, the register budget of 12 warps x MAXNREG
-# goes negative, so Triton's AllocateWarpGroups emits no reallocation at all (see
-# attn_fwd_hopper_secure_kernel); the tests check the SASS for it.
+# Secure kernel: with every worker warpgroup asking for 240 registers (more than 12 warps x MAXNREG can
+# give), Triton 3.6 emits no register reallocation at all for the launch (sm_90a compile; 256 makes it
+# emit one again). The tests check the SASS for it.
 NO_REALLOC_REGS = gl.constexpr(240)
 
 
@@ -320,19 +317,14 @@ def attn_fwd_hopper_secure_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, seqle
                                   seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles,
                                   num_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                                   K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                                  RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr, PAIRED: gl.constexpr,
-                                  WAIT_HINT_NS: gl.constexpr):
-    """The constant-time mode (docs/security.md): true lengths read on the device, every key tile
-    masked by select, V already sanitised by the pre-pass. Two things differ from the fast kernel's
-    machine code because their trip counts would follow timing, which gate 2 forbids:
-
-    * no register reallocation: the register requests exceed the launch's budget on purpose, so
-      Triton's AllocateWarpGroups emits no ``setmaxnreg`` (whose ``.inc`` is a retry loop in SASS);
-      every warp keeps the launch's 168 registers;
-    * every mbarrier wait carries a suspend-time hint of ``WAIT_HINT_NS`` (added to the PTX by
-      :func:`_hint_mbarrier_waits`), so the first ``try_wait`` returns when the phase completes
-      rather than after a short system-dependent time limit that sends it round the retry loop.
-      ``WAIT_HINT_NS`` is a constexpr so that it is part of Triton's cache key."""
+                                  RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr, PAIRED: gl.constexpr):
+    """The constant-time mode (docs/security.md; experimental, opt-in: perf-notes v9): true lengths read
+    on the device, every key tile masked by select, V already sanitised by the pre-pass. Unlike the
+    fast kernel it has no register reallocation: the register requests exceed what the launch leaves,
+    so Triton's AllocateWarpGroups emits no ``setmaxnreg``, whose ``.inc`` is a retry loop in SASS
+    with a timing-dependent trip count (gate 2 forbids those); every warp keeps the launch's 168
+    registers. The mbarrier waits are still retry loops (``SYNCS.PHASECHK.TRANS64.TRYWAIT`` + branch):
+    measured, they never retried in non-causal runs and rarely in causal ones (perf-notes v9)."""
     _attn_fwd_hopper(q_desc, k_desc, v_desc, o_desc, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale, seqlen_q,
                      seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
                      HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, True, NO_REALLOC_REGS,
@@ -410,54 +402,6 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, o_desc, lse_ptr, seqlens_q_ptr, seq
 # ---------------------------------------------------------------------------------------------
 # Host side: descriptors are rebuilt on every call (they hold the base pointer); everything else
 # is planned once per input signature.
-
-# Suspend-time hint of the secure kernel's mbarrier waits, in ns (0: none). Measured (perf-notes v9):
-# ptxas keeps the first TRYWAIT unhinted and puts the hint on a NANOSLEEP.SYNCS in the retry path.
-WAIT_HINT_NS = int(os.environ.get("FLASHCORE_SECURE_WAIT_HINT_NS", "10000000"))
-_TRY_WAIT = re.compile(r"(mbarrier\.try_wait\.parity[\w.:]*\.b64\s+\w+,\s*\[[^\]]+\],\s*[^;,\s]+)\s*;")
-
-
-def hint_mbarrier_waits(ptx: str, hint_ns: int) -> str:
-    """``ptx`` with a suspend-time hint on every ``mbarrier.try_wait.parity`` (Triton 3.6 emits them
-    without one, in a retry loop). Raises if there is none to rewrite: a Triton whose PTX has another
-    shape must not silently yield a secure kernel without the hint."""
-    out, n = _TRY_WAIT.subn(lambda m: f"{m.group(1)}, {int(hint_ns)};", ptx)
-    if n == 0:
-        raise RuntimeError("no mbarrier.try_wait.parity found in the secure Gluon kernel's PTX; "
-                           "flashcore's PTX rewrite does not match this Triton version")
-    return out
-
-
-def _ptx_hook(backend, stages, options, language, capability, _prev=None):
-    """Triton's ``add_stages_inspection_hook``: rewrites the PTX of the secure Gluon kernel only."""
-    if _prev is not None:
-        _prev(backend, stages, options, language, capability)
-    make_ptx = stages.get("ptx")
-    if make_ptx is None or getattr(make_ptx, "_flashcore", False):
-        return
-
-    def ptx_stage(src, metadata):
-        out = make_ptx(src, metadata)
-        if metadata.get("name") == attn_fwd_hopper_secure_kernel.__name__ and WAIT_HINT_NS > 0:
-            out = hint_mbarrier_waits(out, WAIT_HINT_NS)
-        return out
-
-    ptx_stage._flashcore = True
-    stages["ptx"] = ptx_stage
-
-
-def install_ptx_hook() -> None:
-    """Install :func:`_ptx_hook` (chained after any hook already there) unless it is installed; called
-    before every secure Gluon plan, so a hook set by someone else later cannot drop the rewrite."""
-    from triton import knobs
-
-    cur = knobs.runtime.add_stages_inspection_hook
-    if getattr(cur, "_flashcore", False):
-        return
-    hook = functools.partial(_ptx_hook, _prev=cur)
-    hook._flashcore = True
-    knobs.runtime.add_stages_inspection_hook = hook
-
 
 def eligible(q, k, v, o, head_dim: int) -> bool:
     """What this kernel supports (besides the caller's checks: sm_90, fast path, dense): 16-bit
@@ -576,10 +520,7 @@ class GluonLaunch:
         constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, K_STAGES=cfg.num_stages,
                           V_STAGES=v_depth, CAUSAL=bool(causal),
                           RETURN_LSE=lse is not None, NUM_WG=num_wg, PAIRED=paired)
-        kernel = attn_fwd_hopper_kernel
-        if secure:
-            install_ptx_hook()
-            kernel, constexprs["WAIT_HINT_NS"] = attn_fwd_hopper_secure_kernel, WAIT_HINT_NS
+        kernel = attn_fwd_hopper_secure_kernel if secure else attn_fwd_hopper_kernel
         self.step = _Step(kernel, grid, args, 7, constexprs, cfg.num_warps, 1,
                           options=dict(maxnreg=MAXNREG_3WG if num_wg == 3 else MAXNREG))
         self.fast = None  # (raw launcher, descriptor metadata) once compiled; False: not available
