@@ -1,5 +1,5 @@
 """The secure (constant-time) mode on the warp-specialised Gluon kernel (hopper_fwd.py,
-``attn_fwd_hopper_secure_kernel``; experimental, opt-in): dispatch and the machine code on the CPU;
+``attn_fwd_hopper_kernel`` with ``SECURE``; experimental, opt-in): dispatch and the machine code on the CPU;
 the secure contract against float64 on the GPU."""
 import warnings
 
@@ -52,7 +52,8 @@ def test_secure_launch_refuses_configs_that_need_register_reallocation():
         hopper_fwd.GluonLaunch(q64, q64, q64, q64, None, cfg=configs.gluon_ws(64, 4096), **dict(kw, seqlen_q=4096,
                                seqlen_k=4096))
     step = hopper_fwd.GluonLaunch(q, q, q, q, None, cfg=configs.gluon_secure(128), **kw).step
-    assert step.fn is hopper_fwd.attn_fwd_hopper_secure_kernel and step.n_ptrs == 7
+    assert step.constexprs["SECURE"] and step.n_ptrs == 7
+    assert (step.constexprs["CONSUMER_WG_REGS"], step.constexprs["LOADER_WG_REGS"]) == (hopper_fwd.SECURE_REGS,) * 2
 
 
 @pytest.mark.parametrize("head_dim,causal", [(128, False), (64, False), (64, True), (128, True)])
@@ -96,12 +97,12 @@ def _inputs(B, Hq, Hkv, S, D, dtype, seed):
     return mk(Hq), mk(Hkv), mk(Hkv)
 
 
-def _secure_kernel(q, k, v, causal, lens):
-    """The kernel function the secure call's plan launches."""
+def _runs_secure_gluon(q, k, v, causal, lens) -> bool:
+    """Whether the secure call's plan launches the Gluon kernel in secure mode."""
     from flashcore import ops
 
     main = ops.dense_call(q, k, v, None, lens, causal, q.shape[-1] ** -0.5, False, True, False).plan.main
-    return main.step.fn
+    return isinstance(main, hopper_fwd.GluonLaunch) and main.step.constexprs["SECURE"]
 
 
 SECURE_CASES = [
@@ -126,7 +127,7 @@ def test_secure_gluon_matches_reference_and_ignores_padding(case, dtype, force_s
     _, lse = flashcore.attention(q, k, v, causal=causal, secure=True, seqlens_k=lens, return_lse=True, out=out)
     ref, ref_lse = flashcore.reference.attention(q, k, v, causal=causal, seqlens_k=lens, return_lse=True)
     torch.cuda.synchronize()
-    assert _secure_kernel(q, k, v, causal, lens) is hopper_fwd.attn_fwd_hopper_secure_kernel
+    assert _runs_secure_gluon(q, k, v, causal, lens)
     assert not torch.isnan(out).any()
     assert rel_err(out, ref) < TOL[dtype]
     for b, n in enumerate(lengths):
@@ -153,7 +154,7 @@ def test_secure_gluon_cross_lengths_and_cuda_graph(force_secure_gluon):
     lq = torch.tensor([700, 5], dtype=torch.int32, device="cuda")
     lk = torch.tensor([300, 777], dtype=torch.int32, device="cuda")
     out = flashcore.attention(q, k, v, secure=True, seqlens_q=lq, seqlens_k=lk)
-    assert _secure_kernel(q, k, v, False, lk) is hopper_fwd.attn_fwd_hopper_secure_kernel
+    assert _runs_secure_gluon(q, k, v, False, lk)
     assert rel_err(out, flashcore.reference.attention(q, k, v, seqlens_q=lq, seqlens_k=lk)) < TOL[torch.bfloat16]
     # explicit query lengths with causal: a secret diagonal, so the Triton kernel runs it
     outc = flashcore.attention(q, k, v, causal=True, secure=True, seqlens_q=lq, seqlens_k=lk)

@@ -85,7 +85,7 @@ def block_d(head_dim: int) -> int:
 
 def gluon_secure(head_dim: int, causal: bool = False) -> Config:
     """Experimental, opt-in (SECURE_KERNEL_ENV): the Gluon kernel in secure mode
-    (hopper_fwd.attn_fwd_hopper_secure_kernel; perf-notes v9: 0.75-0.80x of the fast path at D=128
+    (hopper_fwd.attn_fwd_hopper_kernel with SECURE; perf-notes v9: 0.75-0.80x of the fast path at D=128
     against the Triton kernel's 0.63-0.71x, slower than it at D=64). Two consumer
     warpgroups, and no register reallocation, so every warp has the launch's 168 registers. That fits
     64-key tiles without spills (sm_90a compile: 128-key tiles spill ~110 registers at D=128 and at

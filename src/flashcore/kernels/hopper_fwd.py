@@ -17,9 +17,8 @@ Persistent where work items cost the same (non-causal): one program per SM loops
 (NUM_WG x BLOCK_M query rows of one head), with Q double-buffered so the next item's Q and first K/V
 tiles load while the consumers finish the current one; causal items each get a program.
 
-``attn_fwd_hopper_kernel`` is the fast path (data-dependent causal block skipping);
-``attn_fwd_hopper_secure_kernel`` the experimental constant-time variant of the same code (``SECURE``).
-Both support bf16/fp16, head dims 64 and 128, any Sq/Sk, GQA, and any 16-byte aligned strides (rank-4 TMA descriptors, so a tile never reads
+The fast path skips causal blocks by data-independent but length-dependent bounds; ``SECURE`` is the
+experimental constant-time variant of the same code. Both support bf16/fp16, head dims 64 and 128, any Sq/Sk, GQA, and any 16-byte aligned strides (rank-4 TMA descriptors, so a tile never reads
 a neighbouring head: out-of-range rows are zero-filled by the copy engine and clipped on store).
 """
 from __future__ import annotations
@@ -36,16 +35,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 # Register budgets per partition (setmaxnreg): the loader needs almost nothing, the consumers get
 # the rest. 12 warps x MAXNREG must fit the 64K-register file.
-LOADER_REGS = gl.constexpr(24)
-CONSUMER_REGS = gl.constexpr(240)
+LOADER_REGS = 24
+CONSUMER_REGS = 240
 MAXNREG = 168
 # Three consumer warpgroups (16 warps with the padded loader group): 3 x 128 x 160 + 128 x 24 fits.
-CONSUMER_REGS_3WG = gl.constexpr(160)
+CONSUMER_REGS_3WG = 160
 MAXNREG_3WG = 128
 # Secure kernel: with every worker warpgroup asking for 240 registers (more than 12 warps x MAXNREG can
 # give), Triton 3.6 emits no register reallocation at all for the launch (sm_90a compile; 256 makes it
 # emit one again). The tests check the SASS for it.
-NO_REALLOC_REGS = gl.constexpr(240)
+SECURE_REGS = 240
 
 
 @gluon.jit
@@ -304,43 +303,21 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, seqlens_q_pt
                            seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                            K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                           RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr, PAIRED: gl.constexpr):
-    """The fast path (``seqlens_*_ptr`` unused): see :func:`_attn_fwd_hopper`."""
-    _attn_fwd_hopper(q_desc, k_desc, v_desc, o_desc, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale, seqlen_q,
-                     seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                     HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, False, CONSUMER_REGS,
-                     LOADER_REGS)
-
-
-@gluon.jit
-def attn_fwd_hopper_secure_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale,
-                                  seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles,
-                                  num_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                                  K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                                  RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr, PAIRED: gl.constexpr):
-    """The constant-time mode (docs/security.md; experimental, opt-in: perf-notes v9): true lengths read
-    on the device, every key tile masked by select, V already sanitised by the pre-pass. Unlike the
-    fast kernel it has no register reallocation: the register requests exceed what the launch leaves,
-    so Triton's AllocateWarpGroups emits no ``setmaxnreg``, whose ``.inc`` is a retry loop in SASS
-    with a timing-dependent trip count (gate 2 forbids those); every warp keeps the launch's 168
-    registers. The mbarrier waits are still retry loops (``SYNCS.PHASECHK.TRANS64.TRYWAIT`` + branch):
-    measured, they never retried in non-causal runs and rarely in causal ones (perf-notes v9)."""
-    _attn_fwd_hopper(q_desc, k_desc, v_desc, o_desc, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale, seqlen_q,
-                     seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                     HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, True, NO_REALLOC_REGS,
-                     NO_REALLOC_REGS)
-
-
-@gluon.jit
-def _attn_fwd_hopper(q_desc, k_desc, v_desc, o_desc, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale, seqlen_q,
-                     seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
-                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                     K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                     RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr, PAIRED: gl.constexpr, SECURE: gl.constexpr,
-                     WG_REGS: gl.constexpr, LOADER_WG_REGS: gl.constexpr):
+                           RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr, PAIRED: gl.constexpr, SECURE: gl.constexpr,
+                           CONSUMER_WG_REGS: gl.constexpr, LOADER_WG_REGS: gl.constexpr):
     """Persistent: program i takes scheduling units i, i + grid, ... (a unit = one work item of
     NUM_WG*BLOCK_M query rows of one head, or with PAIRED two causal items of equal total cost), so one
-    item's epilogue and the next one's loads overlap instead of costing a launch."""
+    item's epilogue and the next one's loads overlap instead of costing a launch.
+
+    SECURE (experimental, opt-in; docs/security.md, perf-notes v9): the constant-time mode. True lengths
+    (``seqlens_*_ptr``, unused otherwise) are read on the device, every key tile is masked by select, V
+    comes sanitised from the pre-pass. Its launch asks for no register reallocation (``SECURE_REGS``):
+    ``setmaxnreg.inc`` is a retry loop in SASS whose trip count follows timing, which gate 2 forbids.
+    The mbarrier waits are still retry loops (``SYNCS.PHASECHK.TRANS64.TRYWAIT`` + branch); measured,
+    they never retried in non-causal runs and rarely in causal ones (perf-notes v9).
+
+    ``CONSUMER_WG_REGS`` / ``LOADER_WG_REGS``: the register requests per worker warpgroup (setmaxnreg).
+    """
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [2 * NUM_WG] + q_desc.block_type.shape, q_desc.layout)  # [Q slot][WG]
     k_smem = gl.allocate_shared_memory(dtype, [K_STAGES] + k_desc.block_type.shape, k_desc.layout)
@@ -381,7 +358,7 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, o_desc, lse_ptr, seqlens_q_ptr, seq
                        k_empty, v_empty, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
                        lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES,
                        CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, 0)),
-        ], [4, 4, 1], [CONSUMER_REGS_3WG, CONSUMER_REGS_3WG, LOADER_REGS])
+        ], [4, 4, 1], [CONSUMER_WG_REGS, CONSUMER_WG_REGS, LOADER_WG_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
@@ -396,7 +373,7 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, o_desc, lse_ptr, seqlens_q_ptr, seq
                        k_empty, v_empty, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
                        lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES,
                        CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, 0)),
-        ], [4, 1], [WG_REGS, LOADER_WG_REGS])
+        ], [4, 1], [CONSUMER_WG_REGS, LOADER_WG_REGS])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -520,8 +497,12 @@ class GluonLaunch:
         constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, K_STAGES=cfg.num_stages,
                           V_STAGES=v_depth, CAUSAL=bool(causal),
                           RETURN_LSE=lse is not None, NUM_WG=num_wg, PAIRED=paired)
-        kernel = attn_fwd_hopper_secure_kernel if secure else attn_fwd_hopper_kernel
-        self.step = _Step(kernel, grid, args, 7, constexprs, cfg.num_warps, 1,
+        if secure:
+            regs = (SECURE_REGS, SECURE_REGS)
+        else:
+            regs = (CONSUMER_REGS_3WG if num_wg == 3 else CONSUMER_REGS, LOADER_REGS)
+        constexprs.update(SECURE=bool(secure), CONSUMER_WG_REGS=regs[0], LOADER_WG_REGS=regs[1])
+        self.step = _Step(attn_fwd_hopper_kernel, grid, args, 7, constexprs, cfg.num_warps, 1,
                           options=dict(maxnreg=MAXNREG_3WG if num_wg == 3 else MAXNREG))
         self.fast = None  # (raw launcher, descriptor metadata) once compiled; False: not available
         self.encoded = {}
