@@ -117,7 +117,7 @@ def main():
     doc = {"environment": environment()}
     if not a.skip_tests:
         t = time.time()
-        r = subprocess.run([sys.executable, "-m", "pytest", "tests/test_gpu.py", "tests/test_hopper_gluon.py", "-q", "-p", "no:cacheprovider"],
+        r = subprocess.run([sys.executable, "-m", "pytest", "tests/test_gpu.py", "tests/test_hopper_gluon.py", "tests/test_secure_gluon.py", "-q", "-p", "no:cacheprovider"],
                            cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.path.join(ROOT, "src")})
         tail = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-300:]
         doc["gpu_tests"] = {"exit_code": r.returncode, "summary": tail, "seconds": round(time.time() - t, 1)}
