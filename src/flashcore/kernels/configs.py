@@ -85,8 +85,8 @@ def block_d(head_dim: int) -> int:
 
 def gluon_secure(head_dim: int, causal: bool = False) -> Config:
     """Experimental, opt-in (SECURE_KERNEL_ENV): the Gluon kernel in secure mode
-    (hopper_fwd.attn_fwd_hopper_kernel with SECURE; perf-notes v9: 0.75-0.80x of the fast path at D=128
-    against the Triton kernel's 0.63-0.71x, slower than it at D=64). Two consumer
+    (hopper_fwd.attn_fwd_hopper_kernel with SECURE; perf-notes v9.2: 0.73-0.79x of the fast path at D=128
+    against the Triton kernel's 0.62-0.71x, slower than it at D=64). Two consumer
     warpgroups, and no register reallocation, so every warp has the launch's 168 registers. That fits
     64-key tiles without spills (sm_90a compile: 128-key tiles spill ~110 registers at D=128 and at
     causal D=64); non-causal D=64 keeps 128-key tiles. V always comes from the pre-pass (the kernel
@@ -112,11 +112,8 @@ def hopper(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q
       over balanced pairs of row tiles (v8.4) the Gluon kernel won on an H200 (16x16x2048x64 372 vs
       386 us) but on the H100 it ties or trails (same run: 4x32x4096x64 691 vs 687, 16x16x2048x64 396
       vs 381, 4x16x1024x64 48.8 vs 44.9; ahead only at 4x16x2048x64, 111 vs 115).
-    Secure mode: see SECURE_GLUON_MIN_WORK.
+    Secure mode always gets the Triton kernel here (the secure Gluon kernel is opt-in: gluon_secure).
     The caller still falls back to the Triton kernel when the inputs are not TMA-addressable."""
-    if (secure and dtype_bytes == 2 and head_dim in SECURE_GLUON_MIN_WORK
-            and batch_heads * seqlen_q * seqlen_k >= SECURE_GLUON_MIN_WORK[head_dim]):
-        return gluon_secure(head_dim, causal)
     if (not secure and dtype_bytes == 2 and head_dim in GLUON_MIN_WORK and not (head_dim == 64 and causal)
             and batch_heads * seqlen_q * seqlen_k >= GLUON_MIN_WORK[head_dim]):
         return gluon_ws(head_dim, seqlen_q, causal)
@@ -125,9 +122,6 @@ def hopper(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q
 
 # B*Hq*Sq*Sk from which the Gluon kernel runs, per head dim it supports
 GLUON_MIN_WORK = {128: 1 << 21, 64: 1 << 25}
-# the same for the secure path: empty, so secure mode runs the Triton kernel unless SECURE_KERNEL_ENV
-# asks for the (experimental) Gluon one; see gluon_secure
-SECURE_GLUON_MIN_WORK: dict = {}
 
 
 def hopper_triton(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q: int, seqlen_k: int,

@@ -17,8 +17,9 @@ Persistent where work items cost the same (non-causal): one program per SM loops
 (NUM_WG x BLOCK_M query rows of one head), with Q double-buffered so the next item's Q and first K/V
 tiles load while the consumers finish the current one; causal items each get a program.
 
-The fast path skips causal blocks by data-independent but length-dependent bounds; ``SECURE`` is the
-experimental constant-time variant of the same code. Both support bf16/fp16, head dims 64 and 128, any Sq/Sk, GQA, and any 16-byte aligned strides (rank-4 TMA descriptors, so a tile never reads
+The fast path skips causal blocks by length-dependent bounds; ``SECURE`` is the experimental
+constant-time variant of the same code. Both support bf16/fp16, head dims 64 and 128, any Sq/Sk, GQA,
+and any 16-byte aligned strides (rank-4 TMA descriptors, so a tile never reads
 a neighbouring head: out-of-range rows are zero-filled by the copy engine and clipped on store).
 """
 from __future__ import annotations
