@@ -38,3 +38,39 @@ def capture_cuda_graph(fn):
             outs = fn()
     torch.cuda.current_stream().wait_stream(s)
     return graph, outs
+
+
+_GLUON_SASS = """
+import json, sys
+from dataclasses import replace
+from flashcore import kernels
+from flashcore.audit.sass import compile_cubin, disassemble
+from flashcore.kernels import configs
+a = json.loads(sys.argv[1])
+cfg = None
+if a["block_m"] is not None:
+    base = configs.gluon_secure(a["head_dim"], a["causal"]) if a["secure"] else configs.gluon_ws(a["head_dim"])
+    cfg = replace(base, block_m=a["block_m"])
+spec = kernels.gluon_spec(a["head_dim"], a["causal"], return_lse=True, cfg=cfg, secure=a["secure"])
+c = compile_cubin(spec["fn"], spec["signature"], spec["constexprs"], num_warps=spec["num_warps"],
+                  num_stages=spec["num_stages"], attrs=spec["attrs"], maxnreg=spec["maxnreg"])
+sys.stdout.write(disassemble(c.cubin))
+"""
+
+
+def gluon_sass(head_dim: int, causal: bool, secure: bool = False, block_m=None) -> str:
+    """sm_90a SASS of the Gluon kernel as flashcore launches it, compiled in a fresh process without
+    ``TRITON_INTERPRET``: once the interpreter has run a kernel in this process, Triton 3.6's Gluon
+    front end fails on warp_specialize (a CompilationError; seen when the interpreter tests run first)."""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    args = json.dumps(dict(head_dim=head_dim, causal=causal, secure=secure, block_m=block_m))
+    res = subprocess.run([sys.executable, "-c", _GLUON_SASS, args], capture_output=True, text=True, env=env)
+    if res.returncode:
+        raise RuntimeError(f"compiling the Gluon kernel failed:\n{res.stderr[-4000:]}")
+    return res.stdout

@@ -126,15 +126,9 @@ def test_sm90a_machine_code(head_dim, causal, block_m):
     """Compiled for sm_90a here (no GPU): the kernel must be warp-specialised (register
     reallocation between partitions), run P@V from registers on wgmma, and never spill (three
     consumer warpgroups at 160 registers each included)."""
-    from dataclasses import replace
-    from flashcore import kernels
-    from flashcore.audit.sass import compile_cubin, disassemble
+    from conftest import gluon_sass
 
-    cfg = replace(configs.gluon_ws(head_dim), block_m=block_m)
-    spec = kernels.gluon_spec(head_dim, causal, return_lse=True, cfg=cfg)
-    compiled = compile_cubin(spec["fn"], spec["signature"], spec["constexprs"], num_warps=spec["num_warps"],
-                             num_stages=spec["num_stages"], attrs=spec["attrs"], maxnreg=spec["maxnreg"])
-    sass = disassemble(compiled.cubin)
+    sass = gluon_sass(head_dim, causal, block_m=block_m)
     assert "USETMAXREG" in sass
     hgmma = [ln for ln in sass.splitlines() if "HGMMA." in ln]
     assert any(".tnspB" in ln and " R" in ln.split("HGMMA.")[1].split(",")[1] for ln in hgmma), "P@V from registers"

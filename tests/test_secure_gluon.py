@@ -60,21 +60,14 @@ def test_secure_launch_refuses_configs_that_need_register_reallocation():
 def test_secure_machine_code_has_no_timing_dependent_loops(head_dim, causal):
     """sm_90a SASS of the secure kernel (no GPU): no register reallocation (``USETMAXREG.TRY_ALLOC`` is a
     retry loop), TMA and wgmma as in the fast kernel, and no spills where the config was chosen for it."""
-    from flashcore import kernels
-    from flashcore.audit.sass import compile_cubin, disassemble
+    from conftest import gluon_sass
 
-    spec = kernels.gluon_spec(head_dim, causal, return_lse=True, secure=True)
-    compiled = compile_cubin(spec["fn"], spec["signature"], spec["constexprs"], num_warps=spec["num_warps"],
-                             num_stages=spec["num_stages"], attrs=spec["attrs"], maxnreg=spec["maxnreg"])
-    sass = disassemble(compiled.cubin)
+    sass = gluon_sass(head_dim, causal, secure=True)
     assert "USETMAXREG" not in sass
     assert "UTMALDG" in sass and "UTMASTG" in sass and "HGMMA." in sass
     if not (head_dim == 128 and causal):  # causal D=128 spills one register (sm_90a, Triton 3.6)
         assert "STL" not in sass and "LDL" not in sass, "register spills"
-    fast = kernels.gluon_spec(head_dim, causal, return_lse=True)
-    fast_sass = disassemble(compile_cubin(fast["fn"], fast["signature"], fast["constexprs"],
-                                          num_warps=fast["num_warps"], num_stages=fast["num_stages"],
-                                          attrs=fast["attrs"], maxnreg=fast["maxnreg"]).cubin)
+    fast_sass = gluon_sass(head_dim, causal)
     assert "USETMAXREG" in fast_sass  # the fast kernel reallocates (240 registers per consumer)
 
 
