@@ -16,12 +16,47 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "src"))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import flashcore  # noqa: E402
+from flashcore import api, kernels  # noqa: E402
 from flashcore.kernels import configs  # noqa: E402
 from gpu_check import environment  # noqa: E402
 
 LARGE = [(16, 16, 2048, 64, False), (4, 32, 4096, 64, False), (4, 32, 4096, 128, False), (4, 32, 4096, 128, True),
          (1, 32, 16384, 128, False), (1, 32, 16384, 128, True)]
 SMALL = [(1, 8, 512, 64, False), (1, 16, 1024, 64, False), (4, 16, 1024, 64, False), (4, 32, 4096, 64, True)]
+
+
+# secure Gluon variants timed side by side: the shipped secure config (no register reallocation), and
+# the fast path's configs (setmaxnreg split, 128-key tiles; three warpgroups at D=64, Sq >= 2048), and
+# at D=64 also two warpgroups with reallocation
+_SHIPPED = configs.gluon_secure
+VARIANTS = {
+    "gluon_ws": ("gluon_ws", lambda hd, causal, S: _SHIPPED(hd, causal)),
+    "gluon_ws_realloc": ("gluon_ws", lambda hd, causal, S: configs.gluon_ws(hd, S, causal)),
+    "gluon_ws_realloc_2wg": ("gluon_ws", lambda hd, causal, S: configs.gluon_ws(hd, 0, causal)),
+    "triton": ("triton", None),
+}
+
+
+def _use(variant, S):
+    """Route secure calls to ``variant``; plans are cached per signature, so drop them first."""
+    kernel, table = VARIANTS[variant]
+    api._CALLS.clear()
+    kernels._PLANS.clear()
+    os.environ[configs.SECURE_KERNEL_ENV] = kernel
+    configs.gluon_secure = _SHIPPED if table is None else (lambda hd, causal=False: table(hd, causal, S))
+
+
+def _parts(q, k, v, causal, lens):
+    """(pre-pass us, main kernel us) of the one secure plan cached now, timed alone."""
+    (plan,) = kernels._PLANS.values()
+    o = torch.empty_like(q)
+    vs = torch.empty(plan.vs_shape, dtype=v.dtype, device=v.device) if plan.prepass is not None else v
+    if plan.prepass is not None:
+        plan.prepass.run((v, vs, lens), v.device)
+    pre = timed(lambda: plan.prepass.run((v, vs, lens), v.device)) if plan.prepass is not None else 0.0
+    main = timed(lambda: plan.main.run((q, k, vs, o, None, lens, lens), q.device)) if plan.cfg.kernel == "gluon_ws" \
+        else None
+    return pre, main
 
 
 def timed(fn, rounds=3):
@@ -44,29 +79,43 @@ def main():
         row = dict(shape=[B, H, S, D, causal])
         fast = flashcore.attention(q, k, v, causal=causal)
         row["fast_us"] = timed(lambda: flashcore.attention(q, k, v, causal=causal))
-        for kernel in ("gluon_ws", "triton"):
-            os.environ[configs.SECURE_KERNEL_ENV] = kernel
-            sec = flashcore.attention(q, k, v, causal=causal, secure=True, seqlens_k=lens)
+        for kernel in VARIANTS:
+            if kernel.endswith("_2wg") and D != 64:
+                continue
+            _use(kernel, S)
+            # validate_seqlens=False: time the kernels, not the eager range check's host sync
+            call = lambda: flashcore.attention(q, k, v, causal=causal, secure=True, seqlens_k=lens,  # noqa: E731
+                                               validate_seqlens=False)
+            sec = call()
             torch.cuda.synchronize()
             err = ((sec.double() - fast.double()).norm() / fast.double().norm()).item()
-            row[f"secure_{kernel}_us"] = timed(lambda: flashcore.attention(q, k, v, causal=causal, secure=True,
-                                                                           seqlens_k=lens))
+            row[f"secure_{kernel}_us"] = timed(call)
+            row[f"secure_{kernel}_prepass_us"], row[f"secure_{kernel}_main_us"] = _parts(q, k, v, causal, lens)
             row[f"secure_{kernel}_rel_err_vs_fast"] = err
             row[f"secure_{kernel}_ratio"] = row["fast_us"] / row[f"secure_{kernel}_us"]
         os.environ.pop(configs.SECURE_KERNEL_ENV)
+        configs.gluon_secure = _SHIPPED
         rows.append(row)
         print(json.dumps(row), flush=True)
     res = dict(env=environment(), rows=rows)
     path = os.path.join(args.out, f"{args.tag}.json")
     with open(path, "w") as f:
         json.dump(res, f, indent=1)
-    print(f"\n{'shape':<24}{'fast us':>10}{'sec gluon':>11}{'ratio':>7}{'sec triton':>12}{'ratio':>7}{'err':>9}")
+    print(f"\n{'shape':<24}{'fast us':>9}" + "".join(f"{v[:16]:>17}{'ratio':>6}{'main':>6}" for v in VARIANTS)
+          + f"{'max err':>9}")
     for r in rows:
         B, H, S, D, c = r["shape"]
         name = f"{B}x{H}x{S}x{D}{' causal' if c else ''}"
-        print(f"{name:<24}{r['fast_us']:>10.1f}{r['secure_gluon_ws_us']:>11.1f}{r['secure_gluon_ws_ratio']:>7.2f}"
-              f"{r['secure_triton_us']:>12.1f}{r['secure_triton_ratio']:>7.2f}"
-              f"{r['secure_gluon_ws_rel_err_vs_fast']:>9.1e}")
+        line = f"{name:<24}{r['fast_us']:>9.1f}"
+        for v in VARIANTS:
+            if f"secure_{v}_us" not in r:
+                line += f"{'-':>17}{'':>6}{'':>6}"
+                continue
+            main = r[f"secure_{v}_main_us"]
+            line += (f"{r[f'secure_{v}_us']:>17.1f}{r[f'secure_{v}_ratio']:>6.2f}"
+                     + (f"{r['fast_us'] / main:>6.2f}" if main else f"{'':>6}"))
+        err = max(r[k] for k in r if k.endswith("_rel_err_vs_fast"))
+        print(line + f"{err:>9.1e}")
     print(f"wrote {path}")
 
 

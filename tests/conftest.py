@@ -74,3 +74,16 @@ def gluon_sass(head_dim: int, causal: bool, secure: bool = False, block_m=None) 
     if res.returncode:
         raise RuntimeError(f"compiling the Gluon kernel failed:\n{res.stderr[-4000:]}")
     return res.stdout
+
+
+def main_loop_opcodes(sass: str):
+    """Opcode counts of the Gluon kernel's main loop body as ptxas scheduled it: from the wait for S_j
+    (``WARPGROUP.DEPBAR.LE gsb0, 0x1``) to the wait for P_(j-1) V_(j-1) (``... 0x0``), both branches
+    (masked and unmasked tiles). The softmax overlaps the P@V only if its exponentials sit in here."""
+    import collections
+    import re
+
+    ins = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(.*?);", sass)]
+    i = next(k for k, t in enumerate(ins) if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in t)
+    j = next(k for k in range(i, len(ins)) if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in ins[k])
+    return collections.Counter(t.split()[1 if t.startswith("@") else 0] for t in ins[i:j])

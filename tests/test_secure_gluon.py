@@ -27,9 +27,10 @@ def test_secure_gluon_kernel_is_opt_in(monkeypatch):
     monkeypatch.setenv(configs.SECURE_KERNEL_ENV, "gluon_ws")
     with pytest.warns(UserWarning, match="experimental"):
         assert configs.choose(H100, **_facts(128)) == configs.gluon_secure(128)
-    with pytest.warns(UserWarning):
-        assert configs.choose(H100, **_facts(64, causal=True)).block_n == 64  # 128-key tiles spill there
-    assert configs.gluon_secure(64).block_n == 128 and configs.gluon_secure(128).block_n == 64
+    for d, causal in ((64, False), (64, True), (128, True)):  # two consumer warpgroups, 128-key tiles
+        with pytest.warns(UserWarning):
+            cfg = configs.choose(H100, **_facts(d, causal))
+        assert cfg == configs.gluon_ws(d, 0, causal) and (cfg.block_m, cfg.block_n) == (128, 128)
     monkeypatch.setenv(configs.SECURE_V_ZEROING_ENV, "in_loop")  # the Gluon kernel has no in-loop select
     with pytest.warns(UserWarning):
         cfg = configs.choose(H100, **_facts(128))
@@ -39,36 +40,37 @@ def test_secure_gluon_kernel_is_opt_in(monkeypatch):
         configs.choose(H100, **_facts(128))
 
 
-def test_secure_launch_refuses_configs_that_need_register_reallocation():
-    from dataclasses import replace
-
+def test_secure_launch_passes_the_lengths_and_the_fast_register_split():
     q = torch.empty(2, 4, 512, 128, dtype=torch.bfloat16)
     kw = dict(scale=0.1, causal=False, seqlen_q=512, seqlen_k=512, batch=2, num_heads_q=4, num_heads_kv=4,
               lse_strides=(4 * 512, 512), secure=True)
-    with pytest.raises(ValueError, match="secure mode"):
-        hopper_fwd.GluonLaunch(q, q, q, q, None, cfg=replace(configs.gluon_secure(128), block_n=128), **kw)
-    q64 = torch.empty(2, 4, 4096, 64, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="secure mode"):
-        hopper_fwd.GluonLaunch(q64, q64, q64, q64, None, cfg=configs.gluon_ws(64, 4096), **dict(kw, seqlen_q=4096,
-                               seqlen_k=4096))
     step = hopper_fwd.GluonLaunch(q, q, q, q, None, cfg=configs.gluon_secure(128), **kw).step
     assert step.constexprs["SECURE"] and step.n_ptrs == 7
-    assert (step.constexprs["CONSUMER_WG_REGS"], step.constexprs["LOADER_WG_REGS"]) == (hopper_fwd.SECURE_REGS,) * 2
+    assert (step.constexprs["CONSUMER_WG_REGS"], step.constexprs["LOADER_WG_REGS"]) == (hopper_fwd.CONSUMER_REGS,
+                                                                                        hopper_fwd.LOADER_REGS)
 
 
 @pytest.mark.parametrize("head_dim,causal", [(128, False), (64, False), (64, True), (128, True)])
-def test_secure_machine_code_has_no_timing_dependent_loops(head_dim, causal):
-    """sm_90a SASS of the secure kernel (no GPU): no register reallocation (``USETMAXREG.TRY_ALLOC`` is a
-    retry loop), TMA and wgmma as in the fast kernel, and no spills where the config was chosen for it."""
-    from conftest import gluon_sass
+def test_secure_machine_code_keeps_the_fast_loop(head_dim, causal):
+    """sm_90a SASS (no GPU), secure against fast. In both, the main loop's exponentials sit between the
+    wait for S_j and the wait for the previous P@V, so the softmax overlaps that MMA (in v9's secure
+    kernel ptxas had hoisted the P@V wait above them: the masked and unmasked tiles ran the same code,
+    the compiler merged the branch that keeps them apart). Causal (self form), the secure loop is the fast
+    one instruction for instruction, by opcode; non-causal it adds the key mask's selects."""
+    from conftest import gluon_sass, main_loop_opcodes
 
-    sass = gluon_sass(head_dim, causal, secure=True)
-    assert "USETMAXREG" not in sass
+    sass, fast_sass = gluon_sass(head_dim, causal, secure=True), gluon_sass(head_dim, causal)
+    loop, fast_loop = main_loop_opcodes(sass), main_loop_opcodes(fast_sass)
+    tile_scores_per_thread = 64 * 128 // 128  # a 64x128 score tile over one warpgroup's 128 threads
+    for ops in (loop, fast_loop):
+        assert ops["MUFU.EX2"] >= tile_scores_per_thread
+    if causal:
+        assert loop == fast_loop
+    else:
+        assert loop["FSEL"] >= fast_loop["FSEL"] + tile_scores_per_thread
     assert "UTMALDG" in sass and "UTMASTG" in sass and "HGMMA." in sass
-    if not (head_dim == 128 and causal):  # causal D=128 spills one register (sm_90a, Triton 3.6)
+    if not (head_dim == 128 and causal):  # causal D=128 spills 3 registers, fast and secure (sm_90a, Triton 3.6)
         assert "STL" not in sass and "LDL" not in sass, "register spills"
-    fast_sass = gluon_sass(head_dim, causal)
-    assert "USETMAXREG" in fast_sass  # the fast kernel reallocates (240 registers per consumer)
 
 
 # --------------------------------------------------------------------------------------------- GPU

@@ -536,6 +536,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ncu", default=None, help="path to ncu (default: PATH, /usr/local/cuda/bin, /opt/nvidia/nsight-compute)")
     p.add_argument("--ncu-timeout", type=int, default=420)
     p.add_argument("--keep-reports", default=None, help="directory to keep the .ncu-rep files in")
+    p.add_argument("--per-pc", action="store_true",
+                   help="also collect per-instruction counts (ncu SourceCounters) and judge instructions and "
+                        "branches per SASS address, setting aside the retry loops of waits, whose trip "
+                        "counts follow timing (flashcore.audit.pc_counts); needed for warp-specialised kernels")
 
 
 def _ncu_version(ncu: str) -> str:
@@ -568,8 +572,9 @@ def profile_kernel(a, ncu: str, kernel: str, workdir: Path) -> dict:
     info = {"kernel": kernel, "ok": False}
     t0 = time.time()
     for attempt in range(4):
+        sections = ["--section", "SourceCounters"] if getattr(a, "per_pc", False) else []
         cmd = [ncu, *NCU_FLAGS, "--kernel-name", f"regex:{a.kernel_regex}", "--metrics", ",".join(metrics),
-               "-f", "-o", str(rep)] + _child_cmd(a, kernel, manifest)
+               *sections, "-f", "-o", str(rep)] + _child_cmd(a, kernel, manifest)
         info["cmd"] = " ".join(cmd)
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.ncu_timeout, env=I.child_env())
@@ -610,6 +615,19 @@ def profile_kernel(a, ncu: str, kernel: str, workdir: Path) -> dict:
         info["error"] = f"ncu --import failed: {err}"
         return info
     rows = parse_ncu_csv(text)
+    if getattr(a, "per_pc", False):
+        from .pc_counts import parse_source_csv
+
+        r = subprocess.run([ncu, "--import", str(rep.with_suffix(".ncu-rep")), "--csv", "--page", "source",
+                            "--print-source", "sass"], capture_output=True, text=True, timeout=600)
+        try:
+            info["pc_blocks"] = parse_source_csv(r.stdout)
+        except ValueError as e:
+            info["error"] = f"ncu --page source: {e}: {_tail(r.stdout + r.stderr, 1000)}"
+            return info
+        if len(info["pc_blocks"]) != len(rows):
+            info["error"] = f"ncu's source page has {len(info['pc_blocks'])} kernels for {len(rows)} profiled rows"
+            return info
     try:
         man = json.loads(manifest.read_text())
     except Exception as e:
@@ -644,8 +662,46 @@ def analyse(info: dict, *, strict_memory: bool, alpha: float = 1e-3) -> dict:
         kernels = sorted({cell.get("raw", "?") for reps in per_class.values() for cells in reps
                           for name, cell in cells.items() if name.endswith("__kernel__")})  # "k<j>:__kernel__" too
         res.update(config=key, classes=list(per_class), kernels=kernels, reps=max(len(v) for v in per_class.values()))
+        if info.get("pc_blocks") is not None:
+            apply_per_pc(res, _pc_by_class(info["pc_blocks"], launches, key), alpha=alpha)
         out[key] = res
     return out
+
+
+def _pc_by_class(blocks: list, launches: list, config: str) -> list:
+    """[{class: [source block per rep]} per kernel of the call] for one configuration (blocks in ID
+    order, like the raw rows: call i's k kernels are blocks i*k .. i*k+k-1)."""
+    per = len(blocks) // len(launches)
+    out = [{} for _ in range(per)]
+    for i, l in enumerate(launches):
+        if l["config"] != config:
+            continue
+        for j in range(per):
+            out[j].setdefault(l["class"], []).append(blocks[i * per + j])
+    return out
+
+
+# Aggregate counters that a retry loop's trip count moves: with per-instruction counts, these are
+# judged per address instead (pc_counts), and kept here as information.
+PER_PC_SUPERSEDES = ("instructions", "branches")
+
+
+def apply_per_pc(res: dict, per_kernel: list, *, alpha: float = 1e-3) -> dict:
+    """Judge a configuration's instructions and branches per SASS address (``per_kernel``: one
+    {class: [source block per rep]} per kernel of the call). The aggregate instruction and branch
+    counters become information ("per_pc"): they must still agree outside retry loops, which the
+    per-address comparison checks address by address, across every class and repetition."""
+    from .pc_counts import compare_launches
+
+    res["per_pc"] = [compare_launches(pk, alpha=alpha) for pk in per_kernel]
+    for name, r in res["metrics"].items():
+        if r.get("group") in PER_PC_SUPERSEDES and r["status"] == "DIFFERS":
+            r.update(status="per_pc", fail=False)
+    res["failed"] = sorted(k for k, r in res["metrics"].items() if r["fail"])
+    if not all(p["pass"] for p in res["per_pc"]):
+        res["failed"].append("per_pc")
+    res["pass"] = not res["failed"]
+    return res
 
 
 def run(a) -> int:
@@ -672,7 +728,9 @@ def run(a) -> int:
             if runs[k].get("error"):
                 print(f"[counters] {k}: {runs[k]['error']}", file=sys.stderr)
     report["elapsed_s"] = round(time.time() - t0, 1)
-    report["runs"] = {k: {kk: vv for kk, vv in v.items() if kk not in ("rows", "manifest")} for k, v in runs.items()}
+    report["runs"] = {k: {kk: vv for kk, vv in v.items() if kk not in ("rows", "manifest", "pc_blocks")}
+                      for k, v in runs.items()}
+    report["per_pc"] = bool(getattr(a, "per_pc", False))
     configs = {}
     for k, info in runs.items():
         if not info.get("ok"):
@@ -730,6 +788,17 @@ def print_report(report: dict) -> None:
                       fmt(r.get("min")), fmt(r.get("max")), fmt(r.get("spread")), fmt(r.get("noise")),
                       "" if r.get("p_class_effect") is None else f"{r['p_class_effect']:.3g}")
         con.print(t)
+        for pc in res.get("per_pc") or []:
+            moved = {off: r for off, r in pc["retry_loops"].items() if r["spread"]}
+            con.print(f"  per instruction ({pc['kernel']}): {pc['n_instructions']} instructions x {pc['n_launches']} "
+                      f"launches; {len(pc['differing'])} differing outside retry loops; {len(pc['retry_loops'])} retry "
+                      f"loops, {len(moved)} of which ran a different number of times; "
+                      f"{len(pc.get('predicated_on_differs', []))} predicated selects (info)"
+                      + (f" (class explains: {[o for o, r in moved.items() if r['class_explains']]})" if moved else ""))
+            for d in pc["differing"][:10]:
+                con.print(f"    [bold red]{d['offset']}[/] {d['sass']}: {d['column']} {d['values']}")
+            if pc.get("listing_mismatch"):
+                con.print(f"    [bold red]different machine code in classes {pc['listing_mismatch']}[/]")
         if res["failed"]:
             con.print(f"  [bold red]differing required metrics:[/] {', '.join(res['failed'])}")
     for k, r in (report.get("runs") or {}).items():

@@ -85,14 +85,11 @@ def block_d(head_dim: int) -> int:
 
 def gluon_secure(head_dim: int, causal: bool = False) -> Config:
     """Experimental, opt-in (SECURE_KERNEL_ENV): the Gluon kernel in secure mode
-    (hopper_fwd.attn_fwd_hopper_kernel with SECURE; perf-notes v9.2: 0.73-0.79x of the fast path at D=128
-    against the Triton kernel's 0.62-0.71x, slower than it at D=64). Two consumer
-    warpgroups, and no register reallocation, so every warp has the launch's 168 registers. That fits
-    64-key tiles without spills (sm_90a compile: 128-key tiles spill ~110 registers at D=128 and at
-    causal D=64); non-causal D=64 keeps 128-key tiles. V always comes from the pre-pass (the kernel
-    has no in-loop V select)."""
-    wide = head_dim <= 64 and not causal
-    return Config(block_m=128, block_n=128 if wide else 64, num_warps=4, num_stages=3, kernel="gluon_ws")
+    (hopper_fwd.attn_fwd_hopper_kernel with SECURE). The fast path's two-warpgroup configuration: 128-key
+    tiles, setmaxnreg split 240/24 (perf-notes v10: at 168 registers without reallocation, v9, it was 7-16%
+    slower at D=128; three warpgroups at D=64 tie with two in secure mode and spill when causal). V always
+    comes from the pre-pass (the kernel has no in-loop V select)."""
+    return gluon_ws(head_dim, 0, causal)
 
 
 def hopper(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q: int, seqlen_k: int,

@@ -42,10 +42,6 @@ MAXNREG = 168
 # Three consumer warpgroups (16 warps with the padded loader group): 3 x 128 x 160 + 128 x 24 fits.
 CONSUMER_REGS_3WG = 160
 MAXNREG_3WG = 128
-# Secure kernel: with every worker warpgroup asking for 240 registers (more than 12 warps x MAXNREG can
-# give), Triton 3.6 emits no register reallocation at all for the launch (sm_90a compile; 256 makes it
-# emit one again). The tests check the SASS for it.
-SECURE_REGS = 240
 
 
 @gluon.jit
@@ -137,14 +133,20 @@ def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem
 
 
 @gluon.jit
-def _softmax_step(s, m_i, l_i, col0, row, key_limit, diag, qk_scale, MASK: gl.constexpr, CAUSAL: gl.constexpr,
-                  BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+def _softmax_step(s, m_i, l_i, col0, row, key_limit, seqlen_k, diag, qk_scale, MASK: gl.constexpr,
+                  CAUSAL: gl.constexpr, EDGE: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
     """Online softmax of one score tile: returns (p, alpha, m_new, l_new); scores are raw QK^T.
     MASK: keys at or past ``key_limit`` are masked, and with CAUSAL also keys right of the diagonal
-    (selects on the raw scores: a NaN in a masked key's score cannot reach the output)."""
+    (selects on the raw scores: a NaN in a masked key's score cannot reach the output). EDGE (secure
+    mode's tiles at the public edge): also keys at or past ``seqlen_k``. Redundant with the clamped
+    ``key_limit``, but it keeps the edge tiles' code different from the others, so the compiler cannot
+    merge the two branches of the caller: that branch is what stops ptxas from hoisting the wait for
+    the previous P@V above this softmax (perf-notes v10)."""
     if MASK:
         col = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         ok = gl.expand_dims(col < key_limit, 0)
+        if EDGE:
+            ok = ok & gl.expand_dims(col < seqlen_k, 0)
         if CAUSAL:
             ok = ok & (gl.expand_dims(col, 0) <= gl.expand_dims(row + diag, 1))
         s = gl.where(ok, s, float("-inf"))
@@ -191,7 +193,8 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_r
     number of K/V tiles it consumed (where the next item's tiles start in the rings).
 
     SECURE: every trip count and address above is a function of the public shape (the padded lengths);
-    the true lengths are loaded here and enter only the selects of the score mask and of the epilogue."""
+    the true lengths are loaded here and enter only selects: of the score mask (non-causal) and of the
+    epilogue."""
     dtype: gl.constexpr = q_desc.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -205,10 +208,15 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_r
     m_wg = pid_m * NUM_WG * BLOCK_M + WG * BLOCK_M
     row = m_wg + gl.arange(0, BLOCK_M, layout=row_layout)
     diag = seqlen_k - seqlen_q
-    if SECURE:
-        # secret: clamped arithmetically into [0, padded length]; the diagonal stays public (secure
-        # causal runs here only in the self-attention form, len_q == len_k and Sq == Sk)
+    # Secure causal runs here only in the self-attention form (len_q == len_k, Sq == Sk, public
+    # diagonal), where it needs no key mask: a row i < len sees keys j <= i < len only, and rows at or
+    # past len are zeroed below. So the lengths enter only the epilogue, and the loop is the fast
+    # kernel's (diagonal tiles masked, V still from the pre-pass: a masked p of 0 times a NaN in V's
+    # padding would be NaN). Non-causal, every key tile is masked by the secret length.
+    KEY_MASK: gl.constexpr = SECURE and not CAUSAL
+    if SECURE:  # secret: clamped arithmetically into [0, padded length]
         len_q = gl.minimum(gl.maximum(gl.load(seqlens_q_ptr + b), 0), seqlen_q)
+    if KEY_MASK:
         key_limit = gl.minimum(gl.maximum(gl.load(seqlens_k_ptr + b), 0), seqlen_k)
     else:
         key_limit = seqlen_k
@@ -238,11 +246,11 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_r
     s = warpgroup_mma_wait(0, deps=(s, ))
     mbarrier.arrive(k_empty.index(ks0), count=1)
     if n_full > 0:
-        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, key_limit, diag, qk_scale, SECURE, False, BLOCK_N,
-                                           s_layout)
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, key_limit, seqlen_k, diag, qk_scale, KEY_MASK,
+                                           False, False, BLOCK_N, s_layout)
     else:
-        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, key_limit, diag, qk_scale, True, CAUSAL, BLOCK_N,
-                                           s_layout)
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, key_limit, seqlen_k, diag, qk_scale, True, CAUSAL,
+                                           KEY_MASK, BLOCK_N, s_layout)
     p_op = gl.convert_layout(p.to(dtype), p_layout)
 
     for j in range(1, n_blocks):
@@ -259,11 +267,11 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_r
         s = warpgroup_mma_wait(1, deps=(s_tok, ))
         mbarrier.arrive(k_empty.index(ks), count=1)
         if j < n_full:
-            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, key_limit, diag, qk_scale, SECURE,
-                                               False, BLOCK_N, s_layout)
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, key_limit, seqlen_k, diag, qk_scale,
+                                               KEY_MASK, False, False, BLOCK_N, s_layout)
         else:
-            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, key_limit, diag, qk_scale, True,
-                                               CAUSAL, BLOCK_N, s_layout)
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, key_limit, seqlen_k, diag, qk_scale,
+                                               True, CAUSAL, KEY_MASK, BLOCK_N, s_layout)
         acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
         mbarrier.arrive(v_empty.index(vp), count=1)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
@@ -310,12 +318,12 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, seqlens_q_pt
     NUM_WG*BLOCK_M query rows of one head, or with PAIRED two causal items of equal total cost), so one
     item's epilogue and the next one's loads overlap instead of costing a launch.
 
-    SECURE (experimental, opt-in; docs/security.md, perf-notes v9): the constant-time mode. True lengths
-    (``seqlens_*_ptr``, unused otherwise) are read on the device, every key tile is masked by select, V
-    comes sanitised from the pre-pass. Its launch asks for no register reallocation (``SECURE_REGS``):
-    ``setmaxnreg.inc`` is a retry loop in SASS whose trip count follows timing, which gate 2 forbids.
-    The mbarrier waits are still retry loops (``SYNCS.PHASECHK.TRANS64.TRYWAIT`` + branch); measured,
-    they never retried in non-causal runs and rarely in causal ones (perf-notes v9).
+    SECURE (experimental, opt-in; docs/security.md, perf-notes v9-v10): the constant-time mode. True
+    lengths (``seqlens_*_ptr``, unused otherwise) are read on the device; non-causal, every key tile is
+    masked by select; V comes sanitised from the pre-pass. Its waits are retry loops whose trip counts
+    follow timing, not data: the mbarrier waits (``SYNCS.PHASECHK.TRANS64.TRYWAIT`` + branch) and the
+    register reallocation at partition entry (``USETMAXREG.TRY_ALLOC`` + branch). Gate 2 checks every
+    other instruction's count per address (``flashcore audit counters --per-pc``).
 
     ``CONSUMER_WG_REGS`` / ``LOADER_WG_REGS``: the register requests per worker warpgroup (setmaxnreg).
     """
@@ -470,9 +478,6 @@ class GluonLaunch:
                              f"D=64, 192 (three), block_n 64 or 128, and the K/V rings must fit {RING_BYTES} bytes "
                              f"of shared memory")
         num_wg = cfg.block_m // 64
-        if secure and (num_wg != 2 or D * cfg.block_n > 64 * 128):
-            raise ValueError(f"gluon_ws config {cfg} unsupported in secure mode: it runs two consumer warpgroups "
-                             f"at the launch's {MAXNREG} registers (block_m=128, and block_n=64 at D=128)")
 
         gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
         bm, bn = 64, cfg.block_n
@@ -498,10 +503,7 @@ class GluonLaunch:
         constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, K_STAGES=cfg.num_stages,
                           V_STAGES=v_depth, CAUSAL=bool(causal),
                           RETURN_LSE=lse is not None, NUM_WG=num_wg, PAIRED=paired)
-        if secure:
-            regs = (SECURE_REGS, SECURE_REGS)
-        else:
-            regs = (CONSUMER_REGS_3WG if num_wg == 3 else CONSUMER_REGS, LOADER_REGS)
+        regs = (CONSUMER_REGS_3WG if num_wg == 3 else CONSUMER_REGS, LOADER_REGS)
         constexprs.update(SECURE=bool(secure), CONSUMER_WG_REGS=regs[0], LOADER_WG_REGS=regs[1])
         self.step = _Step(attn_fwd_hopper_kernel, grid, args, 7, constexprs, cfg.num_warps, 1,
                           options=dict(maxnreg=MAXNREG_3WG if num_wg == 3 else MAXNREG))
