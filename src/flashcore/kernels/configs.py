@@ -86,8 +86,9 @@ def block_d(head_dim: int) -> int:
 def gluon_secure(head_dim: int, causal: bool = False) -> Config:
     """Experimental, opt-in (SECURE_KERNEL_ENV): the Gluon kernel in secure mode
     (hopper_fwd.attn_fwd_hopper_kernel with SECURE). The fast path's two-warpgroup configuration: 128-key
-    tiles, setmaxnreg split 240/24 (perf-notes v10: at 168 registers without reallocation, v9, it was 7-16%
-    slower at D=128; three warpgroups at D=64 tie with two in secure mode and spill when causal). V always
+    tiles, setmaxnreg split 240/24 (perf-notes v10: at D=128 0.82-0.97x of the fast path, against 0.76-0.87x at
+    168 registers without reallocation, v9's choice; three warpgroups at D=64 tie with two in secure mode and
+    spill when causal). V always
     comes from the pre-pass (the kernel has no in-loop V select)."""
     return gluon_ws(head_dim, 0, causal)
 
