@@ -17,6 +17,7 @@ LISTING = [
     (0x40, "USETMAXREG.TRY_ALLOC.CTAPOOL P1, 0xf0"),
     (0x50, "@!P1  BRA 0x7f0000000040"),
     (0x60, "FSEL R5, R5, -INF , !P2"),
+    (0x68, "@P3  BRA 0x7f0000000010"),  # the main loop's back edge: holds the in-line wait, not a retry loop
     (0x70, "EXIT"),
     (0x80, "BRA 0x7f0000000080"),
     (0x90, "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4+0x100], R3"),
@@ -60,7 +61,8 @@ def test_parse_and_find_retry_loops():
     assert block["rows"][hex(BASE + 0x30)]["Instructions Executed"] == 100.0
     loops = pc_counts.retry_loops(block)
     # the out-of-line retry block (with its exit jump) and the register reallocation loop; not the
-    # in-line first try, not the unconditional self-jump at 0x80 (no wait in it)
+    # in-line first try, not the main loop around it (other branches inside), not the unconditional
+    # self-jump at 0x80 (no wait in it)
     assert {int(a, 16) - BASE for a in loops} == RETRY_BLOCK | REALLOC_LOOP
     with pytest.raises(ValueError, match="Kernel Name"):
         pc_counts.parse_source_csv('"Address","Source"\n')
