@@ -571,8 +571,8 @@ def profile_kernel(a, ncu: str, kernel: str, workdir: Path) -> dict:
     dropped = []
     info = {"kernel": kernel, "ok": False}
     t0 = time.time()
+    sections = ["--section", "SourceCounters"] if getattr(a, "per_pc", False) else []
     for attempt in range(4):
-        sections = ["--section", "SourceCounters"] if getattr(a, "per_pc", False) else []
         cmd = [ncu, *NCU_FLAGS, "--kernel-name", f"regex:{a.kernel_regex}", "--metrics", ",".join(metrics),
                *sections, "-f", "-o", str(rep)] + _child_cmd(a, kernel, manifest)
         info["cmd"] = " ".join(cmd)
@@ -793,7 +793,7 @@ def print_report(report: dict) -> None:
             con.print(f"  per instruction ({pc['kernel']}): {pc['n_instructions']} instructions x {pc['n_launches']} "
                       f"launches; {len(pc['differing'])} differing outside retry loops; {len(pc['retry_loops'])} retry "
                       f"loops, {len(moved)} of which ran a different number of times; "
-                      f"{len(pc.get('predicated_on_differs', []))} predicated selects (info)"
+                      f"{len(pc['predicated_on_differs'])} predicated selects (info)"
                       + (f" (class explains: {[o for o, r in moved.items() if r['class_explains']]})" if moved else ""))
             for d in pc["differing"][:10]:
                 con.print(f"    [bold red]{d['offset']}[/] {d['sass']}: {d['column']} {d['values']}")

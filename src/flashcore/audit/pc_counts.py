@@ -106,7 +106,8 @@ def retry_loops(block: dict) -> dict:
     out = {}
     for i, text in enumerate(sass):
         m = _BRANCH.match(text)
-        if not m or not text.startswith("@") and ", 0x" not in text:  # a predicated (conditional) branch
+        conditional = text.startswith("@") or ", 0x" in text  # @P0 BRA t, or BRA.U !UP0, t
+        if not m or not conditional:
             continue
         j = pos.get(int(m.group(1), 16))
         if j is None or j > i or any(_BRANCH.match(t) for t in sass[j:i]):
@@ -140,14 +141,13 @@ def compare_launches(per_class: dict, *, alpha: float = 1e-3) -> dict:
     ref = launches[0][1]
     loops = retry_loops(ref)
     res = {"kernel": ref["kernel"], "n_instructions": len(ref["order"]), "n_launches": len(launches),
-           "differing": [], "retry_loops": {}, "listing_mismatch": []}
+           "differing": [], "predicated_on_differs": [], "retry_loops": {}, "listing_mismatch": []}
     for c, b in launches[1:]:
         if b["order"] != ref["order"] or any(b["rows"][a]["sass"] != ref["rows"][a]["sass"] for a in ref["order"]):
             res["listing_mismatch"].append(c)
     if res["listing_mismatch"]:
         res["pass"] = False
         return res
-    res["predicated_on_differs"] = []
     for addr in ref["order"]:
         if addr in loops:
             continue
