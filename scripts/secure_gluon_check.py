@@ -48,13 +48,12 @@ def _parts(q, k, v, causal, lens):
     """(pre-pass us, main kernel us) of the one secure plan cached now, timed alone."""
     (plan,) = kernels._PLANS.values()
     o = torch.empty_like(q)
-    vs = torch.empty(plan.vs_shape, dtype=v.dtype, device=v.device) if plan.prepass is not None else v
-    if plan.prepass is not None:
-        plan.prepass.run((v, vs, lens), v.device)
-    pre = timed(lambda: plan.prepass.run((v, vs, lens), v.device)) if plan.prepass is not None else 0.0
-    main = timed(lambda: plan.main.run((q, k, vs, o, None, lens, lens), q.device)) if plan.cfg.kernel == "gluon_ws" \
-        else None
-    return pre, main
+    ks, vs, w = plan.prepass.run(k, v, lens) if plan.prepass is not None else (k, v, None)
+    pre = timed(lambda: plan.prepass.run(k, v, lens)) if plan.prepass is not None else 0.0
+    if plan.cfg.kernel != "gluon_ws":
+        return pre, None
+    kw = {} if w is None else dict(key_weights=w)
+    return pre, timed(lambda: plan.main.run((q, ks, vs, o, None, lens, lens), q.device, **kw))
 
 
 def timed(fn, rounds=3):

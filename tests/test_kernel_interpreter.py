@@ -251,3 +251,52 @@ def test_secure_prepass_replaces_exactly_the_padding():
     for b in range(B):
         n = int(lens[b])
         assert torch.equal(vs2[b, :, n:], vs[b, :, n:])
+
+
+def test_secure_kv_prepass_makes_padding_keys_copies_and_weights_them_zero():
+    """The secure Gluon kernel's non-causal pre-pass (it masks no key): every padding key becomes the
+    sequence's first key (so its score equals a valid one), every padding V row exactly zero, and the
+    key weights are 1 exactly on the valid keys, in all W_ROWS rows; with no valid key, K's rows are
+    a finite public pattern. Nothing of the padding's contents survives."""
+    from flashcore.kernels import PREPASS_WARPS, build_prepass_kv
+    from flashcore.kernels.secure_prepass import W_ROWS, attn_secure_sanitize_kv_kernel, key_weights_shape
+
+    gen = torch.Generator().manual_seed(43)
+    B, S, Hkv, D = 3, 70, 2, 40                       # S not a block multiple, D not a power of two
+    k = _rand(B, S, Hkv, D, dtype=torch.float16, gen=gen).transpose(1, 2)  # [B, H, S, D] view of bshd
+    v = _rand(B, Hkv, S, D, dtype=torch.float16, gen=gen)
+    lens = torch.tensor([70, 5, 0], dtype=torch.int32)
+
+    def run(k, v):
+        ks, vs = torch.full((B, Hkv, S, D), 7.0, dtype=k.dtype), torch.full((B, Hkv, S, D), 7.0, dtype=k.dtype)
+        w = torch.full(key_weights_shape(B, S), 7.0, dtype=k.dtype)  # poisoned: every element must be written
+        grid, args, ce = build_prepass_kv(k, v, ks, vs, w, lens, seqlen_k=S, batch=B, num_heads_kv=Hkv,
+                                          k_strides=k.stride()[:3], v_strides=v.stride()[:3])
+        attn_secure_sanitize_kv_kernel[grid](*args, **ce, num_warps=PREPASS_WARPS)
+        return ks, vs, w
+
+    for b in range(B):
+        n = int(lens[b])
+        k[b, :, n:] = float("nan") if b != 2 else float("inf")
+        v[b, :, n:] = float("nan")
+    ks, vs, w = run(k, v)
+    assert w.shape == (B, W_ROWS, 72)
+    for b in range(B):
+        n = int(lens[b])
+        assert torch.equal(ks[b, :, :n], k[b, :, :n]) and torch.equal(vs[b, :, :n], v[b, :, :n])
+        assert bool((vs[b, :, n:] == 0).all())
+        if n:
+            assert torch.equal(ks[b, :, n:], k[b, :, :1].expand(-1, S - n, -1))
+        else:
+            pad = ks[b].float()
+            assert bool(torch.isfinite(pad).all()) and pad.std() > 0.5
+        expect = (torch.arange(72) < n).to(w.dtype)
+        assert torch.equal(w[b], expect.expand(W_ROWS, -1))
+    # the outputs depend on the valid rows only
+    k2, v2 = k.clone(), v.clone()
+    for b in range(B):
+        n = int(lens[b])
+        k2[b, :, n:] = -5.0
+        v2[b, :, n:] = 3.0
+    for x, y in zip(run(k2, v2), (ks, vs, w)):
+        assert torch.equal(x, y)

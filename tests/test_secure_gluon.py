@@ -40,23 +40,32 @@ def test_secure_gluon_kernel_is_opt_in(monkeypatch):
         configs.choose(H100, **_facts(128))
 
 
-def test_secure_launch_passes_the_lengths_and_the_fast_register_split():
-    q = torch.empty(2, 4, 512, 128, dtype=torch.bfloat16)
-    kw = dict(scale=0.1, causal=False, seqlen_q=512, seqlen_k=512, batch=2, num_heads_q=4, num_heads_kv=4,
-              lse_strides=(4 * 512, 512), secure=True)
-    step = hopper_fwd.GluonLaunch(q, q, q, q, None, cfg=configs.gluon_secure(128), **kw).step
-    assert step.constexprs["SECURE"] and step.n_ptrs == 7
-    assert (step.constexprs["CONSUMER_WG_REGS"], step.constexprs["LOADER_WG_REGS"]) == (hopper_fwd.CONSUMER_REGS,
-                                                                                        hopper_fwd.LOADER_REGS)
+def test_secure_launch_passes_the_lengths_key_weights_and_the_fast_register_split():
+    q = torch.empty(2, 4, 500, 128, dtype=torch.bfloat16)
+    kw = dict(scale=0.1, seqlen_q=500, seqlen_k=500, batch=2, num_heads_q=4, num_heads_kv=4,
+              lse_strides=(4 * 500, 500), secure=True)
+    for causal in (False, True):
+        launch = hopper_fwd.GluonLaunch(q, q, q, q, None, cfg=configs.gluon_secure(128, causal), causal=causal, **kw)
+        step = launch.step
+        assert step.constexprs["SECURE"] and step.n_ptrs == 7
+        assert (step.constexprs["CONSUMER_WG_REGS"], step.constexprs["LOADER_WG_REGS"]) == (
+            hopper_fwd.CONSUMER_REGS, hopper_fwd.LOADER_REGS)
+        # non-causal: the row sums come from the pre-pass's key weights, [B, 8, Sk rounded up to 8]
+        assert launch.key_weights_shape == (None if causal else (2, 8, 504))
+        descs = launch._descs(q, q, q, q, torch.empty(2, 8, 504, dtype=q.dtype) if not causal else None)
+        assert len(descs) == 5 and (descs[4] is None) == causal
+        if not causal:
+            assert descs[4].block_shape == [1, 8, 128]
 
 
 @pytest.mark.parametrize("head_dim,causal", [(128, False), (64, False), (64, True), (128, True)])
 def test_secure_machine_code_keeps_the_fast_loop(head_dim, causal):
     """sm_90a SASS (no GPU), secure against fast. In both, the main loop's exponentials sit between the
     wait for S_j and the wait for the previous P@V, so the softmax overlaps that MMA (in v9's secure
-    kernel ptxas had hoisted the P@V wait above them: the masked and unmasked tiles ran the same code,
-    the compiler merged the branch that keeps them apart). Causal (self form), the secure loop is the fast
-    one instruction for instruction, by opcode; non-causal it adds the key mask's selects."""
+    kernel ptxas had hoisted the P@V wait above them). Causal (self form), the secure loop is the fast
+    one instruction for instruction, by opcode. Non-causal, it masks no key (the pre-pass made padding keys
+    copies of a valid one): no more selects than the fast loop, and its row sums are a 64x8 MMA against
+    the key weights instead of an add per score (and a cross-lane reduction per tile)."""
     from conftest import gluon_sass, main_loop_opcodes
 
     sass, fast_sass = gluon_sass(head_dim, causal, secure=True), gluon_sass(head_dim, causal)
@@ -66,8 +75,13 @@ def test_secure_machine_code_keeps_the_fast_loop(head_dim, causal):
         assert ops["MUFU.EX2"] >= tile_scores_per_thread
     if causal:
         assert loop == fast_loop
+        assert "HGMMA.64x8x16" not in sass
     else:
-        assert loop["FSEL"] >= fast_loop["FSEL"] + tile_scores_per_thread
+        assert loop["FSEL"] <= fast_loop["FSEL"]
+        # both branches (masked and unmasked tiles) drop their per-score adds
+        assert loop["FADD"] + 2 * tile_scores_per_thread <= fast_loop["FADD"]
+        assert loop["SHFL.BFLY"] < fast_loop["SHFL.BFLY"]
+        assert "HGMMA.64x8x16" in sass and "HGMMA.64x8x16" not in fast_sass
     assert "UTMALDG" in sass and "UTMASTG" in sass and "HGMMA." in sass
     if not (head_dim == 128 and causal):  # causal D=128 spills 3 registers, fast and secure (sm_90a, Triton 3.6)
         assert "STL" not in sass and "LDL" not in sass, "register spills"

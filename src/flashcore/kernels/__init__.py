@@ -80,6 +80,19 @@ def build_prepass(v, vs, seqlens_k, *, seqlen_k: int, batch: int, num_heads_kv: 
     return (triton_cdiv(seqlen_k, PREPASS_BLOCK_S), batch * num_heads_kv), args, constexprs
 
 
+def build_prepass_kv(k, v, ks, vs, w, seqlens_k, *, seqlen_k: int, batch: int, num_heads_kv: int, k_strides,
+                     v_strides):
+    """(grid, positional args, constexprs) of the secure K/V pre-pass with key weights
+    (``secure_prepass.attn_secure_sanitize_kv_kernel``); ``w`` is ``key_weights_shape(batch, seqlen_k)``."""
+    from .secure_prepass import W_ROWS
+
+    head_dim = v.shape[-1]
+    args = [k, v, ks, vs, w, seqlens_k, *k_strides, *v_strides, seqlen_k, num_heads_kv, w.shape[-1]]
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=configs.block_d(head_dim), BLOCK_S=PREPASS_BLOCK_S, W_ROWS=W_ROWS)
+    # w_len <= seqlen_k rounded up to 8 <= the rows this grid covers
+    return (triton_cdiv(seqlen_k, PREPASS_BLOCK_S), batch * num_heads_kv), args, constexprs
+
+
 def _pointer_args(q, k, v, o, lse, extra, *, dummy):
     """The kernel's pointer arguments in order; an unused one still needs a tensor (``dummy``)."""
     return (q, k, v, o, lse if lse is not None else dummy, *(t if t is not None else dummy for t in extra))
@@ -145,27 +158,53 @@ def _current_stream(device: torch.device) -> int:
     return torch._C._cuda_getCurrentRawStream(index)
 
 
-class LaunchPlan:
-    """A planned attention launch (plus the secure V pre-pass when the config asks for it),
-    replayable on any tensors with the metadata it was planned for (see :func:`plan_attention`)."""
-    __slots__ = ("cfg", "main", "prepass", "vs_shape", "tma_kw")
+class SecurePrepass:
+    """A plan's secure pre-pass: ``run`` returns the (k, v, key weights) the main kernel reads.
 
-    def __init__(self, cfg, main, prepass=None, vs_shape=None, tma_kw=None):
-        self.cfg, self.main, self.prepass, self.vs_shape, self.tma_kw = cfg, main, prepass, vs_shape, tma_kw
+    * V only (``key_weights_shape`` None; the Triton kernel and the Gluon kernel's causal form): a copy
+      of V with its padding replaced, K as given, no weights.
+    * K and V (the Gluon kernel's non-causal form): sanitised copies of both plus the 0/1 key weights.
+    The copies are new tensors from PyTorch's caching allocator on every call, so CUDA-graph capture
+    works (the graph's private pool keeps them)."""
+    __slots__ = ("step", "kv_shape", "key_weights_shape")
+
+    def __init__(self, step, kv_shape, key_weights_shape=None):
+        self.step, self.kv_shape, self.key_weights_shape = step, kv_shape, key_weights_shape
+
+    def run(self, k, v, seqlens_k):
+        vs = torch.empty(self.kv_shape, dtype=v.dtype, device=v.device)
+        if self.key_weights_shape is None:
+            self.step.run((v, vs, seqlens_k), v.device)
+            return k, vs, None
+        ks = torch.empty(self.kv_shape, dtype=k.dtype, device=k.device)
+        w = torch.empty(self.key_weights_shape, dtype=k.dtype, device=k.device)
+        self.step.run((k, v, ks, vs, w, seqlens_k), v.device)
+        return ks, vs, w
+
+
+class LaunchPlan:
+    """A planned attention launch (plus the secure pre-pass when there is one), replayable on any
+    tensors with the metadata it was planned for (see :func:`plan_attention`)."""
+    __slots__ = ("cfg", "main", "prepass", "tma_kw")
+
+    def __init__(self, cfg, main, prepass=None, tma_kw=None):
+        self.cfg, self.main, self.prepass, self.tma_kw = cfg, main, prepass, tma_kw
 
     def launch(self, q, k, v, o, lse, seqlens_q=None, seqlens_k=None, cu_seqlens_q=None, cu_seqlens_k=None):
         """q/k/v/o may be the caller's tensors or any view with the same data pointer: only the
         pointers are read here; strides were fixed when the plan was made."""
+        w = None
         if self.prepass is not None:
-            vs = torch.empty(self.vs_shape, dtype=v.dtype, device=v.device)
-            self.prepass.run((v, vs, seqlens_k), v.device)
-            v = vs
+            k, v, w = self.prepass.run(k, v, seqlens_k)
         if self.tma_kw is not None:  # descriptors hold the pointers: rebuild them every call
             _launch_unplanned(q, k, v, o, lse, seqlens_q=seqlens_q, seqlens_k=seqlens_k,
                               cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, **self.tma_kw)
             return
-        self.main.run(_pointer_args(q, k, v, o, lse, (seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlens_k), dummy=q),
-                      q.device)
+        ptrs = _pointer_args(q, k, v, o, lse, (seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlens_k), dummy=q)
+        if w is None:
+            self.main.run(ptrs, q.device)
+        else:
+            self.main.run(ptrs, q.device, key_weights=w)
 
 
 # Plans by metadata: the key holds every fact Triton specialises on (dtypes, shapes, strides, so
@@ -211,38 +250,54 @@ def _make_plan(q, k, v, o, lse, **kw) -> LaunchPlan:
         secure_ok = not kw["secure"] or (cfg.v_prepass and (not kw["causal"] or kw["secure_public_diag"]))
         if (kw["cu_seqlens_q"] is None and secure_ok and arch is not None and arch[0] == 9
                 and hopper_fwd.eligible(q, k, v, o, q.shape[-1])):
-            prepass, vs_shape, v_in = None, None, v
-            if kw["secure"]:
-                prepass, vs_shape, v_in = _prepass_plan(v, kw)
-            main = hopper_fwd.GluonLaunch(q, k, v_in, o, lse, cfg=cfg, secure=kw["secure"],
+            prepass, k_in, v_in = None, k, v
+            if kw["secure"] and not kw["causal"]:  # no key mask in the kernel: K, V and key weights
+                prepass, k_in, v_in = _prepass_kv_plan(k, v, kw)
+            elif kw["secure"]:
+                prepass, v_in = _prepass_plan(v, kw)
+            main = hopper_fwd.GluonLaunch(q, k_in, v_in, o, lse, cfg=cfg, secure=kw["secure"],
                                           **{n: kw[n] for n in _GLUON_KW})
-            return LaunchPlan(cfg, main, prepass, vs_shape)
+            return LaunchPlan(cfg, main, prepass)
         fallback = configs.triton_table(arch, **facts)
         cfg = replace(fallback, v_prepass=cfg.v_prepass) if kw["secure"] else fallback
     kw = dict(kw, config=cfg)
-    prepass = vs_shape = None
+    prepass = None
     if kw["secure"] and cfg.v_prepass:
-        prepass, vs_shape, v = _prepass_plan(v, kw)
-        B, Hkv, Sk, D = kw["batch"], kw["num_heads_kv"], kw["seqlen_k"], v.shape[-1]
+        prepass, v = _prepass_plan(v, kw)
+        Hkv, Sk, D = kw["num_heads_kv"], kw["seqlen_k"], v.shape[-1]
         kw["v_strides"] = (Hkv * Sk * D, Sk * D, D)
     cfg, grid, args, constexprs = build_launch(q, k, v, o, lse, arch=arch, **kw)
     if constexprs["USE_TMA"]:
-        return LaunchPlan(cfg, None, prepass, vs_shape, tma_kw={n: x for n, x in kw.items() if n not in _TENSOR_KWARGS})
+        return LaunchPlan(cfg, None, prepass, tma_kw={n: x for n, x in kw.items() if n not in _TENSOR_KWARGS})
     main = _Step(attn_fwd_kernel, grid, args, 5 + len(_TENSOR_KWARGS), constexprs, cfg.num_warps, cfg.num_stages,
                  _compile_options(cfg))
-    return LaunchPlan(cfg, main, prepass, vs_shape)
+    return LaunchPlan(cfg, main, prepass)
 
 
 def _prepass_plan(v, kw):
-    """(pre-pass step, shape of the sanitised V copy, a representative copy) for secure mode."""
+    """(V pre-pass, a representative sanitised copy of V) for secure mode."""
     from .secure_prepass import attn_secure_zero_v_padding_kernel
 
     B, Hkv, Sk, D = kw["batch"], kw["num_heads_kv"], kw["seqlen_k"], v.shape[-1]
-    vs_shape = (B, Hkv, Sk, D)
-    vs = torch.empty(vs_shape, dtype=v.dtype, device=v.device)
+    vs = torch.empty((B, Hkv, Sk, D), dtype=v.dtype, device=v.device)
     grid, args, ce = build_prepass(v, vs, kw["seqlens_k"], seqlen_k=Sk, batch=B, num_heads_kv=Hkv,
                                    v_strides=kw["v_strides"])
-    return _Step(attn_secure_zero_v_padding_kernel, grid, args, 3, ce, PREPASS_WARPS, 1), vs_shape, vs
+    step = _Step(attn_secure_zero_v_padding_kernel, grid, args, 3, ce, PREPASS_WARPS, 1)
+    return SecurePrepass(step, vs.shape), vs
+
+
+def _prepass_kv_plan(k, v, kw):
+    """(K/V pre-pass with key weights, representative sanitised copies of K and V) for the secure Gluon
+    kernel's non-causal form."""
+    from .secure_prepass import attn_secure_sanitize_kv_kernel, key_weights_shape
+
+    B, Hkv, Sk, D = kw["batch"], kw["num_heads_kv"], kw["seqlen_k"], v.shape[-1]
+    ks, vs = (torch.empty((B, Hkv, Sk, D), dtype=v.dtype, device=v.device) for _ in range(2))
+    w = torch.empty(key_weights_shape(B, Sk), dtype=v.dtype, device=v.device)
+    grid, args, ce = build_prepass_kv(k, v, ks, vs, w, kw["seqlens_k"], seqlen_k=Sk, batch=B, num_heads_kv=Hkv,
+                                      k_strides=kw["k_strides"], v_strides=kw["v_strides"])
+    step = _Step(attn_secure_sanitize_kv_kernel, grid, args, 6, ce, PREPASS_WARPS, 1)
+    return SecurePrepass(step, vs.shape, w.shape), ks, vs
 
 
 _GLUON_KW = ("scale", "causal", "seqlen_q", "seqlen_k", "batch", "num_heads_q", "num_heads_kv", "lse_strides")
@@ -342,6 +397,8 @@ def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0), full: bool = False
             if secure:
                 for S, _, Hkv in _AUDIT_SEQLENS:
                     specs.append(_audit_prepass_spec(dtype, hd, S, Hkv))
+                    if dtype != torch.float32 and hd in (64, 128):  # the secure Gluon kernel's (non-causal)
+                        specs.append(_audit_prepass_kv_spec(dtype, hd, S, Hkv))
     return specs
 
 
@@ -360,8 +417,10 @@ def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096,
                          num_heads_q=Hq, num_heads_kv=Hkv, lse_strides=(Hq * S, S), cfg=cfg, secure=secure)
     step = launch.step
     lens = torch.full((B,), S, dtype=torch.int32)
-    args = [*launch._descs(q, k, k, q), lse if lse is not None else q, lens, lens, *step.scalars]
-    secret = {"q_desc", "k_desc", "v_desc"} | ({"seqlens_q_ptr", "seqlens_k_ptr"} if secure else set())
+    w = torch.empty(launch.key_weights_shape, dtype=dtype) if launch.key_weights_shape else None
+    args = [*launch._descs(q, k, k, q, w), lse if lse is not None else q, lens, *step.scalars]
+    # secure: the key weights and the query lengths are secret too (the key lengths enter the pre-pass only)
+    secret = {"q_desc", "k_desc", "v_desc"} | ({"w_desc", "seqlens_q_ptr"} if secure else set())
     mode = "secure" if secure else "fast"
     name = f"{mode}_gluon_ws_{_ELT[dtype]}_d{head_dim}_{'causal' if causal else 'full'}_s{S}_gqa{Hq // Hkv}"
     spec = _spec_from_launch(name, cfg, args, step.constexprs, secret, fn=step.fn)
@@ -381,6 +440,21 @@ def _audit_prepass_spec(dtype, hd, S, Hkv):
     cfg = Config(PREPASS_BLOCK_S, PREPASS_BLOCK_S, PREPASS_WARPS, 1)
     return _spec_from_launch(f"secure_prepass_{_ELT[dtype]}_d{hd}_s{S}_hkv{Hkv}", cfg, args, ce,
                              {"V", "VS", "SEQLENS_K"}, fn=attn_secure_zero_v_padding_kernel)
+
+
+def _audit_prepass_kv_spec(dtype, hd, S, Hkv):
+    from .secure_prepass import attn_secure_sanitize_kv_kernel, key_weights_shape
+
+    B = 2
+    k = torch.empty(B, Hkv, S, hd, dtype=dtype)
+    ks, vs = torch.empty_like(k), torch.empty_like(k)
+    w = torch.empty(key_weights_shape(B, S), dtype=dtype)
+    lens = torch.full((B,), S, dtype=torch.int32)
+    _, args, ce = build_prepass_kv(k, k, ks, vs, w, lens, seqlen_k=S, batch=B, num_heads_kv=Hkv,
+                                   k_strides=k.stride()[:3], v_strides=k.stride()[:3])
+    cfg = Config(PREPASS_BLOCK_S, PREPASS_BLOCK_S, PREPASS_WARPS, 1)
+    return _spec_from_launch(f"secure_prepass_kv_{_ELT[dtype]}_d{hd}_s{S}_hkv{Hkv}", cfg, args, ce,
+                             {"K", "V", "KS", "VS", "W", "SEQLENS_K"}, fn=attn_secure_sanitize_kv_kernel)
 
 
 def _audit_spec(dtype, hd, causal, public_diag, S, Hq, Hkv, secure, varlen, arch):

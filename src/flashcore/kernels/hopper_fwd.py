@@ -79,31 +79,33 @@ def _tile_coords(unit, HALF: gl.constexpr, num_m_tiles, CAUSAL: gl.constexpr, PA
 
 
 @gluon.jit
-def _loader(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-            v_empty, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group,
+def _loader(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+            v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group,
             lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
             V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr,
-            PAIRED: gl.constexpr, SECURE: gl.constexpr, WG: gl.constexpr):
+            PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr,
+              WG: gl.constexpr):
     kc = 0  # K/V tiles loaded so far, over all work items: ring slot and phase
     it = 0  # work items so far: Q slot and phase
     for unit in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         for half in gl.static_range(2 if PAIRED else 1):
             pid_m, bh, valid = _tile_coords(unit, half, num_m_tiles, CAUSAL, PAIRED)
             if valid:
-                n = _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty,
-                               k_ready, v_ready, k_empty, v_empty, seqlen_q, seqlen_k, num_heads, group, BLOCK_M,
-                               BLOCK_N, K_STAGES, V_STAGES, CAUSAL, NUM_WG)
+                n = _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem, v_smem, w_smem,
+                               q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, seqlen_q, seqlen_k, num_heads,
+                               group, BLOCK_M, BLOCK_N, K_STAGES, V_STAGES, CAUSAL, NUM_WG, SUM_MMA)
                 kc += n
                 it += 1
 
 
 @gluon.jit
-def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-               k_empty, v_empty, seqlen_q, seqlen_k, num_heads, group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, NUM_WG: gl.constexpr):
-    """The loader's side of one work item: its Q tiles, then its K/V tiles through the rings. Returns
-    the number of K/V tiles loaded."""
+def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
+               k_ready, v_ready, k_empty, v_empty, seqlen_q, seqlen_k, num_heads, group, BLOCK_M: gl.constexpr,
+               BLOCK_N: gl.constexpr, K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+               NUM_WG: gl.constexpr, SUM_MMA: gl.constexpr):
+    """The loader's side of one work item: its Q tiles, then its K/V tiles through the rings (with
+    SUM_MMA each V tile brings its key weights along). Returns the number of K/V tiles loaded."""
     b = bh // num_heads
     h = bh % num_heads
     hk = h // group
@@ -127,26 +129,28 @@ def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem
         tma.async_copy_global_to_shared(k_desc, [b, hk, j * BLOCK_N, 0], k_ready.index(ks), k_smem.index(ks))
         vs = c % V_STAGES
         mbarrier.wait(v_empty.index(vs), ((c // V_STAGES) & 1) ^ 1)
-        mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes)
+        if SUM_MMA:
+            mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes + w_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(w_desc, [b, 0, j * BLOCK_N], v_ready.index(vs), w_smem.index(vs))
+        else:
+            mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(v_desc, [b, hk, j * BLOCK_N, 0], v_ready.index(vs), v_smem.index(vs))
     return n_blocks
 
 
 @gluon.jit
-def _softmax_step(s, m_i, l_i, col0, row, key_limit, seqlen_k, diag, qk_scale, MASK: gl.constexpr,
-                  CAUSAL: gl.constexpr, EDGE: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+def _softmax_step(s, m_i, l_i, col0, row, seqlen_k, diag, qk_scale, MASK: gl.constexpr, CAUSAL: gl.constexpr,
+                  ROW_SUM: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
     """Online softmax of one score tile: returns (p, alpha, m_new, l_new); scores are raw QK^T.
-    MASK: keys at or past ``key_limit`` are masked, and with CAUSAL also keys right of the diagonal
-    (selects on the raw scores: a NaN in a masked key's score cannot reach the output). EDGE (secure
-    mode's tiles at the public edge): also keys at or past ``seqlen_k``. Redundant with the clamped
-    ``key_limit``, but it keeps the edge tiles' code different from the others, so the compiler cannot
-    merge the two branches of the caller: that branch is what stops ptxas from hoisting the wait for
-    the previous P@V above this softmax (perf-notes v10)."""
+    MASK: keys at or past ``seqlen_k`` are masked, and with CAUSAL also keys right of the diagonal
+    (selects on the raw scores: a NaN in a masked key's score cannot reach the output). Without
+    ROW_SUM the caller sums the probabilities itself (by MMA) and ``l_new`` is ``l_i``.
+
+    The caller keeps masked and unmasked tiles in two branches of different code: that branch is what
+    stops ptxas from hoisting the wait for the previous P@V above this softmax (perf-notes v10)."""
     if MASK:
         col = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        ok = gl.expand_dims(col < key_limit, 0)
-        if EDGE:
-            ok = ok & gl.expand_dims(col < seqlen_k, 0)
+        ok = gl.expand_dims(col < seqlen_k, 0)
         if CAUSAL:
             ok = ok & (gl.expand_dims(col, 0) <= gl.expand_dims(row + diag, 1))
         s = gl.where(ok, s, float("-inf"))
@@ -157,49 +161,61 @@ def _softmax_step(s, m_i, l_i, col0, row, key_limit, seqlen_k, diag, qk_scale, M
         m_use = m_new
     alpha = gl.exp2(m_i - m_use)
     p = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
-    l_new = l_i * alpha + gl.sum(p, axis=1)
+    if ROW_SUM:
+        l_new = l_i * alpha + gl.sum(p, axis=1)
+    else:
+        l_new = l_i
     return p, alpha, m_new, l_new
 
 
 @gluon.jit
-def _consumer(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-              v_empty, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group,
+def _consumer(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+              v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group,
               lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
               V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr,
-              PAIRED: gl.constexpr, SECURE: gl.constexpr, WG: gl.constexpr):
+              PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr,
+              WG: gl.constexpr):
     kc = 0
     it = 0
     for unit in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         for half in gl.static_range(2 if PAIRED else 1):
             pid_m, bh, valid = _tile_coords(unit, half, num_m_tiles, CAUSAL, PAIRED)
             if valid:
-                n = _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty,
-                                  k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale,
+                n = _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_smem, q_ready,
+                                  q_empty, k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale,
                                   seqlen_q, seqlen_k, num_heads, lse_stride_b, lse_stride_h, BLOCK_M, BLOCK_N,
-                                  HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, SECURE, WG)
+                                  HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, SECURE, SUM_MMA, WG)
                 kc += n
                 it += 1
 
 
 @gluon.jit
-def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                  k_empty, v_empty, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale, seqlen_q, seqlen_k, num_heads,
+def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready,
+                  v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads,
                   lse_stride_b, lse_stride_h, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                   K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr,
-                  NUM_WG: gl.constexpr, SECURE: gl.constexpr, WG: gl.constexpr):
+                  NUM_WG: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, WG: gl.constexpr):
     """One work item for this warpgroup: BLOCK_M query rows against all their key tiles. ``kc`` is the
     ring position of the item's first K/V tile, ``it`` the item's index (Q slot and phase). Returns the
     number of K/V tiles it consumed (where the next item's tiles start in the rings).
 
-    SECURE: every trip count and address above is a function of the public shape (the padded lengths);
-    the true lengths are loaded here and enter only selects: of the score mask (non-causal) and of the
-    epilogue."""
+    SECURE: every trip count and address above is a function of the public shape (the padded lengths),
+    and no key is masked by a secret length. Non-causal, the pre-pass (secure_prepass.py,
+    ``attn_secure_sanitize_kv_kernel``) made every padding key a copy of the first key and its V row
+    zero, so the unmasked row max is the true one and padding adds nothing to P V; the row sum is the
+    MMA ``P W`` against the pre-pass's 0/1 key weights (SUM_MMA), which replaces the per-score adds.
+    Causal runs here only in the self-attention form (len_q == len_k, Sq == Sk, public diagonal), where a
+    row i < len sees keys j <= i < len only. Either way the loop is the fast kernel's, and the true query
+    length enters only the epilogue's selects: rows at or past it output zeros."""
     dtype: gl.constexpr = q_desc.dtype
+    W_ROWS: gl.constexpr = 8  # the narrowest wgmma (N = 8)
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_DIM, 16])
+    l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, W_ROWS, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
@@ -208,18 +224,8 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_r
     m_wg = pid_m * NUM_WG * BLOCK_M + WG * BLOCK_M
     row = m_wg + gl.arange(0, BLOCK_M, layout=row_layout)
     diag = seqlen_k - seqlen_q
-    # Secure causal runs here only in the self-attention form (len_q == len_k, Sq == Sk, public
-    # diagonal), where it needs no key mask: a row i < len sees keys j <= i < len only, and rows at or
-    # past len are zeroed below. So the lengths enter only the epilogue, and the loop is the fast
-    # kernel's (diagonal tiles masked, V still from the pre-pass: a masked p of 0 times a NaN in V's
-    # padding would be NaN). Non-causal, every key tile is masked by the secret length.
-    KEY_MASK: gl.constexpr = SECURE and not CAUSAL
     if SECURE:  # secret: clamped arithmetically into [0, padded length]
         len_q = gl.minimum(gl.maximum(gl.load(seqlens_q_ptr + b), 0), seqlen_q)
-    if KEY_MASK:
-        key_limit = gl.minimum(gl.maximum(gl.load(seqlens_k_ptr + b), 0), seqlen_k)
-    else:
-        key_limit = seqlen_k
 
     n_blocks = _kv_blocks(pid_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, NUM_WG)
     # Tiles before n_full need no mask for any of this warpgroup's rows.
@@ -237,6 +243,8 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_r
     l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=row_layout)
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    if SUM_MMA:  # the row sums, as W_ROWS equal columns
+        acc_l = gl.zeros([BLOCK_M, W_ROWS], gl.float32, layout=l_layout)
 
     # Prologue: tile 0's scores and softmax.
     ks0 = kc % K_STAGES
@@ -246,43 +254,59 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_r
     s = warpgroup_mma_wait(0, deps=(s, ))
     mbarrier.arrive(k_empty.index(ks0), count=1)
     if n_full > 0:
-        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, key_limit, seqlen_k, diag, qk_scale, KEY_MASK,
-                                           False, False, BLOCK_N, s_layout)
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, seqlen_k, diag, qk_scale, False, False, not SUM_MMA,
+                                           BLOCK_N, s_layout)
     else:
-        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, key_limit, seqlen_k, diag, qk_scale, True, CAUSAL,
-                                           KEY_MASK, BLOCK_N, s_layout)
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, seqlen_k, diag, qk_scale, True, CAUSAL, not SUM_MMA,
+                                           BLOCK_N, s_layout)
     p_op = gl.convert_layout(p.to(dtype), p_layout)
 
     for j in range(1, n_blocks):
         c = kc + j
         ks = c % K_STAGES
         vp = (c - 1) % V_STAGES
-        # issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1}; both run while we wait for S_j only
+        # issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1}; both run while we wait for S_j only (with
+        # SUM_MMA the small P_{j-1} W_{j-1} goes between them, so that wait covers it too)
         mbarrier.wait(k_ready.index(ks), (c // K_STAGES) & 1)
         kj = k_smem.index(ks).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
         s_tok = warpgroup_mma(q, kj, s_zero, use_acc=False, is_async=True)
         mbarrier.wait(v_ready.index(vp), ((c - 1) // V_STAGES) & 1)
         vj = v_smem.index(vp).reshape([BLOCK_N, HEAD_DIM])
-        acc_tok = warpgroup_mma(p_op, vj, acc, is_async=True)
-        s = warpgroup_mma_wait(1, deps=(s_tok, ))
+        if SUM_MMA:
+            wj = w_smem.index(vp).reshape([W_ROWS, BLOCK_N]).permute((1, 0))
+            l_tok = warpgroup_mma(p_op, wj, acc_l, is_async=True)
+            acc_tok = warpgroup_mma(p_op, vj, acc, is_async=True)
+            s, acc_l = warpgroup_mma_wait(1, deps=(s_tok, l_tok))
+        else:
+            acc_tok = warpgroup_mma(p_op, vj, acc, is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s_tok, ))
         mbarrier.arrive(k_empty.index(ks), count=1)
         if j < n_full:
-            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, key_limit, seqlen_k, diag, qk_scale,
-                                               KEY_MASK, False, False, BLOCK_N, s_layout)
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, seqlen_k, diag, qk_scale, False, False,
+                                               not SUM_MMA, BLOCK_N, s_layout)
         else:
-            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, key_limit, seqlen_k, diag, qk_scale,
-                                               True, CAUSAL, KEY_MASK, BLOCK_N, s_layout)
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, seqlen_k, diag, qk_scale, True, CAUSAL,
+                                               not SUM_MMA, BLOCK_N, s_layout)
         acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
         mbarrier.arrive(v_empty.index(vp), count=1)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+        if SUM_MMA:
+            acc_l = acc_l * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, l_layout)), 1)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
 
     cl = kc + n_blocks - 1
     last = cl % V_STAGES
     mbarrier.wait(v_ready.index(last), (cl // V_STAGES) & 1)
     vl = v_smem.index(last).reshape([BLOCK_N, HEAD_DIM])
-    acc = warpgroup_mma(p_op, vl, acc, is_async=True)
-    acc = warpgroup_mma_wait(0, deps=(acc, ))
+    if SUM_MMA:
+        wl = w_smem.index(last).reshape([W_ROWS, BLOCK_N]).permute((1, 0))
+        acc_l = warpgroup_mma(p_op, wl, acc_l, is_async=True)
+        acc = warpgroup_mma(p_op, vl, acc, is_async=True)
+        acc, acc_l = warpgroup_mma_wait(0, deps=(acc, acc_l))
+        l_i = gl.convert_layout(gl.max(acc_l, axis=1), row_layout)
+    else:
+        acc = warpgroup_mma(p_op, vl, acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
     mbarrier.arrive(v_empty.index(last), count=1)
 
     # a row that saw no key has l == 0 and acc == 0: divide by 1 for exact zeros. ``/`` is the approximate
@@ -308,19 +332,20 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, q_r
 
 
 @gluon.jit
-def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale, seqlen_q,
+def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q,
                            seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                            K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                            RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr, PAIRED: gl.constexpr, SECURE: gl.constexpr,
-                           CONSUMER_WG_REGS: gl.constexpr, LOADER_WG_REGS: gl.constexpr):
+                           SUM_MMA: gl.constexpr, CONSUMER_WG_REGS: gl.constexpr, LOADER_WG_REGS: gl.constexpr):
     """Persistent: program i takes scheduling units i, i + grid, ... (a unit = one work item of
     NUM_WG*BLOCK_M query rows of one head, or with PAIRED two causal items of equal total cost), so one
     item's epilogue and the next one's loads overlap instead of costing a launch.
 
-    SECURE (experimental, opt-in; docs/security.md, perf-notes v9-v10): the constant-time mode. True
-    lengths (``seqlens_*_ptr``, unused otherwise) are read on the device; non-causal, every key tile is
-    masked by select; V comes sanitised from the pre-pass. Its waits are retry loops whose trip counts
+    SECURE (experimental, opt-in; docs/security.md, perf-notes v9-v11): the constant-time mode. K and V
+    come sanitised from a pre-pass (non-causal with the key weights ``w_desc``, unused otherwise; see
+    _consume_tile); the true query lengths (``seqlens_q_ptr``, unused otherwise) are read on the device
+    and enter only the epilogue's selects. Its waits are retry loops whose trip counts
     follow timing, not data: the mbarrier waits (``SYNCS.PHASECHK.TRANS64.TRYWAIT`` + branch) and the
     register reallocation at partition entry (``USETMAXREG.TRY_ALLOC`` + branch). Gate 2 checks every
     other instruction's count per address (``flashcore audit counters --per-pc``).
@@ -331,6 +356,10 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, seqlens_q_pt
     q_smem = gl.allocate_shared_memory(dtype, [2 * NUM_WG] + q_desc.block_type.shape, q_desc.layout)  # [Q slot][WG]
     k_smem = gl.allocate_shared_memory(dtype, [K_STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [V_STAGES] + v_desc.block_type.shape, v_desc.layout)
+    if SUM_MMA:  # the key weights of each V tile (see _consume_tile)
+        w_smem = gl.allocate_shared_memory(dtype, [V_STAGES] + w_desc.block_type.shape, w_desc.layout)
+    else:  # unused
+        w_smem = v_smem
     q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [K_STAGES, 1], mbarrier.MBarrierLayout())
@@ -351,37 +380,37 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, seqlens_q_pt
     # so is the partition list, which is why the two layouts are two literal lists)
     if NUM_WG == 3:
         gl.warp_specialize([
-            (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                         k_empty, v_empty, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
+            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready, v_ready,
+                         k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
                          lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES,
-                         CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, 0)),
-            (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                         k_empty, v_empty, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
+                         CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
+            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready, v_ready,
+                         k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
                          lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES,
-                         CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, 1)),
-            (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                         k_empty, v_empty, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
+                         CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 1)),
+            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready, v_ready,
+                         k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
                          lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES,
-                         CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, 2)),
-            (_loader, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                       k_empty, v_empty, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
+                         CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 2)),
+            (_loader, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready, v_ready,
+                       k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
                        lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES,
-                       CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, 0)),
+                       CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
         ], [4, 4, 1], [CONSUMER_WG_REGS, CONSUMER_WG_REGS, LOADER_WG_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                         k_empty, v_empty, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
+            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready, v_ready,
+                         k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
                          lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES,
-                         CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, 0)),
-            (_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                         k_empty, v_empty, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
+                         CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
+            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready, v_ready,
+                         k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
                          lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES,
-                         CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, 1)),
-            (_loader, (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                       k_empty, v_empty, lse_ptr, seqlens_q_ptr, seqlens_k_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
+                         CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 1)),
+            (_loader, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready, v_ready,
+                       k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
                        lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES,
-                       CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, 0)),
+                       CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
         ], [4, 1], [CONSUMER_WG_REGS, LOADER_WG_REGS])
 
 
@@ -420,6 +449,12 @@ def v_stages(k_stages: int, block_m: int, block_n: int, head_dim: int) -> int:
     return max(fits) if fits else 1
 
 
+def torch_ones(shape, dtype, device):
+    import torch
+
+    return torch.ones(shape, dtype=dtype, device=device)
+
+
 def _sm_count(device) -> int:
     """SMs of the device (an H100 SXM's 132 for CPU tensors: the audit compiles without a GPU)."""
     import torch
@@ -445,26 +480,30 @@ def _unwrap_tensordesc_launcher(compiled):
     except ValueError:  # an empty cell
         return None
     launcher, meta, idx = free.get("launcher"), free.get("tensordesc_meta"), free.get("tensordesc_indices")
-    if not callable(launcher) or idx != {0, 1, 2, 3} or meta is None or len(meta) != 4:
+    if not callable(launcher) or meta is None or idx != set(range(len(meta))) or len(meta) not in (4, 5):
         return None
     return launcher, list(meta)
 
 
 class GluonLaunch:
     """A planned launch of :func:`attn_fwd_hopper_kernel`; ``run`` takes (q, k, v, o, lse, ...)
-    in [B, H, S, D] views with the planned shapes/strides and builds the four TMA descriptors.
+    in [B, H, S, D] views with the planned shapes/strides and builds the four TMA descriptors (five in
+    secure non-causal form: also the pre-pass's key weights, ``[B, 8, w_len]``).
 
     Host cost: the descriptors depend on the plan (fixed) and the four data pointers, so once the
     kernel is compiled the encoded descriptors are kept per pointer set (``ENCODED_SETS`` of them, the
     oldest dropped first) and the launch goes straight to Triton's compiled launcher. A pointer set
     seen before costs a dict lookup instead of four descriptor encodings."""
-    __slots__ = ("step", "geom", "fast", "encoded")
+    __slots__ = ("step", "geom", "fast", "encoded", "key_weights_shape", "ones")
     ENCODED_SETS = 16
     # Causal: persistent over pairs of row tiles (True), or one program per row tile (False)
     causal_pairs = True
+    # Fast path: row sums by MMA against a ones tile (True) or by adds (False); see _consume_tile
+    fast_sum_mma = False
 
     def __init__(self, q, k, v, o, lse, *, scale: float, causal: bool, seqlen_q: int, seqlen_k: int,
-                 batch: int, num_heads_q: int, num_heads_kv: int, lse_strides, cfg, secure: bool = False):
+                 batch: int, num_heads_q: int, num_heads_kv: int, lse_strides, cfg, secure: bool = False,
+                 sum_mma: bool | None = None):
         from . import LOG2E, _Step, triton_cdiv
 
         D = q.shape[-1]
@@ -485,6 +524,19 @@ class GluonLaunch:
         lay_n = gl.NVMMASharedLayout.get_default_for([1, 1, bn, D], gdt)
         self.geom = tuple((list(t.shape), list(t.stride()), [1, 1, rows, D], lay)
                           for t, rows, lay in ((q, bm, lay_m), (k, bn, lay_n), (v, bn, lay_n), (o, bm, lay_m)))
+        # the row sums by MMA against key weights: the secure pre-pass's (non-causal: no key mask), or
+        # where asked for on the fast path, all ones (masked probabilities are zero there)
+        if sum_mma is None:
+            sum_mma = (secure and not causal) or (not secure and self.fast_sum_mma)
+        sum_mma = bool(sum_mma)
+        self.key_weights_shape, self.ones = None, None
+        if sum_mma:
+            from .secure_prepass import W_ROWS, key_weights_shape
+
+            ws = key_weights_shape(batch, seqlen_k)
+            lay_w = gl.NVMMASharedLayout.get_default_for([1, W_ROWS, bn], gdt)
+            self.geom += ((list(ws), [ws[1] * ws[2], ws[2], 1], [1, W_ROWS, bn], lay_w), )
+            self.key_weights_shape = ws
         num_m_tiles = triton_cdiv(seqlen_q, cfg.block_m)
         num_tiles = num_m_tiles * batch * num_heads_q
         # Persistent: one program per SM (one fits per SM) loops over scheduling units. Non-causal, a
@@ -497,34 +549,44 @@ class GluonLaunch:
         paired = bool(causal) and self.causal_pairs and num_m_tiles > 1
         units = batch * num_heads_q * -(-num_m_tiles // 2) if paired else num_tiles
         grid = (num_tiles if causal and not paired else min(units, _sm_count(q.device)), 1)
-        dummy = lse if lse is not None else q  # the lengths pointers are read only in secure mode
-        args = [*self._descs(q, k, v, o), dummy, dummy, dummy, scale * LOG2E, seqlen_q, seqlen_k,
+        dummy = lse if lse is not None else q  # the lengths pointer is read only in secure mode
+        w = torch.empty(self.key_weights_shape, dtype=q.dtype) if self.key_weights_shape else None
+        args = [*self._descs(q, k, v, o, w), dummy, dummy, scale * LOG2E, seqlen_q, seqlen_k,
                 num_heads_q, num_heads_q // num_heads_kv, *lse_strides, num_m_tiles, units]
         constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, K_STAGES=cfg.num_stages,
                           V_STAGES=v_depth, CAUSAL=bool(causal),
                           RETURN_LSE=lse is not None, NUM_WG=num_wg, PAIRED=paired)
         regs = (CONSUMER_REGS_3WG if num_wg == 3 else CONSUMER_REGS, LOADER_REGS)
-        constexprs.update(SECURE=bool(secure), CONSUMER_WG_REGS=regs[0], LOADER_WG_REGS=regs[1])
+        constexprs.update(SECURE=bool(secure), SUM_MMA=sum_mma, CONSUMER_WG_REGS=regs[0], LOADER_WG_REGS=regs[1])
         self.step = _Step(attn_fwd_hopper_kernel, grid, args, 7, constexprs, cfg.num_warps, 1,
                           options=dict(maxnreg=MAXNREG_3WG if num_wg == 3 else MAXNREG))
         self.fast = None  # (raw launcher, descriptor metadata) once compiled; False: not available
         self.encoded = {}
 
-    def _descs(self, q, k, v, o):
-        """Descriptors for these tensors. The plan validated shapes, strides and alignment (the plan
-        key includes pointer alignment), so this skips the dataclass's per-call validation."""
+    def _descs(self, q, k, v, o, w=None):
+        """The kernel's five descriptor arguments for these tensors (``w_desc`` None where the plan has no
+        key weights). The plan validated shapes, strides and alignment (the plan key includes pointer
+        alignment), so this skips the dataclass's per-call validation."""
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
         descs = []
-        for t, (shape, strides, block, layout) in zip((q, k, v, o), self.geom):
+        for t, (shape, strides, block, layout) in zip((q, k, v, o, w), self.geom):
             d = object.__new__(TensorDescriptor)
             d.base, d.shape, d.strides, d.block_shape, d.layout, d.padding = t, shape, strides, block, layout, "zero"
             descs.append(d)
-        return descs
+        return descs + [None] * (5 - len(descs))
 
-    def run(self, ptrs, device) -> None:
-        """``ptrs``: q, k, v, o, lse, seqlens_q, seqlens_k (unused ones: any tensor)."""
-        q, k, v, o, lse, sq, sk = ptrs[:7]
+    def run(self, ptrs, device, key_weights=None) -> None:
+        """``ptrs``: q, k, v, o, lse, seqlens_q, ... (unused ones: any tensor); ``key_weights``: the
+        pre-pass's, where the plan has them (secure, non-causal)."""
+        q, k, v, o, lse, sq = ptrs[:6]
+        w = key_weights
+        if w is None and self.key_weights_shape is not None:
+            if self.step.constexprs["SECURE"]:
+                raise ValueError("the secure Gluon launch needs the pre-pass's key weights (key_weights=)")
+            if self.ones is None or self.ones.device != q.device:
+                self.ones = torch_ones(self.key_weights_shape, q.dtype, q.device)
+            w = self.ones
         # (imported here: as module globals of this file these names broke the Gluon kernel's
         # compilation under Triton 3.6, a CompilationError in warp_specialize; cause not traced)
         from . import _current_stream, _launch_hooks_active
@@ -533,28 +595,28 @@ class GluonLaunch:
         # Triton's own path: until compiled, where its launcher has another shape, and whenever a
         # profiler's hooks want their launch metadata
         if not fast or _launch_hooks_active():
-            step.run((*self._descs(q, k, v, o), lse, sq, sk), device)
+            step.run((*self._descs(q, k, v, o, w), lse, sq), device)
             if fast is None and step.compiled is not None:
                 self.fast = _unwrap_tensordesc_launcher(step.compiled) or False
             return
-        key = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr())
+        key = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), w.data_ptr() if w is not None else 0)
         enc = self.encoded.get(key)
         if enc is None:
-            enc = self._encode(q, k, v, o, fast[1])
+            enc = self._encode((q, k, v, o, w), fast[1])
             if len(self.encoded) >= self.ENCODED_SETS:
                 del self.encoded[next(iter(self.encoded))]
             self.encoded[key] = enc
         c, grid = step.compiled, step.grid
         fast[0](grid[0], grid[1], 1, _current_stream(device), c.function, c.run.launch_cooperative_grid,
-                c.run.launch_pdl, None, None, c.packed_metadata, None, None, None, *enc, lse, sq, sk, *step.scalars,
+                c.run.launch_pdl, None, None, c.packed_metadata, None, None, None, *enc, lse, sq, *step.scalars,
                 *step.tail)
 
-    def _encode(self, q, k, v, o, meta) -> tuple:
-        """The launcher's arguments for the four descriptors (each: encoded CUtensorMap, shape, strides),
-        as Triton's wrapper would build them."""
+    def _encode(self, tensors, meta) -> tuple:
+        """The launcher's arguments for the descriptors (each: encoded CUtensorMap, shape, strides; an
+        absent ``w_desc`` stays None), as Triton's wrapper would build them."""
         from triton.backends.nvidia.driver import make_tensordesc_arg
 
         out = []
-        for d, m in zip(self._descs(q, k, v, o), meta):
+        for d, m in zip(self._descs(*tensors), meta):
             out.extend(make_tensordesc_arg(d, m))
-        return tuple(out)
+        return tuple(out) + (None, ) * (5 - len(meta))

@@ -1,4 +1,6 @@
-"""Secure-mode pre-pass: a copy of V whose rows at or past the secret true length are zero.
+"""Secure-mode pre-passes: a copy of V whose rows at or past the secret true length carry no data
+(the Triton kernel, and the Gluon kernel's causal form), and for the Gluon kernel's non-causal form
+sanitised copies of K and V plus 0/1 key weights (``attn_secure_sanitize_kv_kernel``, below).
 
 Why a separate pass: padding may hold NaN/Inf, and inside the P·V MMA 0 * NaN = NaN, so V's
 padding must be zeroed before the MMA reads it. Doing that select inside the attention loop
@@ -18,6 +20,15 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+# Rows of the key-weight tensor W (attn_secure_sanitize_kv_kernel): the N of the narrowest wgmma.
+W_ROWS = 8
+
+
+def key_weights_shape(batch: int, seqlen_k: int) -> tuple[int, int, int]:
+    """``[B, W_ROWS, w_len]``: w_len is seqlen_k rounded up to 8 elements, so each row starts 16-byte
+    aligned, as the copy engine (TMA) needs; tiles past w_len read zeros."""
+    return batch, W_ROWS, -(-seqlen_k // 8) * 8
 
 
 @triton.jit
@@ -51,3 +62,52 @@ def attn_secure_zero_v_padding_kernel(
     # VS is contiguous [B, Hkv, S, HEAD_DIM]
     dst = VS + (pid_bh.to(tl.int64) * seqlen_k + rows[:, None]) * HEAD_DIM + offs_d[None, :]
     tl.store(dst, x, mask=in_bounds)
+
+
+@triton.jit
+def attn_secure_sanitize_kv_kernel(
+    K, V, KS, VS, W, SEQLENS_K,
+    stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
+    seqlen_k, num_heads_kv, w_len,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, W_ROWS: tl.constexpr,
+):
+    """The pre-pass of the secure Gluon kernel's non-causal form, which masks no key (hopper_fwd.py):
+
+    * KS: K with every padding row replaced by the sequence's first key. A padding key's score then
+      equals a valid one (row 0's), so the unmasked row max is the true one and every probability is
+      finite (at most 1), whatever the padding held. With no valid key (length 0) the rows get the
+      public position pattern: the kernel's row sum is 0 then and the row outputs zeros.
+    * VS: V with padding rows exactly zero, so the (non-zero) probabilities of padding keys add
+      exactly nothing to P V.
+    * W: ``[B, W_ROWS, w_len]``, 1 where a key is valid and 0 past the length (and past ``seqlen_k`` up to
+      ``w_len``), all rows alike: the kernel's row sum is the MMA ``P W``, so padding keys drop out of
+      the softmax denominator without a select per score. Written by the programs of head 0.
+
+    Constant time as the V pre-pass above: whole tiles read and written, the length only in selects."""
+    pid_s = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // num_heads_kv
+    h = pid_bh % num_heads_kv
+    len_k = tl.minimum(tl.maximum(tl.load(SEQLENS_K + b), 0), seqlen_k)
+    rows = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    in_bounds = (rows[:, None] < seqlen_k) & d_ok[None, :]  # public shape only
+    valid = rows[:, None] < len_k
+    k_base = K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+    key0 = tl.load(k_base + offs_d, mask=d_ok, other=0.0)  # row 0 of the sequence: a public address
+    kx = tl.load(k_base + rows[:, None] * stride_ks + offs_d[None, :], mask=in_bounds, other=0.0)
+    fill = tl.where(len_k > 0, key0[None, :], _position_noise(rows, offs_d, pid_bh).to(kx.dtype))
+    kx = tl.where(valid, kx, fill)
+    vx = tl.load(V + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh + rows[:, None] * stride_vs
+                 + offs_d[None, :], mask=in_bounds, other=0.0)
+    vx = tl.where(valid, vx, 0.0)
+    # KS, VS are contiguous [B, Hkv, S, HEAD_DIM]
+    dst = (pid_bh.to(tl.int64) * seqlen_k + rows[:, None]) * HEAD_DIM + offs_d[None, :]
+    tl.store(KS + dst, kx, mask=in_bounds)
+    tl.store(VS + dst, vx, mask=in_bounds)
+    if h == 0:  # public: one head per batch writes the key weights
+        w_rows = tl.arange(0, W_ROWS)
+        w = tl.where(rows[None, :] < len_k, 1.0, 0.0) + tl.zeros([W_ROWS, BLOCK_S], tl.float32)
+        dst_w = W + (b.to(tl.int64) * W_ROWS + w_rows[:, None]) * w_len + rows[None, :]
+        tl.store(dst_w, w.to(W.dtype.element_ty), mask=rows[None, :] < w_len)
