@@ -25,23 +25,16 @@ LARGE = [(16, 16, 2048, 64, False), (4, 32, 4096, 64, False), (4, 32, 4096, 128,
 SMALL = [(1, 8, 512, 64, False), (1, 16, 1024, 64, False), (4, 16, 1024, 64, False), (4, 32, 4096, 64, True)]
 
 
-# secure Gluon variants timed side by side: the shipped secure config (configs.gluon_secure: two consumer
-# warpgroups), and the fast path's own table where it differs (three warpgroups at D=64, Sq >= 2048)
-_SHIPPED = configs.gluon_secure
-VARIANTS = {
-    "gluon_ws": ("gluon_ws", lambda hd, causal, S: _SHIPPED(hd, causal)),
-    "gluon_ws_fast_table": ("gluon_ws", lambda hd, causal, S: configs.gluon_ws(hd, S, causal)),
-    "triton": ("triton", None),
-}
+# the secure kernels timed side by side: the Gluon kernel in secure form (the default on Hopper since v11)
+# and the secure Triton kernel, each forced through FLASHCORE_SECURE_KERNEL
+VARIANTS = {"gluon_ws": "gluon_ws", "triton": "triton"}
 
 
-def _use(variant, S):
+def _use(variant):
     """Route secure calls to ``variant``; plans are cached per signature, so drop them first."""
-    kernel, table = VARIANTS[variant]
     api._CALLS.clear()
     kernels._PLANS.clear()
-    os.environ[configs.SECURE_KERNEL_ENV] = kernel
-    configs.gluon_secure = _SHIPPED if table is None else (lambda hd, causal=False: table(hd, causal, S))
+    os.environ[configs.SECURE_KERNEL_ENV] = VARIANTS[variant]
 
 
 def _parts(q, k, v, causal, lens):
@@ -77,9 +70,7 @@ def main():
         fast = flashcore.attention(q, k, v, causal=causal)
         row["fast_us"] = timed(lambda: flashcore.attention(q, k, v, causal=causal))
         for kernel in VARIANTS:
-            if kernel == "gluon_ws_fast_table" and configs.gluon_ws(D, S, causal) == _SHIPPED(D, causal):
-                continue  # the same launch as "gluon_ws"
-            _use(kernel, S)
+            _use(kernel)
             # validate_seqlens=False: time the kernels, not the eager range check's host sync
             call = lambda: flashcore.attention(q, k, v, causal=causal, secure=True, seqlens_k=lens,  # noqa: E731
                                                validate_seqlens=False)
@@ -91,7 +82,6 @@ def main():
             row[f"secure_{kernel}_rel_err_vs_fast"] = err
             row[f"secure_{kernel}_ratio"] = row["fast_us"] / row[f"secure_{kernel}_us"]
         os.environ.pop(configs.SECURE_KERNEL_ENV)
-        configs.gluon_secure = _SHIPPED
         rows.append(row)
         print(json.dumps(row), flush=True)
     res = dict(env=environment(), rows=rows)

@@ -49,7 +49,7 @@ from flashcore.kernels import configs
 a = json.loads(sys.argv[1])
 cfg = None
 if a["block_m"] is not None:
-    base = configs.gluon_secure(a["head_dim"], a["causal"]) if a["secure"] else configs.gluon_ws(a["head_dim"])
+    base = (configs.gluon_secure if a["secure"] else configs.gluon_ws)(a["head_dim"], 4096, a["causal"])
     cfg = replace(base, block_m=a["block_m"])
 spec = kernels.gluon_spec(a["head_dim"], a["causal"], return_lse=True, cfg=cfg, secure=a["secure"])
 c = compile_cubin(spec["fn"], spec["signature"], spec["constexprs"], num_warps=spec["num_warps"],

@@ -387,6 +387,98 @@ def test_same_guard_write_then_use_is_precise():
     assert _at(rep, 0x70) == {"timing"}
 
 
+def _run_split(body: str, control_from=0x8000):
+    listing = parse_nvdisasm("k:\n" + body)
+    return analyze_listing(listing, PARAMS, "k", smem_control_from=control_from)
+
+
+# a secret tile stored into shared memory, then a word read back and branched on: where the store and
+# the read fall (data or control area, by their address immediates) decides whether the branch leaks
+_SPLIT = """
+        /*0000*/                   LDC.64 R2, c[0x0][0x210] ;
+        /*0010*/                   ULDC.64 UR4, c[0x0][0x208] ;
+        /*0020*/                   LDG.E R4, desc[UR4][R2.64] ;
+        /*0030*/                   S2R R0, SR_TID.X ;
+        /*0040*/                   STS [R0+{store}], R4 ;
+        /*0050*/                   LDS.U8 R6, [R0+{load}] ;
+        /*0060*/                   ISETP.GT.AND P1, PT, R6, RZ, PT ;
+        /*0070*/               @P1 BRA `(.L_x_1) ;
+        /*0080*/                   NOP ;
+.L_x_1:
+        /*0090*/                   EXIT ;
+"""
+
+
+def test_shared_memory_split_into_data_and_control_areas():
+    # secret tile in the data area, flag read from the control area: no leak
+    rep = _run_split(_SPLIT.format(store="0x100", load="0x8010"))
+    assert _at(rep, 0x70) == set()
+    assert "shared" in rep.tainted_memory and "shared:control" not in rep.tainted_memory
+    # a secret value stored into the control area taints it
+    rep = _run_split(_SPLIT.format(store="0x8010", load="0x8010"))
+    assert _at(rep, 0x70) == {"branch"} and "shared:control" in rep.tainted_memory
+    # data read back from the data area is secret
+    assert _at(_run_split(_SPLIT.format(store="0x100", load="0x200")), 0x70) == {"branch"}
+    # without a layout, shared memory is one region: the flag read is tainted too
+    assert _at(_run_split(_SPLIT.format(store="0x100", load="0x8010"), None), 0x70) == {"branch"}
+
+
+_BRX = """
+        /*0000*/                   LDC.64 R2, c[0x0][0x210] ;
+        /*0010*/                   ULDC.64 UR4, c[0x0][0x208] ;
+        /*0020*/                   LDG.E R4, desc[UR4][R2.64] ;
+        /*0030*/                   S2R R0, SR_TID.X ;
+.L_x_0:
+        /*0040*/                   LDC R6, c[0x2][R0] ;
+        /*0050*/                   BRX R6 -0x60 {targets};
+.L_x_1:
+        /*0060*/                   MOV R5, R0 ;
+        /*0070*/                   BRA `(.L_x_0) ;
+.L_x_2:
+        /*0080*/                   MOV R5, R4 ;
+        /*0090*/                   BRA `(.L_x_0) ;
+.L_x_3:
+        /*00a0*/                   ISETP.GT.AND P1, PT, R5, RZ, PT ;
+        /*00b0*/               @P1 BRA `(.L_x_1) ;
+        /*00c0*/                   EXIT ;
+"""
+
+
+def test_indirect_branch_follows_the_declared_jump_table():
+    # a dispatch loop (as warp_specialize's): the cubin's jump table names .L_x_1 and .L_x_3 only, so
+    # .L_x_2, which puts the secret into R5, never runs, and the branch on R5 in .L_x_3 is public
+    rep = _run(_BRX.format(targets='(*"BRANCH_TARGETS .L_x_1,.L_x_3"*)'))
+    assert _at(rep, 0xB0) == set() and not any("indirect branch" in n for n in rep.notes)
+    # without the annotation (or with a target that does not resolve) every block is a successor
+    for targets in ("", '(*"BRANCH_TARGETS .L_x_1,.L_x_9"*)'):
+        rep = _run(_BRX.format(targets=targets))
+        assert _at(rep, 0xB0) == {"branch"} and any("indirect branch" in n for n in rep.notes)
+
+
+_VOTES = """
+        /*0000*/                   LDC.64 R2, c[0x0][0x210] ;
+        /*0010*/                   ULDC.64 UR4, c[0x0][0x208] ;
+        /*0020*/                   LDG.E R4, desc[UR4][R2.64] ;
+        /*0030*/                   S2R R0, SR_TID.X ;
+        /*0040*/                   R2UR UR9, R4 ;
+        /*0050*/                   ISETP.LT.U32.AND P1, PT, R0, 0x20, PT ;
+        /*0060*/                   VOTEU.ANY UP1, P1 ;
+        /*0070*/               @UP1 UMOV UR9, URZ ;
+        /*0080*/                   {between} ;
+        /*0090*/                   VOTEU.ANY UP0, P1 ;
+        /*00a0*/               @UP0 STS [UR9], R0 ;
+        /*00b0*/                   EXIT ;
+"""
+
+
+def test_guards_from_the_same_vote_are_one_predicate():
+    # UP0 and UP1 are the same vote of an unchanged P1: under UP0, UR9 holds UP1's public value
+    assert _at(_run(_VOTES.format(between="NOP")), 0xA0) == set()
+    # P1 redefined in between: the two votes may differ, and the old secret UR9 may be the address
+    rep = _run(_VOTES.format(between="ISETP.LT.U32.AND P1, PT, R0, 0x40, PT"))
+    assert _at(rep, 0xA0) == {"address"}
+
+
 def test_unknown_opcode_is_reported_and_conservative():
     rep = _run("""
         /*0000*/                   LDC.64 R2, c[0x0][0x210] ;

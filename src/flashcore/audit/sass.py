@@ -151,7 +151,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 from . import sass_elf
-from .sass_isa import TRANSFER, Instr, Listing, Sem, decode, parse_nvdisasm, parse_operand
+from .sass_isa import TRANSFER, Instr, Listing, Sem, _inner_regs, decode, parse_nvdisasm, parse_operand
 
 __all__ = [
     "Violation",
@@ -331,6 +331,109 @@ class _Compiled:
     tensordesc_meta: list | None
     constant_keys: set
     seconds: float
+    smem: "SmemLayout | None" = None
+
+
+@dataclass
+class SmemLayout:
+    """How a compiled kernel's shared memory splits into a data area and a control area, from the
+    compiler's own allocation (Triton's shared-memory allocation pass, re-run on the kernel's TTGIR).
+
+    Control: the mbarriers (``i64`` allocations) and, in a warp-specialised kernel, the buffer through
+    which ``warp_specialize`` hands its captures to the partitions and the per-warp dispatch flags.
+    Data: every other allocation (tiles). With ``control_from`` set, the analysis keeps two summaries:
+    a shared access whose address immediate is at or above ``control_from`` touches the control area,
+    any other the data area. So a secret tile written anywhere in the data area no longer reaches the
+    partitions' dispatch flag (the one-region model reported that branch, and everything after it).
+
+    Assumed, as for the mbarrier words themselves (module docstring): the register part of a shared
+    address is a non-negative offset that keeps an access inside its allocation (Triton's buffer
+    indices, e.g. ring slots, are in range by construction). Nothing is assumed about what is stored:
+    a secret value stored to the control area taints it, and every read of it. ``control_from`` is None
+    (one region) where the split cannot be read off safely: no control allocation, a data allocation
+    reaching past the control area's start, or an allocation of unknown size (compiler scratch)."""
+    control_from: int | None
+    data: list  # (name, offset, bytes)
+    control: list  # (what, offset)
+    reason: str = ""
+
+    def describe(self) -> str:
+        if self.control_from is None:
+            return f"shared memory modelled as one region ({self.reason})"
+        names = ", ".join(n for n, _, _ in self.data)
+        return (f"shared memory: data area [0, 0x{self.control_from:x}) ({names}); control area from "
+                f"0x{self.control_from:x} ({', '.join(w for w, _ in self.control)})")
+
+
+_ELT_BYTES = {"i1": 1, "i8": 1, "i16": 2, "i32": 4, "i64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8,
+              "f8E4M3FN": 1, "f8E5M2": 1}
+
+
+def smem_layout(ttgir: str | None, cap: int) -> SmemLayout | None:
+    """The shared-memory allocation of a compiled kernel (see :class:`SmemLayout`), or None when there
+    is no TTGIR. Re-runs the first passes of Triton 3.6's ``make_llir`` (NVIDIA backend) up to and
+    including shared-memory allocation and reads the ``allocation.offset`` attributes."""
+    if not ttgir:
+        return None
+    import tempfile
+
+    from triton._C.libtriton import ir, nvidia, passes
+
+    ctx = ir.context()
+    ir.load_dialects(ctx)
+    nvidia.load_dialects(ctx)
+    with tempfile.NamedTemporaryFile("w", suffix=".ttgir", delete=False) as f:
+        f.write(ttgir)
+        path = f.name
+    try:
+        mod = ir.parse_mlir_module(path, ctx)
+    finally:
+        os.unlink(path)
+    pm = ir.pass_manager(ctx)
+    passes.ttgpuir.add_combine_tensor_select_and_if(pm)
+    passes.ttgpuir.add_allocate_warp_groups(pm)
+    passes.convert.add_scf_to_cf(pm)
+    passes.gluon.add_inliner(pm)
+    nvidia.passes.ttgpuir.add_allocate_shared_memory_nv(pm, cap, 87)
+    pm.run(mod, "flashcore_smem_layout")
+    data, control, unknown = [], [], []
+    has_ws = False
+    for line in str(mod).splitlines():
+        m = re.search(r"allocation\.offset = (\d+)", line)
+        if not m:
+            continue
+        off = int(m.group(1))
+        t = line.strip()
+        if "ttg.local_alloc" in t:
+            mt = re.search(r"!ttg\.memdesc<([0-9x]+)x(\w+),", t)
+            name = t.split("=", 1)[0].strip() if t.startswith("%") else "?"
+            if mt is None or mt.group(2) not in _ELT_BYTES:
+                unknown.append(name)
+                continue
+            n = 1
+            for d in mt.group(1).split("x"):
+                n *= int(d)
+            if mt.group(2) == "i64":  # Triton's mbarriers are i64 memdescs
+                control.append((f"mbarriers {name}", off))
+            else:
+                data.append((name, off, n * _ELT_BYTES[mt.group(2)]))
+        elif "ttg.warp_specialize" in t:
+            has_ws = True
+            control.append(("warp_specialize captures", off))
+        elif t.startswith("tt.func"):
+            control.append(("warp_specialize dispatch flags", off))
+        else:
+            unknown.append(t.split("=", 1)[-1].strip().split(" ")[0])
+    if any(w.startswith("warp_specialize dispatch") for w, _ in control) and not has_ws:
+        return SmemLayout(None, data, control, "a function-level allocation without warp_specialize")
+    if unknown:
+        return SmemLayout(None, data, control, f"allocations of unknown size: {', '.join(unknown)}")
+    if not control:
+        return SmemLayout(None, data, control, "no control allocations")
+    start = min(o for _, o in control)
+    if any(o + n > start for _, o, n in data):
+        return SmemLayout(None, data, control, "a data allocation reaches past the control area's start")
+    return SmemLayout(start, sorted(data, key=lambda d: d[1]), sorted(control, key=lambda c: c[1]))
 
 
 _JIT_FROM_INTERP: dict[int, tuple[Any, Any]] = {}
@@ -481,6 +584,7 @@ def compile_cubin(fn, signature: dict, constexprs: dict | None = None, target=(9
         tensordesc_meta=getattr(meta, "tensordesc_meta", None),
         constant_keys=set(src.constants.keys()),
         seconds=time.perf_counter() - t0,
+        smem=smem_layout(compiled.asm.get("ttgir"), cap),
     )
     _CUBIN_CACHE[key] = out
     return out
@@ -613,6 +717,18 @@ def _is_conditional(ins: Instr) -> bool:
     return ins.base == "BRA" and any(m in ("DIV", "CONV") for m in ins.mods)
 
 
+def _declared_indirect_targets(x: Instr, resolve) -> list[int]:
+    """Targets of an indirect branch from nvdisasm's ``BRANCH_TARGETS`` annotation (the cubin's own list of
+    the jump table's entries, e.g. the dispatch of ``warp_specialize`` partitions); [] when absent or when
+    any label does not resolve (the caller then makes every block a successor)."""
+    m = re.search(r'BRANCH_TARGETS\s+([^"]*)"', x.text)
+    if not m:
+        return []
+    labels = [lab.strip() for lab in m.group(1).split(",") if lab.strip()]
+    ts = [resolve(lab) for lab in labels]
+    return ts if labels and all(t is not None for t in ts) else []
+
+
 def _build_cfg(listing: Listing, entry_off: int, notes: list[str],
                unresolved: set[int] | None = None) -> tuple[list[_Block], int]:
     ins = listing.instrs
@@ -643,6 +759,11 @@ def _build_cfg(listing: Listing, entry_off: int, notes: list[str],
                             ts.append(t)
             targets[i] = ts
             leaders.update(ts)
+        if b in ("BRX", "BRXU", "JMX", "JMXU"):
+            ts = _declared_indirect_targets(x, resolve)
+            if ts:
+                targets[i] = ts
+                leaders.update(ts)
         if b in TRANSFER and i + 1 < n:
             leaders.add(i + 1)
         if b == "CALL" and i + 1 < n:
@@ -668,8 +789,12 @@ def _build_cfg(listing: Listing, entry_off: int, notes: list[str],
                 succ = [block_of[t] for t in ts]
             blk.succs = succ + (fall if cond else [])
         elif b in ("BRX", "BRXU", "JMX", "JMXU"):
-            notes.append(f"indirect branch at 0x{last.offset:04x}: every block is a successor")
-            blk.succs = [bb.idx for bb in blocks] + fall
+            ts = targets.get(blk.end - 1, [])
+            if ts:  # the jump table's targets, as the cubin declares them
+                blk.succs = [block_of[t] for t in ts] + (fall if cond else [])
+            else:
+                notes.append(f"indirect branch at 0x{last.offset:04x}: every block is a successor")
+                blk.succs = [bb.idx for bb in blocks] + fall
         elif b == "CALL":
             ts = targets.get(blk.end - 1, [])
             if not ts:
@@ -698,8 +823,11 @@ _UNKNOWN = "?"
 class _Env:
     """Static facts: parameters, secrets, and the flow-insensitive memory summary."""
 
-    def __init__(self, params: list[ParamInfo]):
+    def __init__(self, params: list[ParamInfo], smem_control_from: int | None = None):
         self.params = params
+        # shared memory: one region ("S"), or with ``smem_control_from`` two: the data area ("S") and the
+        # control area ("S:ctl", accesses whose address immediate is at or above it; see SmemLayout)
+        self.smem_control_from = smem_control_from
         self.slots: list[tuple[int, int, ParamInfo]] = [(p.cbank_offset, p.cbank_offset + p.size, p) for p in params]
         self.ptr_names = frozenset(p.name for p in params
                                    if p.role in ("pointer", "tensordesc", "pointer-to-pointer", "hidden", "unmapped"))
@@ -746,6 +874,12 @@ class _Env:
         return None
 
     # ---- memory summary
+    def smem_region(self, spec: tuple) -> str:
+        imm = spec[1] if len(spec) > 1 else None
+        if self.smem_control_from is not None and imm is not None and imm >= self.smem_control_from:
+            return "S:ctl"
+        return "S"
+
     def mem_get(self, region: str) -> tuple[bool, frozenset]:
         return self.mem.get(region, (False, _EMPTY))
 
@@ -789,6 +923,8 @@ class _Env:
             self.mem_join("G?", t, p)
             if generic:
                 self.mem_join("S", t, p)
+                if self.smem_control_from is not None:
+                    self.mem_join("S:ctl", t, p)
             return
         for r in regions[:-1]:
             self.mem_join(r, t, p)
@@ -856,7 +992,7 @@ class _State:
     feeds the explanatory traces of violations.
     """
 
-    __slots__ = ("T", "P", "G", "W", "key", "pc")
+    __slots__ = ("T", "P", "G", "W", "key", "pc", "D", "C")
 
     def __init__(self, T=None, P=None, G=None, W=None):
         self.T: dict = T if T is not None else {}
@@ -865,6 +1001,33 @@ class _State:
         self.W: dict = W if W is not None else {}
         self.key = None  # guard key of the instruction being executed
         self.pc = -1  # offset of the instruction being executed
+        # Predicate aliases, within one basic block only (never copied or joined): ``D`` = predicate ->
+        # (its defining instruction's opcode and sources, the registers it read); ``C`` = predicate -> an
+        # earlier predicate defined by the same instruction from the same, unchanged sources. A guard is
+        # keyed by its alias, so ``@UP1 UMOV UR9, URZ`` then ``@UP0 UTMASTG [UR8]`` (UP0 and UP1 both
+        # ``VOTEU.ANY`` of P1) reads the guarded UR9. Block-local because a vote's result also depends
+        # on which threads are active, which only a branch changes.
+        self.D: dict = {}
+        self.C: dict = {}
+
+    def canon(self, pred: str) -> str:
+        return self.C.get(pred, pred)
+
+    def kill(self, loc: str) -> None:
+        """``loc`` is written: aliases that read it or name it are no longer valid."""
+        if self.D:
+            for k in [k for k, (_, regs) in self.D.items() if k == loc or loc in regs]:
+                del self.D[k]
+        if self.C:
+            for k in [k for k, v in self.C.items() if k == loc or v == loc]:
+                del self.C[k]
+
+    def define_pred(self, pred: str, sig: tuple, regs: frozenset) -> None:
+        for other, (osig, _) in self.D.items():
+            if osig == sig and other != pred:
+                self.C[pred] = self.C.get(other, other)
+                break
+        self.D[pred] = (sig, regs)
 
     def copy(self) -> "_State":
         return _State(dict(self.T), dict(self.P), dict(self.G), dict(self.W))
@@ -906,6 +1069,7 @@ class _State:
     def set(self, loc: str, mask: int, p: frozenset, guard_key, extra: int = 0) -> None:
         """Write ``loc``: value taint ``mask``; ``extra`` = bits tainted only through a tainted guard."""
         T, P, G = self.T, self.P, self.G
+        self.kill(loc)
         total = mask | extra
         if total:
             self.W[loc] = self.pc
@@ -932,6 +1096,7 @@ class _State:
                 del G[k]
 
     def weak(self, loc: str, mask: int, p: frozenset) -> None:
+        self.kill(loc)
         if mask:
             self.W[loc] = self.pc
             self.T[loc] = self.T.get(loc, 0) | mask
@@ -976,11 +1141,12 @@ class _State:
 
 
 class _Analyzer:
-    def __init__(self, listing: Listing, params: list[ParamInfo], entry_off: int, notes: list[str]):
+    def __init__(self, listing: Listing, params: list[ParamInfo], entry_off: int, notes: list[str],
+                 smem_control_from: int | None = None):
         self.listing = listing
         self.ins = listing.instrs
         self.sems: list[Sem] = [decode(x) for x in self.ins]
-        self.env = _Env(params)
+        self.env = _Env(params, smem_control_from)
         self.notes = notes
         self.unresolved: set[int] = set()
         self.blocks, self.entry = _build_cfg(listing, entry_off, notes, self.unresolved)
@@ -992,7 +1158,7 @@ class _Analyzer:
         env = self.env
         kind = spec[0]
         if kind == "S":
-            return env.mem_get("S")
+            return env.mem_get(env.smem_region(spec))
         if kind in ("G", "GEN"):
             prov = S.prov(spec[1])
             if kind == "GEN" and env.global_regions(prov) is None:
@@ -1029,7 +1195,7 @@ class _Analyzer:
         env = self.env
         kind = spec[0]
         if kind == "S":
-            env.mem_join("S", t, p)
+            env.mem_join(env.smem_region(spec), t, p)
         elif kind in ("G", "GEN"):
             prov = S.prov(spec[1])
             env.write_global(prov, t, p, kind == "GEN")
@@ -1050,11 +1216,22 @@ class _Analyzer:
                 dp = env.read_global(prov)[1] or frozenset({_UNKNOWN})
             env.write_global(dp, t, p, False)
 
+    _PRED_DEFS = ("ISETP", "UISETP", "FSETP", "PLOP3", "UPLOP3", "VOTEU", "VOTE")
+
     def _step(self, i: int, S: _State, sink: list | None) -> None:
+        self._step_effects(i, S, sink)
+        x = self.ins[i]
+        if x.guard is None and x.base in self._PRED_DEFS and x.operands:
+            dest = parse_operand(x.operands[0])
+            if dest.kind == "pred" and not dest.negated and dest.reg not in ("PT", "UPT"):
+                regs = frozenset(r for o in x.operands[1:] for r, _ in _inner_regs(o))
+                S.define_pred(dest.reg, (x.opcode, tuple(o.replace(".reuse", "") for o in x.operands[1:])), regs)
+
+    def _step_effects(self, i: int, S: _State, sink: list | None) -> None:
         x = self.ins[i]
         s = self.sems[i]
         env = self.env
-        key = (x.guard, x.guard_neg) if x.guard is not None else None
+        key = (S.canon(x.guard), x.guard_neg) if x.guard is not None else None
         S.pc = x.offset
         S.key = None
         gt = x.guard is not None and S.t(x.guard)
@@ -1269,6 +1446,10 @@ class _Analyzer:
         env = self.env
         kind = spec[0]
         if kind == "S":
+            if env.smem_region(spec) == "S:ctl":
+                return "shared memory, control area (received secret data)"
+            if env.smem_control_from is not None:
+                return "shared memory, data area (holds secret data)"
             return "shared memory (holds secret data: coarse model)"
         if kind == "L":
             return "local memory (spilled secret)"
@@ -1422,7 +1603,8 @@ class _Analyzer:
                     unknown[self.ins[i].opcode] += 1
         regs = sorted((t for t in tainted if not t.startswith("L")), key=_reg_sort_key)
         mem = sorted(k for k, v in self.env.mem.items() if v[0])
-        mem = ["shared" if m == "S" else ("global:<unknown>" if m == "G?" else "global:" + m[2:]) for m in mem]
+        mem = [{"S": "shared", "S:ctl": "shared:control"}.get(m) or ("global:<unknown>" if m == "G?" else "global:" + m[2:])
+               for m in mem]
         mem += sorted({"local" + (f"[0x{int(t[2:]):x}]" if t.startswith("L:") else "[*]") for t in tainted
                        if t.startswith("L")})
         return Report(kernel="", violations=violations, n_instructions=n_ins, n_blocks=len(reachable),
@@ -1443,11 +1625,13 @@ def _reg_sort_key(r: str):
 # ============================================================================================
 
 
-def analyze_listing(listing: Listing, params: list[ParamInfo], kernel: str, notes: list[str] | None = None) -> Report:
-    """Run the taint analysis on a parsed listing with an explicit parameter table."""
+def analyze_listing(listing: Listing, params: list[ParamInfo], kernel: str, notes: list[str] | None = None,
+                    smem_control_from: int | None = None) -> Report:
+    """Run the taint analysis on a parsed listing with an explicit parameter table. ``smem_control_from``:
+    where shared memory's control area starts (:class:`SmemLayout`); None models shared memory as one region."""
     notes = notes if notes is not None else []
     entry_off = listing.functions.get(kernel, listing.instrs[0].offset if listing.instrs else 0)
-    an = _Analyzer(listing, params, entry_off, notes)
+    an = _Analyzer(listing, params, entry_off, notes, smem_control_from)
     rep = an.run()
     rep.kernel = kernel
     rep.params = params
@@ -1456,7 +1640,7 @@ def analyze_listing(listing: Listing, params: list[ParamInfo], kernel: str, note
 
 
 def analyze_cubin(cubin: bytes, kernel: str | None, expected_params: list[tuple[str, str, str]] | None,
-                  secret: Iterable[str]) -> Report:
+                  secret: Iterable[str], smem_control_from: int | None = None) -> Report:
     """Analyse a cubin.  ``expected_params``: (name, role, arg) per ordinal, or None = all unmapped."""
     secret = set(secret)
     t0 = time.perf_counter()
@@ -1475,7 +1659,7 @@ def analyze_cubin(cubin: bytes, kernel: str | None, expected_params: list[tuple[
     listing = parse_nvdisasm(text)
     if not listing.instrs:
         raise RuntimeError("nvdisasm produced no instructions")
-    rep = analyze_listing(listing, params, kernel, notes)
+    rep = analyze_listing(listing, params, kernel, notes, smem_control_from)
     rep.secret = sorted(secret)
     rep.timings = {"disassemble_s": round(t1 - t0, 4), "analyse_s": round(time.perf_counter() - t1, 4)}
     return rep
@@ -1496,7 +1680,10 @@ def sass_taint(fn, signature: dict, constexprs: dict | None, secret: Iterable[st
         raise ValueError(f"secret names are not arguments of {jfn.__name__}: {missing}")
     comp = compile_cubin(jfn, signature, constexprs, target, num_warps, num_stages, attrs, maxnreg)
     expected = _expand_params(jfn, signature, comp.constant_keys, comp.tensordesc_meta)
-    rep = analyze_cubin(comp.cubin, comp.kernel, expected, secret)
+    layout = comp.smem
+    rep = analyze_cubin(comp.cubin, comp.kernel, expected, secret, layout.control_from if layout else None)
+    if layout is not None and (layout.control_from is not None or layout.control):
+        rep.notes.append(layout.describe())  # the split in use, or why a kernel with barriers has none
     cap = target if isinstance(target, int) else int(target[0]) * 10 + int(target[1])
     rep.target = f"sm_{cap}" + ("a" if cap == 90 else "")
     rep.num_warps, rep.num_stages = num_warps, num_stages

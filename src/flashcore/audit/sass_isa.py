@@ -147,6 +147,7 @@ class Opnd:
     inner: list[tuple[str, int]] = field(default_factory=list)  # registers inside brackets
     cbank: tuple[int, int] | None = None  # (bank, immediate offset)
     stack_off: int | None = None  # [R1+imm] local-memory slot
+    imm: int = 0  # the immediate offset inside a memory operand's brackets ([R4+UR8+0x3117c] -> 0x3117c)
 
 
 def _suffix_width(suffix: str) -> int:
@@ -184,6 +185,8 @@ def parse_operand(text: str) -> Opnd:
     if "[" in t:
         inner = _inner_regs(t)
         op = Opnd(t, "mem", inner=inner)
+        inside = t[t.index("[") + 1:t.rindex("]")] if "]" in t else t
+        op.imm = sum(int(n, 0) for n in _HEX_RE.findall(_REG_RE.sub("", inside).replace("+", " ").replace(" -", " -")))
         # [R1+imm] / [R1] : thread-local stack slot
         m = re.fullmatch(r"\[R1(?:\s*\+\s*(-?0x[0-9a-fA-F]+))?\]", t.replace(" ", ""))
         if m:
@@ -483,7 +486,12 @@ def decode(ins: Instr) -> Sem:
             so = mem_ops[0].stack_off if mem_ops else None
             if so is not None:
                 slots = tuple(so + 4 * k for k in range(w))
-        spec = ("L", slots) if space == "L" else ((space, tuple(addr)) if space in ("G", "GEN") else ("S",))
+        if space == "L":
+            spec = ("L", slots)
+        elif space in ("G", "GEN"):
+            spec = (space, tuple(addr))
+        else:  # shared: the immediate offset picks the area (data or control, see sass.py)
+            spec = ("S", mem_ops[0].imm if mem_ops else None)
         reads = [spec] if (base in LOADS or base in ATOMICS) else []
         writes = [spec] if (base in STORES or base in ATOMICS) else []
         consts, indexed, idx_regs = _const_reads(ops, lambda i: 8 if has64 else 4)

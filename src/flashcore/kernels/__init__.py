@@ -378,9 +378,8 @@ def _spec_from_launch(name, cfg, args, constexprs, secret, fn=None):
 def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0), full: bool = False) -> list[dict]:
     """Every Triton kernel configuration flashcore launches in this mode on ``arch`` (see above), as
     ``{name, fn, signature, constexprs, attrs, secret, num_warps, num_stages}`` for the SASS audit.
-    The fast path's Gluon kernel (hopper_fwd.py, see :func:`gluon_spec`) is not listed: the audit's
-    one-region shared-memory model reports false positives on warp-specialised code
-    (docs/security.md §6); secure mode never launches it.
+    On sm_90 the warp-specialised Gluon kernel (hopper_fwd.py, :func:`gluon_spec`) is listed too, in every
+    form it launches in this mode (:data:`_AUDIT_GLUON`).
 
     Secrets: the data behind q/k/v and, in secure mode, the true lengths (``SEQLENS_*``); for the
     fast path the cumulative lengths of a varlen launch (its loop bounds depend on them)."""
@@ -399,7 +398,19 @@ def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0), full: bool = False
                     specs.append(_audit_prepass_spec(dtype, hd, S, Hkv))
                     if dtype != torch.float32 and hd in (64, 128):  # the secure Gluon kernel's (non-causal)
                         specs.append(_audit_prepass_kv_spec(dtype, hd, S, Hkv))
+    if tuple(arch) == (9, 0):
+        for dtype in (torch.bfloat16, torch.float16):
+            for hd in (64, 128):
+                for causal in (False, True):
+                    for S, Hq, Hkv, lse in _AUDIT_GLUON:
+                        cfg = (configs.gluon_secure if secure else configs.gluon_ws)(hd, S, causal)
+                        specs.append(gluon_spec(hd, causal, dtype, S, Hq, Hkv, lse, cfg=cfg, secure=secure))
     return specs
+
+
+# The Gluon kernel's audited forms: (S, Hq, Hkv, return_lse). S=4096 takes three consumer warpgroups at
+# D=64 non-causal (configs.gluon_ws); 1000 has a partial edge tile and two.
+_AUDIT_GLUON = ((4096, 8, 8, False), (1000, 8, 2, True))
 
 
 def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096, Hq: int = 8, Hkv: int = 8,
@@ -412,7 +423,7 @@ def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096,
     B = 2
     q, k = torch.empty(B, Hq, S, head_dim, dtype=dtype), torch.empty(B, Hkv, S, head_dim, dtype=dtype)
     lse = torch.empty(B, Hq, S, dtype=torch.float32) if return_lse else None
-    cfg = cfg or (configs.gluon_secure(head_dim, causal) if secure else configs.gluon_ws(head_dim))
+    cfg = cfg or (configs.gluon_secure if secure else configs.gluon_ws)(head_dim, S, causal)
     launch = GluonLaunch(q, k, k, q, lse, scale=head_dim ** -0.5, causal=causal, seqlen_q=S, seqlen_k=S, batch=B,
                          num_heads_q=Hq, num_heads_kv=Hkv, lse_strides=(Hq * S, S), cfg=cfg, secure=secure)
     step = launch.step
@@ -422,7 +433,8 @@ def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096,
     # secure: the key weights and the query lengths are secret too (the key lengths enter the pre-pass only)
     secret = {"q_desc", "k_desc", "v_desc"} | ({"w_desc", "seqlens_q_ptr"} if secure else set())
     mode = "secure" if secure else "fast"
-    name = f"{mode}_gluon_ws_{_ELT[dtype]}_d{head_dim}_{'causal' if causal else 'full'}_s{S}_gqa{Hq // Hkv}"
+    name = (f"{mode}_gluon_ws_{_ELT[dtype]}_d{head_dim}_{'causal' if causal else 'full'}_s{S}_gqa{Hq // Hkv}"
+            f"{'_lse' if return_lse else ''}_{cfg.block_m // 64}wg")
     spec = _spec_from_launch(name, cfg, args, step.constexprs, secret, fn=step.fn)
     spec["num_stages"] = 1
     spec["maxnreg"] = step.options["maxnreg"]

@@ -7,7 +7,6 @@ docs/perf-notes.md for the sweeps that chose them.
 from __future__ import annotations
 
 import os
-import warnings
 from dataclasses import dataclass, replace
 
 # Audit/debug knob: force the secure mode's V zeroing to one variant ("prepass" | "in_loop"), so the
@@ -18,8 +17,8 @@ SECURE_V_ZEROING_MODES = ("auto", "prepass", "in_loop")
 # lets hopper() decide. Ineligible inputs (hopper_fwd.eligible) always run the Triton kernel.
 HOPPER_KERNEL_ENV = "FLASHCORE_HOPPER_KERNEL"
 HOPPER_KERNEL_MODES = ("auto", "triton", "gluon_ws")
-# The same for the secure (constant-time) path. "gluon_ws" runs the experimental secure Gluon kernel,
-# which gate 2 measured but gate 1 cannot certify yet (docs/security.md, perf-notes v9); it warns.
+# The same for the secure (constant-time) path ("gluon_ws": the secure Gluon kernel wherever the planner
+# can run it, "triton": the secure Triton kernel everywhere).
 SECURE_KERNEL_ENV = "FLASHCORE_SECURE_KERNEL"
 
 
@@ -83,14 +82,12 @@ def block_d(head_dim: int) -> int:
     return max(16, 1 << (head_dim - 1).bit_length())
 
 
-def gluon_secure(head_dim: int, causal: bool = False) -> Config:
-    """Experimental, opt-in (SECURE_KERNEL_ENV): the Gluon kernel in secure mode
-    (hopper_fwd.attn_fwd_hopper_kernel with SECURE). The fast path's two-warpgroup configuration: 128-key
-    tiles, setmaxnreg split 240/24 (perf-notes v10: at D=128 0.82-0.97x of the fast path, against 0.76-0.87x at
-    168 registers without reallocation, v9's choice; three warpgroups at D=64 tie with two in secure mode and
-    spill when causal). V always
-    comes from the pre-pass (the kernel has no in-loop V select)."""
-    return gluon_ws(head_dim, 0, causal)
+def gluon_secure(head_dim: int, seqlen_q: int = 0, causal: bool = False) -> Config:
+    """The Gluon kernel in secure mode (hopper_fwd.attn_fwd_hopper_kernel with SECURE): the fast path's own
+    configuration, since v11 its loop is the fast one (no key mask; perf-notes v11): three consumer
+    warpgroups at D=64 non-causal from 2048 query rows (main kernel 0.97-0.98x of the fast path there,
+    against 0.91x with two). K/V always come from a pre-pass (the kernel has no in-loop select)."""
+    return gluon_ws(head_dim, seqlen_q, causal)
 
 
 def hopper(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q: int, seqlen_k: int,
@@ -110,11 +107,17 @@ def hopper(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q
       over balanced pairs of row tiles (v8.4) the Gluon kernel won on an H200 (16x16x2048x64 372 vs
       386 us) but on the H100 it ties or trails (same run: 4x32x4096x64 691 vs 687, 16x16x2048x64 396
       vs 381, 4x16x1024x64 48.8 vs 44.9; ahead only at 4x16x2048x64, 111 vs 115).
-    Secure mode always gets the Triton kernel here (the secure Gluon kernel is opt-in: gluon_secure).
-    The caller still falls back to the Triton kernel when the inputs are not TMA-addressable."""
-    if (not secure and dtype_bytes == 2 and head_dim in GLUON_MIN_WORK and not (head_dim == 64 and causal)
+    * Secure mode, since v11 (perf-notes): the Gluon kernel in secure form (gluon_secure) from the same
+      sizes, causal D=64 included (there it ran at 0.94x of the fast path against the secure Triton
+      kernel's 0.76x). Its loop is the fast one; a K/V pre-pass takes the secret lengths.
+    The caller still falls back to the Triton kernel when the inputs are not TMA-addressable (and, in
+    secure mode, for causal attention with a secret diagonal: explicit query lengths)."""
+    if (dtype_bytes == 2 and head_dim in GLUON_MIN_WORK
             and batch_heads * seqlen_q * seqlen_k >= GLUON_MIN_WORK[head_dim]):
-        return gluon_ws(head_dim, seqlen_q, causal)
+        if secure:
+            return gluon_secure(head_dim, seqlen_q, causal)
+        if not (head_dim == 64 and causal):
+            return gluon_ws(head_dim, seqlen_q, causal)
     return hopper_triton(head_dim, dtype_bytes, causal, secure, seqlen_q, seqlen_k, batch_heads)
 
 
@@ -183,9 +186,7 @@ def choose(arch: tuple[int, int] | None, **kw) -> Config:
         if mode not in HOPPER_KERNEL_MODES:
             raise ValueError(f"{SECURE_KERNEL_ENV} must be one of {HOPPER_KERNEL_MODES}, got {mode!r}")
         if mode == "gluon_ws":
-            warnings.warn(f"{SECURE_KERNEL_ENV}=gluon_ws: the secure Gluon kernel is experimental; the static "
-                          "SASS gate does not certify it yet (docs/security.md)", stacklevel=2)
-            cfg = gluon_secure(kw["head_dim"], kw["causal"])
+            cfg = gluon_secure(kw["head_dim"], kw["seqlen_q"], kw["causal"])
         elif mode == "triton" and cfg.kernel != "triton":
             cfg = hopper_triton(**kw)
     if kw.get("secure"):

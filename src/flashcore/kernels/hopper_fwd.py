@@ -17,8 +17,8 @@ Persistent where work items cost the same (non-causal): one program per SM loops
 (NUM_WG x BLOCK_M query rows of one head), with Q double-buffered so the next item's Q and first K/V
 tiles load while the consumers finish the current one; causal items each get a program.
 
-The fast path skips causal blocks by length-dependent bounds; ``SECURE`` is the experimental
-constant-time variant of the same code. Both support bf16/fp16, head dims 64 and 128, any Sq/Sk, GQA,
+The fast path skips causal blocks by length-dependent bounds; ``SECURE`` is the constant-time
+variant of the same code (secure mode's kernel on Hopper since v11; docs/security.md). Both support bf16/fp16, head dims 64 and 128, any Sq/Sk, GQA,
 and any 16-byte aligned strides (rank-4 TMA descriptors, so a tile never reads
 a neighbouring head: out-of-range rows are zero-filled by the copy engine and clipped on store).
 """
@@ -342,7 +342,7 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
     NUM_WG*BLOCK_M query rows of one head, or with PAIRED two causal items of equal total cost), so one
     item's epilogue and the next one's loads overlap instead of costing a launch.
 
-    SECURE (experimental, opt-in; docs/security.md, perf-notes v9-v11): the constant-time mode. K and V
+    SECURE (docs/security.md, perf-notes v9-v11): the constant-time mode. K and V
     come sanitised from a pre-pass (non-causal with the key weights ``w_desc``, unused otherwise; see
     _consume_tile); the true query lengths (``seqlens_q_ptr``, unused otherwise) are read on the device
     and enter only the epilogue's selects. Its waits are retry loops whose trip counts
