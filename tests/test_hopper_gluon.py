@@ -443,8 +443,12 @@ def test_gluon_under_torch_compile(force_gluon):
 
 @pytest.mark.gpu
 @needs_hopper
-def test_forced_gluon_still_runs_varlen_and_secure_on_triton(force_gluon):
+def test_forced_gluon_still_runs_varlen_and_secure_on_triton(force_gluon, monkeypatch):
+    """The fast path's knob forces neither varlen (no Gluon form) nor secure mode (its own knob) onto the
+    Gluon kernel."""
     import flashcore
+
+    monkeypatch.setenv(configs.SECURE_KERNEL_ENV, "triton")
 
     g = torch.Generator(device="cuda").manual_seed(23)
     lens = [300, 0, 1000]
