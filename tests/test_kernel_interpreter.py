@@ -255,7 +255,7 @@ def test_secure_prepass_replaces_exactly_the_padding():
 
 def test_secure_kv_prepass_makes_padding_keys_copies_and_weights_them_zero():
     """The secure Gluon kernel's non-causal pre-pass (it masks no key): every padding key becomes the
-    sequence's first key (so its score equals a valid one), every padding V row exactly zero, and the
+    sequence's first key (so its score equals a valid one), padding V rows cancel in pairs, and the
     key weights are 1 exactly on the valid keys, in all W_ROWS rows; with no valid key, K's rows are
     a finite public pattern. Nothing of the padding's contents survives."""
     from flashcore.kernels import PREPASS_WARPS, build_prepass_kv
@@ -284,7 +284,16 @@ def test_secure_kv_prepass_makes_padding_keys_copies_and_weights_them_zero():
     for b in range(B):
         n = int(lens[b])
         assert torch.equal(ks[b, :, :n], k[b, :, :n]) and torch.equal(vs[b, :, :n], v[b, :, :n])
-        assert bool((vs[b, :, n:] == 0).all())
+        # V's padding: pairs of a small pattern and its exact negation (so equal probabilities cancel),
+        # non-zero almost everywhere; an odd last padding row is zero
+        pad = vs[b, :, n:].float()
+        n_pairs = (S - n) // 2
+        pairs = pad[:, :2 * n_pairs].reshape(Hkv, n_pairs, 2, D)
+        assert torch.equal(pairs[:, :, 0], -pairs[:, :, 1]) and bool((pad.abs() <= 1 / 32).all())
+        if n_pairs:
+            assert (pairs != 0).float().mean() > 0.99
+        if (S - n) % 2:
+            assert bool((pad[:, -1] == 0).all())
         if n:
             assert torch.equal(ks[b, :, n:], k[b, :, :1].expand(-1, S - n, -1))
         else:

@@ -23,6 +23,8 @@ import triton.language as tl
 
 # Rows of the key-weight tensor W (attn_secure_sanitize_kv_kernel): the N of the narrowest wgmma.
 W_ROWS = 8
+# Magnitude of the cancelling V padding pattern (attn_secure_sanitize_kv_kernel): exact in 16-bit, small.
+PAD_SCALE: tl.constexpr = tl.constexpr(1.0 / 64)
 
 
 def key_weights_shape(batch: int, seqlen_k: int) -> tuple[int, int, int]:
@@ -77,8 +79,14 @@ def attn_secure_sanitize_kv_kernel(
       equals a valid one (row 0's), so the unmasked row max is the true one and every probability is
       finite (at most 1), whatever the padding held. With no valid key (length 0) the rows get the
       public position pattern: the kernel's row sum is 0 then and the row outputs zeros.
-    * VS: V with padding rows exactly zero, so the (non-zero) probabilities of padding keys add
-      exactly nothing to P V.
+    * VS: V whose padding rows add nothing to P V although their probabilities are not zero: the rows
+      come in pairs (counted from the length) of a small public pattern and its exact negation, and a
+      padding key's probability is the same for every padding key of a row (all are copies of key 0),
+      so each pair's products cancel. Not zeros, because the tensor cores run faster on zero operands
+      (docs/security.md §5.4), so zero rows would make P V's time follow the length. The cancellation is
+      exact in real arithmetic; the MMA's fp32 accumulation rounds, which leaves at most about
+      n_pad * 2^-22 * PAD_SCALE * 2 in an output (PAD_SCALE keeps the pattern small). An odd last
+      padding row has no partner and is zero.
     * W: ``[B, W_ROWS, w_len]``, 1 where a key is valid and 0 past the length (and past ``seqlen_k`` up to
       ``w_len``), all rows alike: the kernel's row sum is the MMA ``P W``, so padding keys drop out of
       the softmax denominator without a select per score. Written by the programs of head 0.
@@ -101,7 +109,13 @@ def attn_secure_sanitize_kv_kernel(
     kx = tl.where(valid, kx, fill)
     vx = tl.load(V + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh + rows[:, None] * stride_vs
                  + offs_d[None, :], mask=in_bounds, other=0.0)
-    vx = tl.where(valid, vx, 0.0)
+    rel = rows[:, None] - len_k  # >= 0 on padding
+    n_pad = seqlen_k - len_k
+    pair_first = rows - ((rows - len_k) & 1)  # both rows of a pair draw the same pattern
+    pattern = _position_noise(pair_first, offs_d, pid_bh) * PAD_SCALE
+    pattern = tl.where((rel & 1) == 0, pattern, -pattern)
+    pattern = tl.where((rel == n_pad - 1) & ((n_pad & 1) == 1), 0.0, pattern)
+    vx = tl.where(valid, vx, pattern.to(vx.dtype))
     # KS, VS are contiguous [B, Hkv, S, HEAD_DIM]
     dst = (pid_bh.to(tl.int64) * seqlen_k + rows[:, None]) * HEAD_DIM + offs_d[None, :]
     tl.store(KS + dst, kx, mask=in_bounds)
