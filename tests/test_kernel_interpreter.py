@@ -301,6 +301,15 @@ def test_secure_kv_prepass_makes_padding_keys_copies_and_weights_them_zero():
             assert bool(torch.isfinite(pad).all()) and pad.std() > 0.5
         expect = (torch.arange(72) < n).to(w.dtype)
         assert torch.equal(w[b], expect.expand(W_ROWS, -1))
+    # the audit knob's zero padding (for timing comparisons): same K and weights, V's padding exactly zero
+    with pytest.MonkeyPatch.context() as mp:
+        from flashcore.kernels import configs
+        mp.setenv(configs.SECURE_V_PAD_ENV, "zeros")
+        ks0, vs0, w0 = run(k, v)
+    assert torch.equal(ks0, ks) and torch.equal(w0, w)
+    for b in range(B):
+        n = int(lens[b])
+        assert torch.equal(vs0[b, :, :n], vs[b, :, :n]) and bool((vs0[b, :, n:] == 0).all())
     # the outputs depend on the valid rows only
     k2, v2 = k.clone(), v.clone()
     for b in range(B):

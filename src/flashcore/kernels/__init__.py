@@ -88,7 +88,8 @@ def build_prepass_kv(k, v, ks, vs, w, seqlens_k, *, seqlen_k: int, batch: int, n
 
     head_dim = v.shape[-1]
     args = [k, v, ks, vs, w, seqlens_k, *k_strides, *v_strides, seqlen_k, num_heads_kv, w.shape[-1]]
-    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=configs.block_d(head_dim), BLOCK_S=PREPASS_BLOCK_S, W_ROWS=W_ROWS)
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=configs.block_d(head_dim), BLOCK_S=PREPASS_BLOCK_S, W_ROWS=W_ROWS,
+                      V_PAD_PAIRS=configs.secure_v_pad_pairs())
     # w_len <= seqlen_k rounded up to 8 <= the rows this grid covers
     return (triton_cdiv(seqlen_k, PREPASS_BLOCK_S), batch * num_heads_kv), args, constexprs
 

@@ -22,10 +22,23 @@ HOPPER_KERNEL_MODES = ("auto", "triton", "gluon_ws")
 SECURE_KERNEL_ENV = "FLASHCORE_SECURE_KERNEL"
 
 
+# Audit knob: the K/V pre-pass's V padding, "pairs" (cancelling pairs, the default) or "zeros" (exact
+# zeros: the same outputs up to rounding, for timing comparisons; secure_prepass.attn_secure_sanitize_kv_kernel).
+SECURE_V_PAD_ENV = "FLASHCORE_SECURE_V_PAD"
+
+
+def secure_v_pad_pairs() -> bool:
+    mode = os.environ.get(SECURE_V_PAD_ENV, "pairs")
+    if mode not in ("pairs", "zeros"):
+        raise ValueError(f"{SECURE_V_PAD_ENV} must be 'pairs' or 'zeros', got {mode!r}")
+    return mode == "pairs"
+
+
 def env_overrides() -> tuple:
     """The debug/benchmark knobs that change which kernel a plan gets: part of every plan-cache key
     (kernels._plan_key, api._signature), so changing one takes effect on the next call."""
-    return os.environ.get(HOPPER_KERNEL_ENV), os.environ.get(SECURE_V_ZEROING_ENV), os.environ.get(SECURE_KERNEL_ENV)
+    return (os.environ.get(HOPPER_KERNEL_ENV), os.environ.get(SECURE_V_ZEROING_ENV), os.environ.get(SECURE_KERNEL_ENV),
+            os.environ.get(SECURE_V_PAD_ENV))
 
 
 def triton_table(arch: tuple[int, int] | None, **kw) -> Config:

@@ -72,6 +72,7 @@ def attn_secure_sanitize_kv_kernel(
     stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
     seqlen_k, num_heads_kv, w_len,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, W_ROWS: tl.constexpr,
+    V_PAD_PAIRS: tl.constexpr = True,
 ):
     """The pre-pass of the secure Gluon kernel's non-causal form, which masks no key (hopper_fwd.py):
 
@@ -115,6 +116,8 @@ def attn_secure_sanitize_kv_kernel(
     pattern = _position_noise(pair_first, offs_d, pid_bh) * PAD_SCALE
     pattern = tl.where((rel & 1) == 0, pattern, -pattern)
     pattern = tl.where((rel == n_pad - 1) & ((n_pad & 1) == 1), 0.0, pattern)
+    if not V_PAD_PAIRS:  # audit knob (configs.SECURE_V_PAD_ENV): zero rows, for the timing comparison
+        pattern = tl.zeros_like(pattern)
     vx = tl.where(valid, vx, pattern.to(vx.dtype))
     # KS, VS are contiguous [B, Hkv, S, HEAD_DIM]
     dst = (pid_bh.to(tl.int64) * seqlen_k + rows[:, None]) * HEAD_DIM + offs_d[None, :]
