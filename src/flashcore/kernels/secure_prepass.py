@@ -106,15 +106,15 @@ def attn_secure_sanitize_kv_kernel(
     k_base = K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
     key0 = tl.load(k_base + offs_d, mask=d_ok, other=0.0)  # row 0 of the sequence: a public address
     kx = tl.load(k_base + rows[:, None] * stride_ks + offs_d[None, :], mask=in_bounds, other=0.0)
-    fill = tl.where(len_k > 0, key0[None, :], _position_noise(rows, offs_d, pid_bh).to(kx.dtype))
-    kx = tl.where(valid, kx, fill)
+    # one public pattern per pair of padding rows (counted from the length), computed once for K and V
+    pair_first = rows - ((rows - len_k) & 1)
+    noise = _position_noise(pair_first, offs_d, pid_bh)
+    kx = tl.where(valid, kx, tl.where(len_k > 0, key0[None, :], noise.to(kx.dtype)))
     vx = tl.load(V + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh + rows[:, None] * stride_vs
                  + offs_d[None, :], mask=in_bounds, other=0.0)
     rel = rows[:, None] - len_k  # >= 0 on padding
     n_pad = seqlen_k - len_k
-    pair_first = rows - ((rows - len_k) & 1)  # both rows of a pair draw the same pattern
-    pattern = _position_noise(pair_first, offs_d, pid_bh) * PAD_SCALE
-    pattern = tl.where((rel & 1) == 0, pattern, -pattern)
+    pattern = tl.where((rel & 1) == 0, noise, -noise) * PAD_SCALE
     pattern = tl.where((rel == n_pad - 1) & ((n_pad & 1) == 1), 0.0, pattern)
     if not V_PAD_PAIRS:  # audit knob (configs.SECURE_V_PAD_ENV): zero rows, for the timing comparison
         pattern = tl.zeros_like(pattern)
