@@ -18,7 +18,8 @@ Persistent where work items cost the same (non-causal): one program per SM loops
 tiles load while the consumers finish the current one; causal items each get a program.
 
 The fast path skips causal blocks by length-dependent bounds; ``SECURE`` is the constant-time
-variant of the same code (secure mode's kernel on Hopper since v11; docs/security.md). Both support bf16/fp16, head dims 64 and 128, any Sq/Sk, GQA,
+variant of the same code (secure mode's kernel on Hopper since v11; docs/security.md). Both support
+bf16/fp16, head dims 64 and 128, any Sq/Sk, GQA,
 and any 16-byte aligned strides (rank-4 TMA descriptors, so a tile never reads
 a neighbouring head: out-of-range rows are zero-filled by the copy engine and clipped on store).
 """
@@ -79,8 +80,8 @@ def _tile_coords(unit, HALF: gl.constexpr, num_m_tiles, CAUSAL: gl.constexpr, PA
 
 
 @gluon.jit
-def _loader(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-            v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group,
+def _loader(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready,
+            v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group,
             lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
             V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr,
@@ -169,8 +170,8 @@ def _softmax_step(s, m_i, l_i, col0, row, seqlen_k, diag, qk_scale, MASK: gl.con
 
 
 @gluon.jit
-def _consumer(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-              v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group,
+def _consumer(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready,
+              v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group,
               lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
               V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr,
@@ -202,14 +203,14 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_s
 
     SECURE: every trip count and address above is a function of the public shape (the padded lengths),
     and no key is masked by a secret length. Non-causal, the pre-pass (secure_prepass.py,
-    ``attn_secure_sanitize_kv_kernel``) made every padding key a copy of the first key and its V row
-    zero, so the unmasked row max is the true one and padding adds nothing to P V; the row sum is the
+    ``attn_secure_sanitize_kv_kernel``) made every padding key a copy of the first key and V's padding
+    rows cancel in pairs, so the unmasked row max is the true one and padding adds nothing to P V; the row sum is the
     MMA ``P W`` against the pre-pass's 0/1 key weights (SUM_MMA), which replaces the per-score adds.
     Causal runs here only in the self-attention form (len_q == len_k, Sq == Sk, public diagonal), where a
     row i < len sees keys j <= i < len only. Either way the loop is the fast kernel's, and the true query
     length enters only the epilogue's selects: rows at or past it output zeros."""
     dtype: gl.constexpr = q_desc.dtype
-    W_ROWS: gl.constexpr = 8  # the narrowest wgmma (N = 8)
+    W_ROWS: gl.constexpr = 8  # the narrowest wgmma (N = 8); = secure_prepass.W_ROWS, the host's key-weight rows
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -380,37 +381,37 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
     # so is the partition list, which is why the two layouts are two literal lists)
     if NUM_WG == 3:
         gl.warp_specialize([
-            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready, v_ready,
-                         k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
-                         lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES,
-                         CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
-            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready, v_ready,
-                         k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
-                         lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES,
-                         CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 1)),
-            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready, v_ready,
-                         k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
-                         lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES,
-                         CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 2)),
-            (_loader, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready, v_ready,
-                       k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
-                       lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES,
-                       CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
+            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
+                         k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
+                         num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
+            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
+                         k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
+                         num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 1)),
+            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
+                         k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
+                         num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 2)),
+            (_loader, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
+                       k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
+                       num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
+                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
         ], [4, 4, 1], [CONSUMER_WG_REGS, CONSUMER_WG_REGS, LOADER_WG_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready, v_ready,
-                         k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
-                         lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES,
-                         CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
-            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready, v_ready,
-                         k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
-                         lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES,
-                         CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 1)),
-            (_loader, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready, v_ready,
-                       k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b,
-                       lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES,
-                       CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
+            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
+                         k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
+                         num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
+            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
+                         k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
+                         num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 1)),
+            (_loader, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
+                       k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
+                       num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
+                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
         ], [4, 1], [CONSUMER_WG_REGS, LOADER_WG_REGS])
 
 
