@@ -44,19 +44,25 @@ def _position_noise(rows, cols, salt):
 
 
 @triton.jit
+def _prepass_tile(SEQLENS_K, seqlen_k, num_heads_kv, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's tile of a pre-pass: (batch*head, batch, head, the secret key length clamped
+    arithmetically into [0, seqlen_k], its rows, its head-dim offsets)."""
+    pid_bh = tl.program_id(1)
+    b = pid_bh // num_heads_kv
+    h = pid_bh % num_heads_kv
+    len_k = tl.minimum(tl.maximum(tl.load(SEQLENS_K + b), 0), seqlen_k)
+    rows = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    return pid_bh, b, h, len_k, rows, tl.arange(0, BLOCK_D)
+
+
+@triton.jit
 def attn_secure_zero_v_padding_kernel(
     V, VS, SEQLENS_K,
     stride_vb, stride_vh, stride_vs,
     seqlen_k, num_heads_kv,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
-    pid_s = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // num_heads_kv
-    h = pid_bh % num_heads_kv
-    len_k = tl.minimum(tl.maximum(tl.load(SEQLENS_K + b), 0), seqlen_k)
-    rows = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
+    pid_bh, b, h, len_k, rows, offs_d = _prepass_tile(SEQLENS_K, seqlen_k, num_heads_kv, BLOCK_S, BLOCK_D)
     in_bounds = (rows[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM)  # public shape only
     src = V + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh + rows[:, None] * stride_vs + offs_d[None, :]
     x = tl.load(src, mask=in_bounds, other=0.0)
@@ -93,13 +99,7 @@ def attn_secure_sanitize_kv_kernel(
       the softmax denominator without a select per score. Written by the programs of head 0.
 
     Constant time as the V pre-pass above: whole tiles read and written, the length only in selects."""
-    pid_s = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // num_heads_kv
-    h = pid_bh % num_heads_kv
-    len_k = tl.minimum(tl.maximum(tl.load(SEQLENS_K + b), 0), seqlen_k)
-    rows = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
+    pid_bh, b, h, len_k, rows, offs_d = _prepass_tile(SEQLENS_K, seqlen_k, num_heads_kv, BLOCK_S, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     in_bounds = (rows[:, None] < seqlen_k) & d_ok[None, :]  # public shape only
     valid = rows[:, None] < len_k
