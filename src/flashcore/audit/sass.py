@@ -369,7 +369,14 @@ _ELT_BYTES = {"i1": 1, "i8": 1, "i16": 2, "i32": 4, "i64": 8, "f16": 2, "bf16": 
               "f8E4M3FN": 1, "f8E5M2": 1}
 
 
-def smem_layout(ttgir: str | None, cap: int) -> SmemLayout | None:
+def _ptx_version(meta, cap: int) -> int:
+    """The PTX version Triton's NVIDIA backend compiled with (its make_llir computes it the same way)."""
+    from triton.backends.nvidia.compiler import get_ptx_version_from_options
+
+    return get_ptx_version_from_options(meta, cap)
+
+
+def smem_layout(ttgir: str | None, cap: int, ptx_version: int) -> SmemLayout | None:
     """The shared-memory allocation of a compiled kernel (see :class:`SmemLayout`), or None when there
     is no TTGIR. Re-runs the first passes of Triton 3.6's ``make_llir`` (NVIDIA backend) up to and
     including shared-memory allocation and reads the ``allocation.offset`` attributes."""
@@ -394,7 +401,7 @@ def smem_layout(ttgir: str | None, cap: int) -> SmemLayout | None:
     passes.ttgpuir.add_allocate_warp_groups(pm)
     passes.convert.add_scf_to_cf(pm)
     passes.gluon.add_inliner(pm)
-    nvidia.passes.ttgpuir.add_allocate_shared_memory_nv(pm, cap, 87)
+    nvidia.passes.ttgpuir.add_allocate_shared_memory_nv(pm, cap, ptx_version)
     pm.run(mod, "flashcore_smem_layout")
     data, control, unknown = [], [], []
     has_ws = False
@@ -584,7 +591,7 @@ def compile_cubin(fn, signature: dict, constexprs: dict | None = None, target=(9
         tensordesc_meta=getattr(meta, "tensordesc_meta", None),
         constant_keys=set(src.constants.keys()),
         seconds=time.perf_counter() - t0,
-        smem=smem_layout(compiled.asm.get("ttgir"), cap),
+        smem=smem_layout(compiled.asm.get("ttgir"), cap, _ptx_version(meta, cap)),
     )
     _CUBIN_CACHE[key] = out
     return out
@@ -1153,6 +1160,7 @@ class _Analyzer:
         self.iterations = 0
         self.why: dict[int, list[tuple]] = {}
         self.by_offset = {x.offset: x for x in self.ins}
+        self.pred_defs = [self._pred_def(x) for x in self.ins]  # decoded once, not on every fixpoint visit
 
     def _read(self, spec: tuple, S: _State) -> tuple[bool, frozenset]:
         env = self.env
@@ -1218,14 +1226,23 @@ class _Analyzer:
 
     _PRED_DEFS = ("ISETP", "UISETP", "FSETP", "PLOP3", "UPLOP3", "VOTEU", "VOTE")
 
+    @classmethod
+    def _pred_def(cls, x: Instr):
+        """(predicate, signature, registers read) of an unguarded predicate definition whose result is a
+        function of its operands alone (see _State.D), else None."""
+        if x.guard is not None or x.base not in cls._PRED_DEFS or not x.operands:
+            return None
+        dest = parse_operand(x.operands[0])
+        if dest.kind != "pred" or dest.negated or dest.reg in ("PT", "UPT"):
+            return None
+        regs = frozenset(r for o in x.operands[1:] for r, _ in _inner_regs(o))
+        return dest.reg, (x.opcode, tuple(o.replace(".reuse", "") for o in x.operands[1:])), regs
+
     def _step(self, i: int, S: _State, sink: list | None) -> None:
         self._step_effects(i, S, sink)
-        x = self.ins[i]
-        if x.guard is None and x.base in self._PRED_DEFS and x.operands:
-            dest = parse_operand(x.operands[0])
-            if dest.kind == "pred" and not dest.negated and dest.reg not in ("PT", "UPT"):
-                regs = frozenset(r for o in x.operands[1:] for r, _ in _inner_regs(o))
-                S.define_pred(dest.reg, (x.opcode, tuple(o.replace(".reuse", "") for o in x.operands[1:])), regs)
+        d = self.pred_defs[i]
+        if d is not None:
+            S.define_pred(*d)
 
     def _step_effects(self, i: int, S: _State, sink: list | None) -> None:
         x = self.ins[i]
@@ -1603,8 +1620,8 @@ class _Analyzer:
                     unknown[self.ins[i].opcode] += 1
         regs = sorted((t for t in tainted if not t.startswith("L")), key=_reg_sort_key)
         mem = sorted(k for k, v in self.env.mem.items() if v[0])
-        mem = [{"S": "shared", "S:ctl": "shared:control"}.get(m) or ("global:<unknown>" if m == "G?" else "global:" + m[2:])
-               for m in mem]
+        names = {"S": "shared", "S:ctl": "shared:control", "G?": "global:<unknown>"}
+        mem = [names.get(m) or "global:" + m[2:] for m in mem]
         mem += sorted({"local" + (f"[0x{int(t[2:]):x}]" if t.startswith("L:") else "[*]") for t in tainted
                        if t.startswith("L")})
         return Report(kernel="", violations=violations, n_instructions=n_ins, n_blocks=len(reachable),

@@ -450,12 +450,6 @@ def v_stages(k_stages: int, block_m: int, block_n: int, head_dim: int) -> int:
     return max(fits) if fits else 1
 
 
-def torch_ones(shape, dtype, device):
-    import torch
-
-    return torch.ones(shape, dtype=dtype, device=device)
-
-
 def _sm_count(device) -> int:
     """SMs of the device (an H100 SXM's 132 for CPU tensors: the audit compiles without a GPU)."""
     import torch
@@ -481,7 +475,9 @@ def _unwrap_tensordesc_launcher(compiled):
     except ValueError:  # an empty cell
         return None
     launcher, meta, idx = free.get("launcher"), free.get("tensordesc_meta"), free.get("tensordesc_indices")
-    if not callable(launcher) or meta is None or idx != set(range(len(meta))) or len(meta) not in (4, 5):
+    if not callable(launcher) or meta is None or len(meta) not in (4, GluonLaunch.DESC_ARGS):
+        return None
+    if idx != set(range(len(meta))):
         return None
     return launcher, list(meta)
 
@@ -497,6 +493,7 @@ class GluonLaunch:
     seen before costs a dict lookup instead of four descriptor encodings."""
     __slots__ = ("step", "geom", "fast", "encoded", "key_weights_shape", "ones")
     ENCODED_SETS = 16
+    DESC_ARGS = 5  # the kernel's descriptor arguments: q, k, v, o and the key weights (None where unused)
     # Causal: persistent over pairs of row tiles (True), or one program per row tile (False)
     causal_pairs = True
     # Fast path: row sums by MMA against a ones tile (True) or by adds (False); see _consume_tile
@@ -575,7 +572,7 @@ class GluonLaunch:
             d = object.__new__(TensorDescriptor)
             d.base, d.shape, d.strides, d.block_shape, d.layout, d.padding = t, shape, strides, block, layout, "zero"
             descs.append(d)
-        return descs + [None] * (5 - len(descs))
+        return descs + [None] * (self.DESC_ARGS - len(descs))
 
     def run(self, ptrs, device, key_weights=None) -> None:
         """``ptrs``: q, k, v, o, lse, seqlens_q, ... (unused ones: any tensor); ``key_weights``: the
@@ -586,7 +583,9 @@ class GluonLaunch:
             if self.step.constexprs["SECURE"]:
                 raise ValueError("the secure Gluon launch needs the pre-pass's key weights (key_weights=)")
             if self.ones is None or self.ones.device != q.device:
-                self.ones = torch_ones(self.key_weights_shape, q.dtype, q.device)
+                import torch
+
+                self.ones = torch.ones(self.key_weights_shape, dtype=q.dtype, device=q.device)
             w = self.ones
         # (imported here: as module globals of this file these names broke the Gluon kernel's
         # compilation under Triton 3.6, a CompilationError in warp_specialize; cause not traced)
@@ -620,4 +619,4 @@ class GluonLaunch:
         out = []
         for d, m in zip(self._descs(*tensors), meta):
             out.extend(make_tensordesc_arg(d, m))
-        return tuple(out) + (None, ) * (5 - len(meta))
+        return tuple(out) + (None, ) * (self.DESC_ARGS - len(meta))
