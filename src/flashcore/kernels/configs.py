@@ -83,9 +83,6 @@ class Config:
     # register cap per thread passed to ptxas (None: ptxas decides). Capping a 256-thread program at
     # 128 registers lets two programs share an SM, so one's softmax overlaps the other's MMAs.
     maxnreg: int | None = None
-    # gluon_ws only: consumer warpgroups per 64-row group, each taking every ksplit-th key tile (2: a row
-    # group's two warpgroups merge their partials at the end; fast path, non-causal)
-    ksplit: int = 1
 
 
 # The interpreter runs each program in numpy: small tiles keep CI fast, and BLOCK_M != BLOCK_N

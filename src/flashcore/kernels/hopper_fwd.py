@@ -43,11 +43,6 @@ MAXNREG = 168
 # Three consumer warpgroups (16 warps with the padded loader group): 3 x 128 x 160 + 128 x 24 fits.
 CONSUMER_REGS_3WG = 160
 MAXNREG_3WG = 128
-# Four (KSPLIT = 2 with two row groups; 20 warps): 4 x 128 x 120 + 128 x 24 fits, and 20 x 32 x 96 at launch.
-CONSUMER_REGS_4WG = 120
-MAXNREG_4WG = 96
-# (consumer warpgroups) -> (setmaxnreg request per consumer warpgroup, launch register cap)
-REGS_BY_CONSUMERS = {2: (CONSUMER_REGS, MAXNREG), 3: (CONSUMER_REGS_3WG, MAXNREG_3WG), 4: (CONSUMER_REGS_4WG, MAXNREG_4WG)}
 
 
 @gluon.jit
@@ -85,13 +80,13 @@ def _tile_coords(unit, HALF: gl.constexpr, num_m_tiles, CAUSAL: gl.constexpr, PA
 
 
 @gluon.jit
-def _loader(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, comb_acc, comb_ml, q_ready,
-            q_empty, k_ready, v_ready, k_empty, v_empty, comb_full, comb_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group,
+def _loader(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready,
+            v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group,
             lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
             V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr,
-            PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, KSPLIT: gl.constexpr,
-            WG: gl.constexpr):
+            PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr,
+              WG: gl.constexpr):
     kc = 0  # K/V tiles loaded so far, over all work items: ring slot and phase
     it = 0  # work items so far: Q slot and phase
     for unit in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
@@ -175,35 +170,33 @@ def _softmax_step(s, m_i, l_i, col0, row, seqlen_k, diag, qk_scale, MASK: gl.con
 
 
 @gluon.jit
-def _consumer(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, comb_acc, comb_ml, q_ready,
-              q_empty, k_ready, v_ready, k_empty, v_empty, comb_full, comb_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group,
+def _consumer(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready,
+              v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group,
               lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
               V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr,
-              PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, KSPLIT: gl.constexpr,
-            WG: gl.constexpr):
+              PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr,
+              WG: gl.constexpr):
     kc = 0
     it = 0
     for unit in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         for half in gl.static_range(2 if PAIRED else 1):
             pid_m, bh, valid = _tile_coords(unit, half, num_m_tiles, CAUSAL, PAIRED)
             if valid:
-                n = _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_smem, comb_acc,
-                                  comb_ml, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, comb_full, comb_empty,
-                                  lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, lse_stride_b,
-                                  lse_stride_h, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE,
-                                  NUM_WG, SECURE, SUM_MMA, KSPLIT, WG)
+                n = _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_smem, q_ready,
+                                  q_empty, k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale,
+                                  seqlen_q, seqlen_k, num_heads, lse_stride_b, lse_stride_h, BLOCK_M, BLOCK_N,
+                                  HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, SECURE, SUM_MMA, WG)
                 kc += n
                 it += 1
 
 
 @gluon.jit
-def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_smem, comb_acc, comb_ml, q_ready,
-                  q_empty, k_ready, v_ready, k_empty, v_empty, comb_full, comb_empty, lse_ptr, seqlens_q_ptr, qk_scale,
-                  seqlen_q, seqlen_k, num_heads, lse_stride_b, lse_stride_h, BLOCK_M: gl.constexpr,
-                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr, V_STAGES: gl.constexpr,
-                  CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr, SECURE: gl.constexpr,
-                  SUM_MMA: gl.constexpr, KSPLIT: gl.constexpr, WG: gl.constexpr):
+def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready,
+                  v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads,
+                  lse_stride_b, lse_stride_h, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr,
+                  NUM_WG: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, WG: gl.constexpr):
     """One work item for this warpgroup: BLOCK_M query rows against all their key tiles. ``kc`` is the
     ring position of the item's first K/V tile, ``it`` the item's index (Q slot and phase). Returns the
     number of K/V tiles it consumed (where the next item's tiles start in the rings).
@@ -215,12 +208,7 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_s
     MMA ``P W`` against the pre-pass's 0/1 key weights (SUM_MMA), which replaces the per-score adds.
     Causal runs here only in the self-attention form (len_q == len_k, Sq == Sk, public diagonal), where a
     row i < len sees keys j <= i < len only. Either way the loop is the fast kernel's, and the true query
-    length enters only the epilogue's selects: rows at or past it output zeros.
-
-    KSPLIT = 2 (fast path, non-causal): two warpgroups per row group, one for the even key tiles (HALF 0)
-    and one for the odd ones (HALF 1), so an item's rows get twice the warps without a taller item. HALF 1
-    leaves its partial (row max, row sum, unnormalised O) in ``comb_*`` and HALF 0 merges it into its own
-    before the epilogue."""
+    length enters only the epilogue's selects: rows at or past it output zeros."""
     dtype: gl.constexpr = q_desc.dtype
     W_ROWS: gl.constexpr = 8  # the narrowest wgmma (N = 8); = secure_prepass.W_ROWS, the host's key-weight rows
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -232,14 +220,11 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_s
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
-    RG: gl.constexpr = WG % NUM_WG  # row group: which 64 rows of the item
-    HALF: gl.constexpr = WG // NUM_WG  # with KSPLIT, which key tiles: j = HALF, HALF + KSPLIT, ...
     b = bh // num_heads
     h = bh % num_heads
-    m_wg = pid_m * NUM_WG * BLOCK_M + RG * BLOCK_M
+    m_wg = pid_m * NUM_WG * BLOCK_M + WG * BLOCK_M
     row = m_wg + gl.arange(0, BLOCK_M, layout=row_layout)
     diag = seqlen_k - seqlen_q
-    len_q = seqlen_q
     if SECURE:  # secret: clamped arithmetically into [0, padded length]
         len_q = gl.minimum(gl.maximum(gl.load(seqlens_q_ptr + b), 0), seqlen_q)
 
@@ -250,9 +235,8 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_s
     else:
         n_full = seqlen_k // BLOCK_N
 
-    n_mine = (n_blocks - HALF + KSPLIT - 1) // KSPLIT  # >= 1: the planner splits only items of >= KSPLIT tiles
     qs = it % 2
-    q_slot = q_smem.index(NUM_WG * qs + RG)
+    q_slot = q_smem.index(NUM_WG * qs + WG)
     q = q_slot.reshape([BLOCK_M, HEAD_DIM])
     mbarrier.wait(q_ready.index(qs), (it // 2) & 1)
 
@@ -263,34 +247,31 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_s
     if SUM_MMA:  # the row sums, as W_ROWS equal columns
         acc_l = gl.zeros([BLOCK_M, W_ROWS], gl.float32, layout=l_layout)
 
-    # Prologue: the first tile's scores and softmax.
-    c0 = kc + HALF
-    ks0 = c0 % K_STAGES
-    mbarrier.wait(k_ready.index(ks0), (c0 // K_STAGES) & 1)
+    # Prologue: tile 0's scores and softmax.
+    ks0 = kc % K_STAGES
+    mbarrier.wait(k_ready.index(ks0), (kc // K_STAGES) & 1)
     k0 = k_smem.index(ks0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
     s = warpgroup_mma(q, k0, s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(0, deps=(s, ))
     mbarrier.arrive(k_empty.index(ks0), count=1)
-    if n_full > HALF:
-        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, HALF * BLOCK_N, row, seqlen_k, diag, qk_scale, False, False,
-                                           not SUM_MMA, BLOCK_N, s_layout)
+    if n_full > 0:
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, seqlen_k, diag, qk_scale, False, False, not SUM_MMA,
+                                           BLOCK_N, s_layout)
     else:
-        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, HALF * BLOCK_N, row, seqlen_k, diag, qk_scale, True, CAUSAL,
-                                           not SUM_MMA, BLOCK_N, s_layout)
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, seqlen_k, diag, qk_scale, True, CAUSAL, not SUM_MMA,
+                                           BLOCK_N, s_layout)
     p_op = gl.convert_layout(p.to(dtype), p_layout)
 
-    for t in range(1, n_mine):
-        j = HALF + KSPLIT * t
+    for j in range(1, n_blocks):
         c = kc + j
         ks = c % K_STAGES
-        cp = c - KSPLIT  # this warpgroup's previous tile
-        vp = cp % V_STAGES
+        vp = (c - 1) % V_STAGES
         # issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1}; both run while we wait for S_j only (with
         # SUM_MMA the small P_{j-1} W_{j-1} goes between them, so that wait covers it too)
         mbarrier.wait(k_ready.index(ks), (c // K_STAGES) & 1)
         kj = k_smem.index(ks).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
         s_tok = warpgroup_mma(q, kj, s_zero, use_acc=False, is_async=True)
-        mbarrier.wait(v_ready.index(vp), (cp // V_STAGES) & 1)
+        mbarrier.wait(v_ready.index(vp), ((c - 1) // V_STAGES) & 1)
         vj = v_smem.index(vp).reshape([BLOCK_N, HEAD_DIM])
         if SUM_MMA:
             wj = w_smem.index(vp).reshape([W_ROWS, BLOCK_N]).permute((1, 0))
@@ -314,7 +295,7 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_s
             acc_l = acc_l * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, l_layout)), 1)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
 
-    cl = kc + HALF + KSPLIT * (n_mine - 1)
+    cl = kc + n_blocks - 1
     last = cl % V_STAGES
     mbarrier.wait(v_ready.index(last), (cl // V_STAGES) & 1)
     vl = v_smem.index(last).reshape([BLOCK_N, HEAD_DIM])
@@ -329,42 +310,6 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_s
         acc = warpgroup_mma_wait(0, deps=(acc, ))
     mbarrier.arrive(v_empty.index(last), count=1)
 
-    if HALF > 0:
-        # this part's partial goes to HALF 0 (its last MMA is done, so it no longer reads Q either)
-        slot: gl.constexpr = (HALF - 1) * NUM_WG + RG
-        mbarrier.wait(comb_empty.index(slot), (it & 1) ^ 1)
-        comb_acc.index(slot).store(acc)
-        comb_ml.index(2 * slot).store(m_i)
-        comb_ml.index(2 * slot + 1).store(l_i)
-        mbarrier.arrive(comb_full.index(slot), count=1)
-        mbarrier.arrive(q_empty.index(qs), count=1)
-    else:
-        for part in gl.static_range(1, KSPLIT):  # merge the other parts' partials, in a fixed order
-            slot_p = (part - 1) * NUM_WG + RG
-            mbarrier.wait(comb_full.index(slot_p), it & 1)
-            acc_p = comb_acc.index(slot_p).load(o_layout)
-            m_p = comb_ml.index(2 * slot_p).load(row_layout)
-            l_p = comb_ml.index(2 * slot_p + 1).load(row_layout)
-            mbarrier.arrive(comb_empty.index(slot_p), count=1)
-            m_new = gl.maximum(m_i, m_p)
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            a_0 = gl.exp2(m_i - m_use)
-            a_p = gl.exp2(m_p - m_use)
-            l_i = l_i * a_0 + l_p * a_p
-            acc = (acc * gl.expand_dims(gl.convert_layout(a_0, gl.SliceLayout(1, o_layout)), 1) +
-                   acc_p * gl.expand_dims(gl.convert_layout(a_p, gl.SliceLayout(1, o_layout)), 1))
-            m_i = m_new
-        _epilogue(acc, m_i, l_i, q_slot, q_empty, qs, o_desc, lse_ptr, b, h, m_wg, row, len_q, seqlen_q,
-                  lse_stride_b, lse_stride_h, BLOCK_M, HEAD_DIM, RETURN_LSE, SECURE, o_layout)
-    return n_blocks
-
-
-@gluon.jit
-def _epilogue(acc, m_i, l_i, q_slot, q_empty, qs, o_desc, lse_ptr, b, h, m_wg, row, len_q, seqlen_q, lse_stride_b,
-              lse_stride_h, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, RETURN_LSE: gl.constexpr,
-              SECURE: gl.constexpr, o_layout: gl.constexpr):
-    """Normalise and store a row group's output (and LSE); releases the item's Q slot."""
-    dtype: gl.constexpr = o_desc.dtype
     # a row that saw no key has l == 0 and acc == 0: divide by 1 for exact zeros. ``/`` is the approximate
     # divide (div.full.f32): no data-dependent slow path
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)
@@ -384,6 +329,7 @@ def _epilogue(acc, m_i, l_i, q_slot, q_empty, qs, o_desc, lse_ptr, b, h, m_wg, r
     tma.async_copy_shared_to_global(o_desc, [b, h, m_wg, 0], q_slot)
     tma.store_wait(0)
     mbarrier.arrive(q_empty.index(qs), count=1)
+    return n_blocks
 
 
 @gluon.jit
@@ -392,8 +338,7 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                            K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                            RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr, PAIRED: gl.constexpr, SECURE: gl.constexpr,
-                           SUM_MMA: gl.constexpr, KSPLIT: gl.constexpr, CONSUMER_WG_REGS: gl.constexpr,
-                           LOADER_WG_REGS: gl.constexpr):
+                           SUM_MMA: gl.constexpr, CONSUMER_WG_REGS: gl.constexpr, LOADER_WG_REGS: gl.constexpr):
     """Persistent: program i takes scheduling units i, i + grid, ... (a unit = one work item of
     NUM_WG*BLOCK_M query rows of one head, or with PAIRED two causal items of equal total cost), so one
     item's epilogue and the next one's loads overlap instead of costing a launch.
@@ -406,7 +351,6 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
     register reallocation at partition entry (``USETMAXREG.TRY_ALLOC`` + branch). Gate 2 checks every
     other instruction's count per address (``flashcore audit counters --per-pc``).
 
-    NUM_WG row groups of BLOCK_M rows per item, each with KSPLIT consumer warpgroups (_consume_tile);
     ``CONSUMER_WG_REGS`` / ``LOADER_WG_REGS``: the register requests per worker warpgroup (setmaxnreg).
     """
     dtype: gl.constexpr = q_desc.dtype
@@ -425,100 +369,49 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
     v_empty = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(q_empty.index(i), count=NUM_WG * KSPLIT)  # one arrival per consumer warpgroup
-    # a K/V tile has NUM_WG consumers (with KSPLIT: the row groups' warpgroups of its half)
+        mbarrier.init(q_empty.index(i), count=NUM_WG)  # one arrival per consumer warpgroup
     for i in gl.static_range(K_STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=NUM_WG)
     for i in gl.static_range(V_STAGES):
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(v_empty.index(i), count=NUM_WG)
-    if KSPLIT > 1:  # the partials of parts 1.. per row group: unnormalised O, then row max and row sum
-        comb_acc = gl.allocate_shared_memory(gl.float32, [(KSPLIT - 1) * NUM_WG, BLOCK_M, HEAD_DIM],
-                                             gl.SwizzledSharedLayout(2, 1, 8, order=[1, 0]))
-        comb_ml = gl.allocate_shared_memory(gl.float32, [2 * (KSPLIT - 1) * NUM_WG, BLOCK_M],
-                                            gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-        comb_full = gl.allocate_shared_memory(gl.int64, [(KSPLIT - 1) * NUM_WG, 1], mbarrier.MBarrierLayout())
-        comb_empty = gl.allocate_shared_memory(gl.int64, [(KSPLIT - 1) * NUM_WG, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range((KSPLIT - 1) * NUM_WG):
-            mbarrier.init(comb_full.index(i), count=1)
-            mbarrier.init(comb_empty.index(i), count=1)
-    else:  # unused
-        comb_acc = q_smem
-        comb_ml = q_smem
-        comb_full = q_ready
-        comb_empty = q_ready
 
     # (constexprs are spelled out in each tuple: a tuple held in a variable turns them into tensors;
-    # so is the partition list, which is why each consumer count has its own literal list)
-    if NUM_WG * KSPLIT == 4:
+    # so is the partition list, which is why the two layouts are two literal lists)
+    if NUM_WG == 3:
         gl.warp_specialize([
-            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, comb_acc, comb_ml,
-                         q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, comb_full, comb_empty, lse_ptr,
-                         seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h,
-                         num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE,
-                         NUM_WG, PAIRED, SECURE, SUM_MMA, KSPLIT, 0)),
-            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, comb_acc, comb_ml,
-                         q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, comb_full, comb_empty, lse_ptr,
-                         seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h,
-                         num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE,
-                         NUM_WG, PAIRED, SECURE, SUM_MMA, KSPLIT, 1)),
-            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, comb_acc, comb_ml,
-                         q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, comb_full, comb_empty, lse_ptr,
-                         seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h,
-                         num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE,
-                         NUM_WG, PAIRED, SECURE, SUM_MMA, KSPLIT, 2)),
-            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, comb_acc, comb_ml,
-                         q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, comb_full, comb_empty, lse_ptr,
-                         seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h,
-                         num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE,
-                         NUM_WG, PAIRED, SECURE, SUM_MMA, KSPLIT, 3)),
-            (_loader, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, comb_acc, comb_ml,
-                       q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, comb_full, comb_empty, lse_ptr,
-                       seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h,
-                       num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE,
-                       NUM_WG, PAIRED, SECURE, SUM_MMA, KSPLIT, 0)),
-        ], [4, 4, 4, 1], [CONSUMER_WG_REGS, CONSUMER_WG_REGS, CONSUMER_WG_REGS, LOADER_WG_REGS])
-    elif NUM_WG * KSPLIT == 3:
-        gl.warp_specialize([
-            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, comb_acc, comb_ml,
-                         q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, comb_full, comb_empty, lse_ptr,
-                         seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h,
-                         num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE,
-                         NUM_WG, PAIRED, SECURE, SUM_MMA, KSPLIT, 0)),
-            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, comb_acc, comb_ml,
-                         q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, comb_full, comb_empty, lse_ptr,
-                         seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h,
-                         num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE,
-                         NUM_WG, PAIRED, SECURE, SUM_MMA, KSPLIT, 1)),
-            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, comb_acc, comb_ml,
-                         q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, comb_full, comb_empty, lse_ptr,
-                         seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h,
-                         num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE,
-                         NUM_WG, PAIRED, SECURE, SUM_MMA, KSPLIT, 2)),
-            (_loader, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, comb_acc, comb_ml,
-                       q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, comb_full, comb_empty, lse_ptr,
-                       seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h,
-                       num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE,
-                       NUM_WG, PAIRED, SECURE, SUM_MMA, KSPLIT, 0)),
+            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
+                         k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
+                         num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
+            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
+                         k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
+                         num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 1)),
+            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
+                         k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
+                         num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 2)),
+            (_loader, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
+                       k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
+                       num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
+                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
         ], [4, 4, 1], [CONSUMER_WG_REGS, CONSUMER_WG_REGS, LOADER_WG_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, comb_acc, comb_ml,
-                         q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, comb_full, comb_empty, lse_ptr,
-                         seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h,
-                         num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE,
-                         NUM_WG, PAIRED, SECURE, SUM_MMA, KSPLIT, 0)),
-            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, comb_acc, comb_ml,
-                         q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, comb_full, comb_empty, lse_ptr,
-                         seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h,
-                         num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE,
-                         NUM_WG, PAIRED, SECURE, SUM_MMA, KSPLIT, 1)),
-            (_loader, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, comb_acc, comb_ml,
-                       q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, comb_full, comb_empty, lse_ptr,
-                       seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h,
-                       num_m_tiles, num_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE,
-                       NUM_WG, PAIRED, SECURE, SUM_MMA, KSPLIT, 0)),
+            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
+                         k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
+                         num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
+            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
+                         k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
+                         num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 1)),
+            (_loader, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
+                       k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
+                       num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
+                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
         ], [4, 1], [CONSUMER_WG_REGS, LOADER_WG_REGS])
 
 
@@ -544,19 +437,16 @@ def eligible(q, k, v, o, head_dim: int) -> bool:
 RING_BYTES = 200 * 1024  # of the 227 KiB an H100 block may use; the rest is headroom for barriers
 
 
-def smem_bytes(k_stages: int, v_stages_: int, block_m: int, block_n: int, head_dim: int, ksplit: int = 1) -> int:
+def smem_bytes(k_stages: int, v_stages_: int, block_m: int, block_n: int, head_dim: int) -> int:
     """Shared memory of Q (double-buffered: two work items of ``block_m`` rows) and the K/V rings,
-    16-bit tiles, plus with ``ksplit`` 2 the fp32 partials (O, row max, row sum) of ``block_m`` rows; must stay
-    within RING_BYTES."""
-    comb = (ksplit - 1) * block_m * (head_dim + 2) * 4
-    return (2 * block_m + (k_stages + v_stages_) * block_n) * head_dim * 2 + comb
+    16-bit tiles; must stay within RING_BYTES."""
+    return (2 * block_m + (k_stages + v_stages_) * block_n) * head_dim * 2
 
 
-def v_stages(k_stages: int, block_m: int, block_n: int, head_dim: int, ksplit: int = 1) -> int:
+def v_stages(k_stages: int, block_m: int, block_n: int, head_dim: int) -> int:
     """V ring depth: as deep as the K ring if shared memory allows, else the deepest that fits (at
     least 1)."""
-    fits = [v for v in range(1, k_stages + 1)
-            if smem_bytes(k_stages, v, block_m, block_n, head_dim, ksplit) <= RING_BYTES]
+    fits = [v for v in range(1, k_stages + 1) if smem_bytes(k_stages, v, block_m, block_n, head_dim) <= RING_BYTES]
     return max(fits) if fits else 1
 
 
@@ -617,22 +507,14 @@ class GluonLaunch:
         D = q.shape[-1]
         import torch
 
-        ksplit = cfg.ksplit
-        v_depth = v_stages(cfg.num_stages, cfg.block_m, cfg.block_n, D, ksplit)
-        ring = smem_bytes(cfg.num_stages, v_depth, cfg.block_m, cfg.block_n, D, ksplit)
-        num_wg = cfg.block_m // 64  # row groups
-        if (cfg.block_m not in (64, 128, 192) or (cfg.block_m == 192 and D != 64) or cfg.block_n not in (64, 128)
-                or cfg.num_stages < 1 or ring > RING_BYTES or num_wg * ksplit not in REGS_BY_CONSUMERS
-                or ksplit not in (1, 2, 3)):
-            raise ValueError(f"gluon_ws config {cfg} unsupported: block_m // 64 row groups times ksplit (1-3) "
-                             f"must make 2-4 consumer warpgroups (block_m 192 only at D=64), block_n 64 or 128, and "
-                             f"the K/V rings must fit {RING_BYTES} bytes of shared memory")
-        # (a part holds its previous V tile while it waits for its next K tile, so the loader, which issues K_c
-        # before it waits for V_c's slot, never blocks on a part that waits for it if ksplit <= the V ring depth)
-        if ksplit > 1 and (causal or secure or triton_cdiv(seqlen_k, cfg.block_n) < ksplit or ksplit > v_depth):
-            raise ValueError(f"gluon_ws config {cfg}: a key split needs the fast non-causal path, at least "
-                             f"{ksplit} key tiles (seqlen_k={seqlen_k}) and a V ring at least {ksplit} deep "
-                             f"(got {v_depth})")
+        v_depth = v_stages(cfg.num_stages, cfg.block_m, cfg.block_n, D)
+        ring = smem_bytes(cfg.num_stages, v_depth, cfg.block_m, cfg.block_n, D)
+        if (cfg.block_m not in (128, 192) or (cfg.block_m == 192 and D != 64) or cfg.block_n not in (64, 128)
+                or cfg.num_stages < 1 or ring > RING_BYTES):
+            raise ValueError(f"gluon_ws config {cfg} unsupported: block_m must be 128 (two 64-row warpgroups) or, at "
+                             f"D=64, 192 (three), block_n 64 or 128, and the K/V rings must fit {RING_BYTES} bytes "
+                             f"of shared memory")
+        num_wg = cfg.block_m // 64
 
         gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
         bm, bn = 64, cfg.block_n
@@ -672,11 +554,10 @@ class GluonLaunch:
         constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, K_STAGES=cfg.num_stages,
                           V_STAGES=v_depth, CAUSAL=bool(causal),
                           RETURN_LSE=lse is not None, NUM_WG=num_wg, PAIRED=paired)
-        regs = (REGS_BY_CONSUMERS[num_wg * ksplit][0], LOADER_REGS)
-        constexprs.update(SECURE=bool(secure), SUM_MMA=sum_mma, KSPLIT=ksplit, CONSUMER_WG_REGS=regs[0],
-                          LOADER_WG_REGS=regs[1])
+        regs = (CONSUMER_REGS_3WG if num_wg == 3 else CONSUMER_REGS, LOADER_REGS)
+        constexprs.update(SECURE=bool(secure), SUM_MMA=sum_mma, CONSUMER_WG_REGS=regs[0], LOADER_WG_REGS=regs[1])
         self.step = _Step(attn_fwd_hopper_kernel, grid, args, 7, constexprs, cfg.num_warps, 1,
-                          options=dict(maxnreg=REGS_BY_CONSUMERS[num_wg * ksplit][1]))
+                          options=dict(maxnreg=MAXNREG_3WG if num_wg == 3 else MAXNREG))
         self.fast = None  # (raw launcher, descriptor metadata) once compiled; False: not available
         self.encoded = {}
 
