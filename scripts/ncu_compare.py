@@ -28,6 +28,11 @@ KEY_METRICS = [
     "smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio",
     "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",
     "smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio",
+    "sm__cycles_active.avg",
+    "gpc__cycles_elapsed.max",
+    "dram__bytes_read.sum",
+    "dram__bytes_write.sum",
+    "lts__t_sector_hit_rate.pct",
 ]
 
 
@@ -70,6 +75,8 @@ def main():
     ap.add_argument("--shape", required=True, help="B,H,S,D (bf16, non-causal)")
     ap.add_argument("--config", action="append", default=[], help="flashcore config(s); SDPA is always profiled")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--cache", choices=("all", "none"), default="all",
+                    help="ncu --cache-control: all = caches flushed before the kernel (cold, the default), none = warm")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     shape = tuple(int(x) for x in a.shape.split(","))
@@ -79,14 +86,14 @@ def main():
     rows = {}
     for subject in ["sdpa"] + (a.config or ["auto"]):
         kernel = r"regex:sdpa|fmha|flash|cudnn" if subject == "sdpa" else "regex:attn_fwd"
-        cmd = ["ncu", "--clock-control", "none", "-k", kernel, "--launch-skip", "2", "--launch-count", "1",
+        cmd = ["ncu", "--clock-control", "none", "--cache-control", a.cache, "-k", kernel, "--launch-skip", "2", "--launch-count", "1",
                "--section", "SpeedOfLight", "--section", "ComputeWorkloadAnalysis", "--section", "InstructionStats",
                "--section", "WarpStateStats", "--section", "SchedulerStats", "--section", "Occupancy",
                "--section", "LaunchStats", "--metrics", ",".join(KEY_METRICS), "--print-units", "base",
                sys.executable, __file__, "--shape", a.shape, "--child", subject]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         text = res.stdout + res.stderr
-        tag = f"ncu-{'x'.join(map(str, shape))}-{subject}.txt"
+        tag = f"ncu-{'x'.join(map(str, shape))}-{subject}-cache-{a.cache}.txt"
         with open(os.path.join(a.out, tag), "w") as f:
             f.write(text)
         vals = {}
