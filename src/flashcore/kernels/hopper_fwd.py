@@ -85,7 +85,7 @@ def _loader(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_sm
             lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
             V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr,
-            PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, XITEM: gl.constexpr,
+            PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr,
               WG: gl.constexpr):
     kc = 0  # K/V tiles loaded so far, over all work items: ring slot and phase
     it = 0  # work items so far: Q slot and phase
@@ -175,55 +175,20 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_
               lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
               V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr,
-              PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, XITEM: gl.constexpr,
+              PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr,
               WG: gl.constexpr):
     kc = 0
     it = 0
-    if XITEM:
-        # one item per unit; each item's first S = Q K_0^T is issued by the item before it (_consume_tile)
-        step = gl.num_programs(0)
-        s_next = _issue_first_scores(0, 0, gl.program_id(0) < num_tiles, q_smem, k_smem, q_ready, k_ready, BLOCK_M,
-                                     BLOCK_N, HEAD_DIM, K_STAGES, NUM_WG, WG)
-        for unit in range(gl.program_id(0), num_tiles, step):
-            pid_m, bh, valid = _tile_coords(unit, 0, num_m_tiles, CAUSAL, PAIRED)
-            n, s_next = _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_smem, q_ready,
-                                      q_empty, k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale,
-                                      seqlen_q, seqlen_k, num_heads, lse_stride_b, lse_stride_h, BLOCK_M, BLOCK_N,
-                                      HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, SECURE, SUM_MMA, WG,
-                                      XITEM, s_next, unit + step < num_tiles)
-            kc += n
-            it += 1
-        warpgroup_mma_wait(0, deps=(s_next, ))  # the last item's look-ahead issue (on no data: pred False)
-    else:
-        for unit in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-            for half in gl.static_range(2 if PAIRED else 1):
-                pid_m, bh, valid = _tile_coords(unit, half, num_m_tiles, CAUSAL, PAIRED)
-                if valid:
-                    n, s_unused = _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_smem,
-                                                q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, lse_ptr,
-                                                seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, lse_stride_b,
-                                                lse_stride_h, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL,
-                                                RETURN_LSE, NUM_WG, SECURE, SUM_MMA, WG, XITEM, 0, False)
-                    kc += n
-                    it += 1
-
-
-@gluon.jit
-def _issue_first_scores(kc, it, pred, q_smem, k_smem, q_ready, k_ready, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                        HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr, NUM_WG: gl.constexpr, WG: gl.constexpr):
-    """Issue (asynchronously) S_0 = Q K_0^T of the item whose Q sits in slot ``it`` and whose first K tile is ring
-    position ``kc``. With ``pred`` False (no such item) nothing is waited for and the MMA reads whatever the
-    slots hold; its result is never used."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    qs = it % 2
-    q = q_smem.index(NUM_WG * qs + WG).reshape([BLOCK_M, HEAD_DIM])
-    mbarrier.wait(q_ready.index(qs), (it // 2) & 1, pred=pred)
-    ks = kc % K_STAGES
-    mbarrier.wait(k_ready.index(ks), (kc // K_STAGES) & 1, pred=pred)
-    k0 = k_smem.index(ks).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    return warpgroup_mma(q, k0, s_zero, use_acc=False, is_async=True)
+    for unit in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        for half in gl.static_range(2 if PAIRED else 1):
+            pid_m, bh, valid = _tile_coords(unit, half, num_m_tiles, CAUSAL, PAIRED)
+            if valid:
+                n = _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_smem, q_ready,
+                                  q_empty, k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale,
+                                  seqlen_q, seqlen_k, num_heads, lse_stride_b, lse_stride_h, BLOCK_M, BLOCK_N,
+                                  HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, SECURE, SUM_MMA, WG)
+                kc += n
+                it += 1
 
 
 @gluon.jit
@@ -231,16 +196,10 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_s
                   v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads,
                   lse_stride_b, lse_stride_h, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                   K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr,
-                  NUM_WG: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, WG: gl.constexpr,
-                  XITEM: gl.constexpr, s_first, has_next):
+                  NUM_WG: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, WG: gl.constexpr):
     """One work item for this warpgroup: BLOCK_M query rows against all their key tiles. ``kc`` is the
     ring position of the item's first K/V tile, ``it`` the item's index (Q slot and phase). Returns the
-    number of K/V tiles it consumed (where the next item's tiles start in the rings) and, with XITEM, the
-    next item's S_0.
-
-    XITEM (non-causal fast path): ``s_first`` is this item's S_0, already issued; after its last P V this
-    item issues the next one's S_0 (``has_next``), so that MMA runs under this item's epilogue instead
-    of both warpgroups starting the next item with an MMA and a softmax that nothing overlaps.
+    number of K/V tiles it consumed (where the next item's tiles start in the rings).
 
     SECURE: every trip count and address above is a function of the public shape (the padded lengths),
     and no key is masked by a secret length. Non-causal, the pre-pass (secure_prepass.py,
@@ -290,13 +249,10 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_s
 
     # Prologue: tile 0's scores and softmax.
     ks0 = kc % K_STAGES
-    if XITEM:
-        s = warpgroup_mma_wait(0, deps=(s_first, ))
-    else:
-        mbarrier.wait(k_ready.index(ks0), (kc // K_STAGES) & 1)
-        k0 = k_smem.index(ks0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-        s = warpgroup_mma(q, k0, s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(0, deps=(s, ))
+    mbarrier.wait(k_ready.index(ks0), (kc // K_STAGES) & 1)
+    k0 = k_smem.index(ks0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+    s = warpgroup_mma(q, k0, s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(0, deps=(s, ))
     mbarrier.arrive(k_empty.index(ks0), count=1)
     if n_full > 0:
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, seqlen_k, diag, qk_scale, False, False, not SUM_MMA,
@@ -349,16 +305,9 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_s
         acc = warpgroup_mma(p_op, vl, acc, is_async=True)
         acc, acc_l = warpgroup_mma_wait(0, deps=(acc, acc_l))
         l_i = gl.convert_layout(gl.max(acc_l, axis=1), row_layout)
-        s_next = 0
     else:
         acc = warpgroup_mma(p_op, vl, acc, is_async=True)
-        if XITEM:
-            s_next = _issue_first_scores(kc + n_blocks, it + 1, has_next, q_smem, k_smem, q_ready, k_ready, BLOCK_M,
-                                         BLOCK_N, HEAD_DIM, K_STAGES, NUM_WG, WG)
-            acc = warpgroup_mma_wait(1, deps=(acc, ))
-        else:
-            s_next = 0
-            acc = warpgroup_mma_wait(0, deps=(acc, ))
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
     mbarrier.arrive(v_empty.index(last), count=1)
 
     # a row that saw no key has l == 0 and acc == 0: divide by 1 for exact zeros. ``/`` is the approximate
@@ -380,7 +329,7 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_s
     tma.async_copy_shared_to_global(o_desc, [b, h, m_wg, 0], q_slot)
     tma.store_wait(0)
     mbarrier.arrive(q_empty.index(qs), count=1)
-    return n_blocks, s_next
+    return n_blocks
 
 
 @gluon.jit
@@ -389,8 +338,7 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                            K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                            RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr, PAIRED: gl.constexpr, SECURE: gl.constexpr,
-                           SUM_MMA: gl.constexpr, XITEM: gl.constexpr, CONSUMER_WG_REGS: gl.constexpr,
-                           LOADER_WG_REGS: gl.constexpr):
+                           SUM_MMA: gl.constexpr, CONSUMER_WG_REGS: gl.constexpr, LOADER_WG_REGS: gl.constexpr):
     """Persistent: program i takes scheduling units i, i + grid, ... (a unit = one work item of
     NUM_WG*BLOCK_M query rows of one head, or with PAIRED two causal items of equal total cost), so one
     item's epilogue and the next one's loads overlap instead of costing a launch.
@@ -436,34 +384,34 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                          k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                          num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, XITEM, 0)),
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                          k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                          num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, XITEM, 1)),
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 1)),
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                          k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                          num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, XITEM, 2)),
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 2)),
             (_loader, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                        k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                        num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, XITEM, 0)),
+                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
         ], [4, 4, 1], [CONSUMER_WG_REGS, CONSUMER_WG_REGS, LOADER_WG_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                          k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                          num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, XITEM, 0)),
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                          k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                          num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, XITEM, 1)),
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 1)),
             (_loader, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                        k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                        num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, XITEM, 0)),
+                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
         ], [4, 1], [CONSUMER_WG_REGS, LOADER_WG_REGS])
 
 
@@ -550,8 +498,6 @@ class GluonLaunch:
     causal_pairs = True
     # Fast path: row sums by MMA against a ones tile (True) or by adds (False); see _consume_tile
     fast_sum_mma = False
-    # Non-causal fast path: each item issues the next item's first QK^T before its own epilogue (_consume_tile)
-    cross_item = True
 
     def __init__(self, q, k, v, o, lse, *, scale: float, causal: bool, seqlen_q: int, seqlen_k: int,
                  batch: int, num_heads_q: int, num_heads_kv: int, lse_strides, cfg, secure: bool = False,
@@ -609,8 +555,7 @@ class GluonLaunch:
                           V_STAGES=v_depth, CAUSAL=bool(causal),
                           RETURN_LSE=lse is not None, NUM_WG=num_wg, PAIRED=paired)
         regs = (CONSUMER_REGS_3WG if num_wg == 3 else CONSUMER_REGS, LOADER_REGS)
-        constexprs.update(SECURE=bool(secure), SUM_MMA=sum_mma, CONSUMER_WG_REGS=regs[0], LOADER_WG_REGS=regs[1],
-                          XITEM=bool(self.cross_item and not causal and not secure and not sum_mma))
+        constexprs.update(SECURE=bool(secure), SUM_MMA=sum_mma, CONSUMER_WG_REGS=regs[0], LOADER_WG_REGS=regs[1])
         self.step = _Step(attn_fwd_hopper_kernel, grid, args, 7, constexprs, cfg.num_warps, 1,
                           options=dict(maxnreg=MAXNREG_3WG if num_wg == 3 else MAXNREG))
         self.fast = None  # (raw launcher, descriptor metadata) once compiled; False: not available
