@@ -35,14 +35,17 @@ SECURE = {  # v_prepass=False: the select-in-the-loop kernel of the previous ses
 D64 = [C(128, 64, 8, 3), C(64, 128, 4, 3), C(64, 64, 4, 3), C(128, 64, 8, 3, tma=True),
        C(128, 128, 8, 2, maxnreg=128), C(128, 128, 8, 2, tma=True, maxnreg=128),
        C(64, 128, 4, 2, maxnreg=168), C(64, 128, 4, 2, tma=True, maxnreg=168),
-       Config(128, 128, 4, 3, kernel="gluon_ws"), Config(128, 128, 4, 2, kernel="gluon_ws")]
+       Config(128, 128, 4, 3, kernel="gluon_ws"), Config(128, 128, 4, 2, kernel="gluon_ws"),
+       # 64-key tiles for the Gluon kernel (perf-notes v12.2): shorter steps, deeper rings
+       Config(128, 64, 4, 4, kernel="gluon_ws"), Config(128, 64, 4, 6, kernel="gluon_ws"),
+       Config(192, 64, 4, 4, kernel="gluon_ws")]
 
 
 def name(cfg):
     if cfg is None:
         return "auto"
     if cfg.kernel != "triton":
-        return f"{cfg.kernel}_s{cfg.num_stages}"
+        return f"{cfg.kernel}_{cfg.block_m}x{cfg.block_n}s{cfg.num_stages}"
     return (f"{cfg.block_m}x{cfg.block_n}w{cfg.num_warps}s{cfg.num_stages}{'' if cfg.v_prepass else '_inloop'}"
             f"{'_tma' if cfg.tma else ''}{f'_r{cfg.maxnreg}' if cfg.maxnreg else ''}")
 
@@ -54,7 +57,10 @@ def main():
     ap.add_argument("--d64", action="store_true", help="head dim 64 only, with the D64 candidates (fast path)")
     ap.add_argument("--current", action="store_true",
                     help="with --d64: also the D=128 shapes, planner's choice (fast and secure) beside the Triton 128x64")
+    ap.add_argument("--gluon-only", action="store_true",
+                    help="with --d64: only the planner's choice and the Gluon candidates")
     a = ap.parse_args()
+    d64 = [None] + [c for c in D64 if c.kernel == "gluon_ws"] if a.gluon_only else D64
     rows = []
     t_start = time.time()
     for (B, H, S, D, causal) in SEED + LARGE:
@@ -71,7 +77,7 @@ def main():
             res["sdpa_default_graph"] = do_bench_cudagraph(sd, return_mode="median") * 1e3
         lens = torch.full((B,), S, dtype=torch.int32, device="cuda")
         if a.d64 and D == 64:
-            todo = ((False, D64),)
+            todo = ((False, d64),)
         elif a.d64:
             todo = ((False, [None, C(128, 64, 8, 3)]), (True, [None]))
         else:
