@@ -6,7 +6,8 @@ Used for the "why is it where it is" entries of docs/perf-notes.md.
     PYTHONPATH=src python scripts/ncu_compare.py --shape 16,16,2048,64 --config 128x128w8s2r128 --out $OUT
 
 A config is written as in scripts/sweep.py: ``{BM}x{BN}w{warps}s{stages}[_tma][_r{maxnreg}]``, or
-``gluon_ws_s{stages}`` for the warp-specialised Gluon kernel, or ``auto`` for the planner's choice.
+``gluon_ws_s{stages}`` (128x128) or ``gluon_ws_{BM}x{BN}s{stages}`` for the warp-specialised Gluon kernel, or
+``auto`` for the planner's choice. ``--cache none`` profiles with a warm L2 (ncu's default flushes it).
 """
 import argparse, os, re, subprocess, sys
 
@@ -43,6 +44,9 @@ def parse_config(text):
         return None
     if text.startswith("gluon_ws_s"):
         return Config(128, 128, 4, int(text[len("gluon_ws_s"):]), kernel="gluon_ws")
+    m = re.fullmatch(r"gluon_ws_(\d+)x(\d+)s(\d+)", text)  # sweep.py's name for a Gluon config
+    if m is not None:
+        return Config(*(int(x) for x in m.groups()[:2]), 4, int(m.group(3)), kernel="gluon_ws")
     m = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)(_tma)?(?:_r(\d+))?", text)
     if m is None:
         raise SystemExit(f"--config: cannot parse {text!r}")
@@ -86,8 +90,8 @@ def main():
     rows = {}
     for subject in ["sdpa"] + (a.config or ["auto"]):
         kernel = r"regex:sdpa|fmha|flash|cudnn" if subject == "sdpa" else "regex:attn_fwd"
-        cmd = ["ncu", "--clock-control", "none", "--cache-control", a.cache, "-k", kernel, "--launch-skip", "2", "--launch-count", "1",
-               "--section", "SpeedOfLight", "--section", "ComputeWorkloadAnalysis", "--section", "InstructionStats",
+        cmd = ["ncu", "--clock-control", "none", "--cache-control", a.cache, "-k", kernel,
+               "--launch-skip", "2", "--launch-count", "1", "--section", "SpeedOfLight", "--section", "ComputeWorkloadAnalysis", "--section", "InstructionStats",
                "--section", "WarpStateStats", "--section", "SchedulerStats", "--section", "Occupancy",
                "--section", "LaunchStats", "--metrics", ",".join(KEY_METRICS), "--print-units", "base",
                sys.executable, __file__, "--shape", a.shape, "--child", subject]
