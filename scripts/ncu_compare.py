@@ -91,7 +91,8 @@ def main():
     for subject in ["sdpa"] + (a.config or ["auto"]):
         kernel = r"regex:sdpa|fmha|flash|cudnn" if subject == "sdpa" else "regex:attn_fwd"
         cmd = ["ncu", "--clock-control", "none", "--cache-control", a.cache, "-k", kernel,
-               "--launch-skip", "2", "--launch-count", "1", "--section", "SpeedOfLight", "--section", "ComputeWorkloadAnalysis", "--section", "InstructionStats",
+               "--launch-skip", "2", "--launch-count", "1",
+               "--section", "SpeedOfLight", "--section", "ComputeWorkloadAnalysis", "--section", "InstructionStats",
                "--section", "WarpStateStats", "--section", "SchedulerStats", "--section", "Occupancy",
                "--section", "LaunchStats", "--metrics", ",".join(KEY_METRICS), "--print-units", "base",
                sys.executable, __file__, "--shape", a.shape, "--child", subject]
