@@ -265,8 +265,7 @@ def _make_plan(q, k, v, o, lse, **kw) -> LaunchPlan:
     prepass = None
     if kw["secure"] and cfg.v_prepass:
         prepass, v = _prepass_plan(v, kw)
-        Hkv, Sk, D = kw["num_heads_kv"], kw["seqlen_k"], v.shape[-1]
-        kw["v_strides"] = (Hkv * Sk * D, Sk * D, D)
+        kw["v_strides"] = v.stride()[:3]  # the pre-pass's contiguous copy
     cfg, grid, args, constexprs = build_launch(q, k, v, o, lse, arch=arch, **kw)
     if constexprs["USE_TMA"]:
         return LaunchPlan(cfg, None, prepass, tma_kw={n: x for n, x in kw.items() if n not in _TENSOR_KWARGS})
