@@ -8,6 +8,8 @@ Used for the "why is it where it is" entries of docs/perf-notes.md.
 A config is written as in scripts/sweep.py: ``{BM}x{BN}w{warps}s{stages}[_tma][_r{maxnreg}]``, or
 ``gluon_ws_s{stages}`` (128x128) or ``gluon_ws_{BM}x{BN}s{stages}`` for the warp-specialised Gluon kernel, or
 ``auto`` for the planner's choice. ``--cache none`` profiles with a warm L2 (ncu's default flushes it).
+``--source`` also writes each kernel's per-instruction page (SASS, execution counts and warp-stall samples by
+reason) as CSV, for finding where the warps wait (``ncu-src-*.csv``).
 """
 import argparse, os, re, subprocess, sys
 
@@ -81,6 +83,7 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--cache", choices=("all", "none"), default="all",
                     help="ncu --cache-control: all = caches flushed before the kernel (cold, the default), none = warm")
+    ap.add_argument("--source", action="store_true", help="also export the per-instruction source page (CSV)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     shape = tuple(int(x) for x in a.shape.split(","))
@@ -96,9 +99,20 @@ def main():
                "--section", "WarpStateStats", "--section", "SchedulerStats", "--section", "Occupancy",
                "--section", "LaunchStats", "--metrics", ",".join(KEY_METRICS), "--print-units", "base",
                sys.executable, __file__, "--shape", a.shape, "--child", subject]
+        tag = f"ncu-{'x'.join(map(str, shape))}-{subject}-cache-{a.cache}.txt"
+        if a.source:
+            rep = os.path.join(a.out, tag[:-4])
+            cmd[1:1] = ["--section", "SourceCounters", "-f", "-o", rep]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         text = res.stdout + res.stderr
-        tag = f"ncu-{'x'.join(map(str, shape))}-{subject}-cache-{a.cache}.txt"
+        if a.source:
+            page = subprocess.run(["ncu", "--import", rep + ".ncu-rep", "--csv", "--page", "source",
+                                   "--print-source", "sass"], capture_output=True, text=True, timeout=300)
+            with open(os.path.join(a.out, "ncu-src-" + tag[4:-4] + ".csv"), "w") as f:
+                f.write(page.stdout + page.stderr)
+            text = subprocess.run(["ncu", "--import", rep + ".ncu-rep", "--print-units", "base", "--page", "details",
+                                   "--print-details", "all"], capture_output=True, text=True, timeout=300).stdout
+            os.remove(rep + ".ncu-rep")
         with open(os.path.join(a.out, tag), "w") as f:
             f.write(text)
         vals = {}

@@ -1,0 +1,200 @@
+"""A/B of switches of the Gluon kernel (boolean class attributes of ``hopper_fwd.GluonLaunch``, e.g.
+``softmax_turns`` and ``serial_pv``, perf-notes v13) on the GPU: correctness against the float64 reference
+with every switch on, then same-run timings of every combination beside SDPA, in two methods: the bench
+harness's (CUDA events per call, queue pre-filled, cold L2 by rotating input sets or flushing;
+flashcore.bench.timing) and ``triton.testing.do_bench`` (L2 flushed; what scripts/gpu_check.py reports).
+Rounds alternate the variants. Writes ``ab-<attrs>.json`` to --out and prints a table last.
+
+    PYTHONPATH=src python scripts/gluon_ab.py --attr softmax_turns --attr serial_pv --out $OUT [--rounds 3]
+
+Variant names: ``auto`` (the planner's config) or ``gluon`` (the 2-warpgroup Gluon config forced), then the
+initials of each switch that is on (``softmax_turns`` -> ``st``), joined by ``.``, or ``-`` for none.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+from triton.testing import do_bench
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+from flashcore import kernels, ops, reference  # noqa: E402
+from flashcore.bench import timing  # noqa: E402
+from flashcore.kernels import hopper_fwd  # noqa: E402
+from flashcore.kernels.configs import Config  # noqa: E402
+
+
+GLUON64 = Config(128, 128, 4, 3, kernel="gluon_ws")
+ATTRS = ["softmax_turns"]
+VARIANTS = {}  # name -> (config (None: the planner's choice), {switch: on}); built by set_variants
+
+
+def set_variants(attrs):
+    import itertools
+
+    ATTRS[:] = attrs
+    VARIANTS.clear()
+    for base, cfg in (("auto", None), ("gluon", GLUON64)):
+        for ons in itertools.product((False, True), repeat=len(attrs)):
+            tag = ".".join("".join(w[0] for w in a.split("_")) for a, on in zip(attrs, ons) if on) or "-"
+            VARIANTS[f"{base}_{tag}"] = (cfg, dict(zip(attrs, ons)))
+
+
+def names(base):
+    return [n for n in VARIANTS if n.startswith(base + "_")]
+
+
+SHAPES = [  # (B, H, S, D), and the variant families timed there ("auto", "gluon")
+    ((1, 8, 512, 64), ["auto", "gluon"]),
+    ((1, 16, 1024, 64), ["auto", "gluon"]),
+    ((2, 16, 1024, 64), ["auto"]),
+    ((4, 16, 1024, 64), ["auto"]),
+    ((16, 16, 2048, 64), ["auto"]),
+    ((4, 32, 4096, 64), ["auto"]),
+    ((1, 16, 1024, 128), ["auto"]),
+    ((4, 16, 1024, 128), ["auto"]),
+    ((4, 32, 4096, 128), ["auto"]),
+    ((1, 32, 16384, 128), ["auto"]),
+]
+CAUSAL_SHAPES = [(4, 32, 4096, 128), (1, 32, 16384, 128)]
+# correctness: (B, Hq, Hkv, Sq, Sk, D, dtype, return_lse, variant)
+CHECKS = [
+    (4, 4, 4, 1000, 1000, 64, torch.bfloat16, True, "gluon"),
+    (4, 4, 4, 1000, 1000, 64, torch.float16, True, "gluon"),
+    (2, 8, 2, 777, 1000, 64, torch.bfloat16, True, "gluon"),
+    (2, 4, 4, 300, 129, 64, torch.bfloat16, True, "gluon"),
+    (2, 8, 4, 1024, 1024, 128, torch.bfloat16, True, "auto"),
+    (1, 40, 8, 2048, 2048, 64, torch.bfloat16, True, "auto"),  # three warpgroups, several items per program
+    (3, 7, 7, 1000, 100, 128, torch.float16, False, "auto"),  # one key tile
+    (1, 8, 8, 1, 1, 64, torch.bfloat16, True, "gluon"),  # one row, one key
+]  # (each runs the variant with every switch on)
+
+
+def make_call(q, k, v, D, lse, name, out=None, causal=False):
+    if name in ("auto", "gluon"):  # every switch on
+        name = max(names(name), key=lambda n: sum(VARIANTS[n][1].values()))
+    cfg, ons = VARIANTS[name]
+    defaults = {a: getattr(hopper_fwd.GluonLaunch, a) for a in ons}
+    for a, on in ons.items():
+        setattr(hopper_fwd.GluonLaunch, a, on)
+    kernels._PLANS.clear()
+    try:
+        return ops.dense_call(q, k, v, None, None, causal, D ** -0.5, False, False, lse, out=out, config=cfg,
+                              validate=False)
+    finally:
+        for a, on in defaults.items():
+            setattr(hopper_fwd.GluonLaunch, a, on)
+        kernels._PLANS.clear()
+
+
+def rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def check(B, Hq, Hkv, Sq, Sk, D, dtype, lse, vname, causal=False):
+    g = torch.Generator(device="cuda").manual_seed(int(time.time() * 1e6) % 2**31)
+    q = torch.randn(B, Hq, Sq, D, device="cuda", dtype=dtype, generator=g)
+    k, v = (torch.randn(B, Hkv, Sk, D, device="cuda", dtype=dtype, generator=g) for _ in range(2))
+    out = torch.full_like(q, float("nan"))
+    call = make_call(q, k, v, D, lse, vname, out, causal)
+    kernel = type(call.plan.main).__name__
+    if kernel == "GluonLaunch":
+        kernel += f" {call.plan.main.step.constexprs}"
+    o, l = call(q, k, v, None, None, out)
+    torch.cuda.synchronize()
+    ro, rl = reference.attention(q.cpu(), k.cpu(), v.cpu(), causal=causal, return_lse=True)
+    res = dict(shape=[B, Hq, Hkv, Sq, Sk, D], causal=causal, dtype=str(dtype), variant=vname, kernel=kernel,
+               err=rel_err(o.cpu(), ro), nan=bool(torch.isnan(o).any()))
+    if lse:
+        res["lse_err"] = (l.cpu().double() - rl.double()).abs().max().item()
+    res["ok"] = res["err"] < 1e-2 and not res["nan"] and res.get("lse_err", 0) < 1e-3
+    return res
+
+
+def time_shape(timer, B, H, S, D, families, rounds, causal=False):
+    io = 4 * B * H * S * D * 2
+    rotate = timing.use_rotation(io, timing.DEFAULT_L2_BYTES)
+    n_sets = timing.rotation_sets(io, timing.DEFAULT_L2_BYTES) if rotate else 1
+    g = torch.Generator(device="cuda").manual_seed(int(time.time() * 1e3) % 2**31)
+    sets = [tuple(torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+            for _ in range(n_sets)]
+    fns = {"sdpa": [(lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+                    for q, k, v in sets]}
+    ref = F.scaled_dot_product_attention(*sets[0], is_causal=causal).float()
+    errs = {}
+    for n in [n for f in families for n in names(f)]:
+        try:
+            calls = [make_call(q, k, v, D, False, n, causal=causal) for q, k, v in sets]
+            fs = [(lambda c=c, q=q, k=k, v=v: c(q, k, v, None, None)[0]) for c, (q, k, v) in zip(calls, sets)]
+            errs[n] = rel_err(fs[0]().float(), ref)
+            if errs[n] < 2e-2:
+                fns[n] = fs
+        except Exception as e:  # noqa: BLE001 - a variant that cannot run here is data
+            errs[n] = f"{type(e).__name__}: {str(e)[:120]}"
+    samples = {n: [] for n in fns}
+    db = {n: [] for n in fns}
+    for _ in range(rounds):
+        for n, fs in fns.items():
+            samples[n].append(statistics.median(timer.measure(fs, flush=not rotate, rep_ms=60)) * 1e3)
+            db[n].append(do_bench(fs[0], warmup=25, rep=100, return_mode="median") * 1e3)
+    res = {n: min(v) for n, v in samples.items()}
+    return dict(shape=[B, H, S, D], causal=causal, method="rotate" if rotate else "l2-flush", us=res,
+                do_bench_us={n: statistics.median(v) for n, v in db.items()}, rounds=samples, do_bench_rounds=db,
+                errs=errs)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--skip-checks", action="store_true")
+    ap.add_argument("--attr", action="append", default=[], help="a GluonLaunch switch to compare on and off")
+    a = ap.parse_args()
+    for at in a.attr:
+        if not isinstance(getattr(hopper_fwd.GluonLaunch, at, None), bool):
+            raise SystemExit(f"--attr: GluonLaunch has no boolean attribute {at!r}")
+    set_variants(a.attr or ATTRS)
+    t0 = time.time()
+    checks = []
+    causal_checks = [(2, 4, 4, 1000, 1000, 128, torch.bfloat16, True, "auto", True),
+                     (1, 8, 2, 700, 1100, 128, torch.float16, True, "auto", True)]
+    for c in ([] if a.skip_checks else CHECKS + causal_checks):
+        try:
+            checks.append(check(*c))
+        except Exception as e:  # noqa: BLE001 - reported as a failed check
+            checks.append(dict(case=repr(c), ok=False, error=f"{type(e).__name__}: {str(e)[:300]}"))
+    for c in checks:
+        print(("ok  " if c["ok"] else "BAD ") + json.dumps(c), flush=True)
+    timer = timing.Timer()
+    rows = []
+    for (B, H, S, D), names, causal in ([(s, n, False) for s, n in SHAPES]
+                                        + [(s, ["auto"], True) for s in CAUSAL_SHAPES]):
+        r = time_shape(timer, B, H, S, D, names, a.rounds, causal)
+        rows.append(r)
+        print(json.dumps(r), f"[{time.time() - t0:.0f}s]", flush=True)
+    env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+               sha=os.environ.get("FLASHCORE_GIT_SHA") or subprocess.run(["git", "rev-parse", "HEAD"],
+                                                                         capture_output=True, text=True).stdout.strip(),
+               date=time.strftime("%Y-%m-%d %H:%M:%S"),
+               method="flashcore.bench.timing.Timer median per round, min over rounds, us")
+    with open(os.path.join(a.out, f"ab-{'-'.join(ATTRS)}.json"), "w") as f:
+        json.dump({"env": env, "checks": checks, "rows": rows}, f, indent=1)
+    for key, label in (("us", "harness (min of rounds)"), ("do_bench_us", "do_bench (median of rounds)")):
+        print(f"\n{label}\n{'shape':>18} {'sdpa':>8} " + " ".join(f"{n:>8}" for n in VARIANTS))
+        for r in rows:
+            us = r[key]
+            cells = [f"{us['sdpa'] / us[n]:8.3f}" if n in us else f"{'-':>8}" for n in VARIANTS]
+            name = "x".join(map(str, r["shape"])) + ("c" if r["causal"] else "")
+            print(f"{name:>18} {us['sdpa']:8.1f} " + " ".join(cells))
+    print(f"(cells: SDPA time / variant time; > 1 is faster than SDPA; switches: {ATTRS})")
+    print("checks:", sum(c["ok"] for c in checks), "/", len(checks), "ok")
+
+
+if __name__ == "__main__":
+    main()
