@@ -1,14 +1,14 @@
 """A/B of switches of the Gluon kernel (boolean class attributes of ``hopper_fwd.GluonLaunch``, e.g.
-``softmax_turns`` and ``serial_pv``, perf-notes v13) on the GPU: correctness against the float64 reference
+``fast_sum_mma``; perf-notes v13 used it for three switches since reverted) on the GPU: correctness against the float64 reference
 with every switch on, then same-run timings of every combination beside SDPA, in two methods: the bench
 harness's (CUDA events per call, queue pre-filled, cold L2 by rotating input sets or flushing;
 flashcore.bench.timing) and ``triton.testing.do_bench`` (L2 flushed; what scripts/gpu_check.py reports).
 Rounds alternate the variants. Writes ``ab-<attrs>.json`` to --out and prints a table last.
 
-    PYTHONPATH=src python scripts/gluon_ab.py --attr softmax_turns --attr serial_pv --out $OUT [--rounds 3]
+    PYTHONPATH=src python scripts/gluon_ab.py --attr fast_sum_mma --out $OUT [--rounds 3]
 
 Variant names: ``auto`` (the planner's config) or ``gluon`` (the 2-warpgroup Gluon config forced), then the
-initials of each switch that is on (``softmax_turns`` -> ``st``), joined by ``.``, or ``-`` for none.
+initials of each switch that is on (``fast_sum_mma`` -> ``fsm``), joined by ``.``, or ``-`` for none.
 """
 import argparse
 import json
@@ -31,7 +31,7 @@ from flashcore.kernels.configs import Config  # noqa: E402
 
 
 GLUON64 = Config(128, 128, 4, 3, kernel="gluon_ws")
-ATTRS = ["softmax_turns"]
+ATTRS = ["fast_sum_mma"]
 VARIANTS = {}  # name -> (config (None: the planner's choice), {switch: on}); built by set_variants
 
 

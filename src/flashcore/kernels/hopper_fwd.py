@@ -79,38 +79,14 @@ def _tile_coords(unit, HALF: gl.constexpr, num_m_tiles, CAUSAL: gl.constexpr, PA
     return pid_m, bh, True
 
 
-# Softmax turns (cuDNN's schedule at D=64, seen in its SASS): the consumer warpgroups take turns at the
-# exponential section of the softmax, so two warpgroups never contend for the MUFU unit and one's
-# exponentials run while the other's MMAs do. The row max is computed before the turn, the row sum inside
-# it. Warpgroup w waits on turn_bars[w] and hands over on turn_bars[(w + 1) % NUM_WG]; turn t (the t-th
-# K/V tile of the program, the same count in every warpgroup) is that barrier's t-th phase. (Named
-# barriers, ``bar.sync``/``bar.arrive`` in inline asm, do not hold: ptxas hoists the exponentials above a
-# bar.sync, which orders memory, not registers; the mbarrier wait is a retry loop, which it does not.)
-SCHED_TURNS = gl.constexpr(1)  # the consumer warpgroups take turns at the exponentials (_turn_wait)
-SCHED_SERIAL = gl.constexpr(2)  # each tile's P V waited at once, no overlap with the next softmax (_consume_tile)
-SCHED_TREE = gl.constexpr(4)  # row max and row sum as trees (_row_reduce)
-
-
-@gluon.jit
-def _turn_wait(turn_bars, turn, WG: gl.constexpr, TURNS: gl.constexpr):
-    if TURNS:
-        mbarrier.wait(turn_bars.index(WG), turn & 1)
-
-
-@gluon.jit
-def _turn_pass(turn_bars, WG: gl.constexpr, NUM_WG: gl.constexpr, TURNS: gl.constexpr):
-    if TURNS:
-        mbarrier.arrive(turn_bars.index((WG + 1) % NUM_WG), count=1)
-
-
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready,
-            v_ready, k_empty, v_empty, turn_bars, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group,
+            v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group,
             lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
             V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr,
-            PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, SCHED: gl.constexpr,
-            WG: gl.constexpr):
+            PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr,
+              WG: gl.constexpr):
     kc = 0  # K/V tiles loaded so far, over all work items: ring slot and phase
     it = 0  # work items so far: Q slot and phase
     for unit in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
@@ -164,45 +140,8 @@ def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem
 
 
 @gluon.jit
-def _fold(x, W: gl.constexpr, IS_MAX: gl.constexpr):
-    """[M, W] -> [M, W // 2], combining column c with c + W // 2: in the wgmma accumulator layout the
-    top bit of the column index is held in registers, so this is elementwise, no shuffles."""
-    a, b = gl.split(x.reshape([x.shape[0], 2, W // 2]).permute((0, 2, 1)))
-    if IS_MAX:
-        return gl.maximum(a, b)
-    return a + b
-
-
-@gluon.jit
-def _row_reduce(x, BLOCK_N: gl.constexpr, IS_MAX: gl.constexpr):
-    """Row max or sum of a [M, BLOCK_N] wgmma accumulator as a tree: a thread holds each row's columns in
-    pairs (2c, 2c + 1) of 8-column groups, so the pairs and then the groups combine elementwise in
-    registers (depth log2 of the thread's share) before the reduction's shuffles across the 4 lanes that
-    share a row; gl.max/gl.sum alone reduce a thread's share as one dependent chain (depth 32 at 128 keys)."""
-    a, b = gl.split(x.reshape([x.shape[0], BLOCK_N // 2, 2]))
-    if IS_MAX:
-        y = gl.maximum(a, b)
-    else:
-        y = a + b
-    if BLOCK_N >= 16:
-        y = _fold(y, BLOCK_N // 2, IS_MAX)
-    if BLOCK_N >= 32:
-        y = _fold(y, BLOCK_N // 4, IS_MAX)
-    if BLOCK_N >= 64:
-        y = _fold(y, BLOCK_N // 8, IS_MAX)
-    if BLOCK_N >= 128:
-        y = _fold(y, BLOCK_N // 16, IS_MAX)
-    if IS_MAX:
-        r = gl.max(y, axis=1)
-    else:
-        r = gl.sum(y, axis=1)
-    return gl.convert_layout(r, gl.SliceLayout(1, x.type.layout))
-
-
-@gluon.jit
 def _softmax_step(s, m_i, l_i, col0, row, seqlen_k, diag, qk_scale, MASK: gl.constexpr, CAUSAL: gl.constexpr,
-                  ROW_SUM: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr, turn_bars=None, turn=0,
-                  WG: gl.constexpr = 0, NUM_WG: gl.constexpr = 2, SCHED: gl.constexpr = 0):
+                  ROW_SUM: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
     """Online softmax of one score tile: returns (p, alpha, m_new, l_new); scores are raw QK^T.
     MASK: keys at or past ``seqlen_k`` are masked, and with CAUSAL also keys right of the diagonal
     (selects on the raw scores: a NaN in a masked key's score cannot reach the output). Without
@@ -216,61 +155,48 @@ def _softmax_step(s, m_i, l_i, col0, row, seqlen_k, diag, qk_scale, MASK: gl.con
         if CAUSAL:
             ok = ok & (gl.expand_dims(col, 0) <= gl.expand_dims(row + diag, 1))
         s = gl.where(ok, s, float("-inf"))
-    TURNS: gl.constexpr = (SCHED & SCHED_TURNS) != 0
-    if (SCHED & SCHED_TREE) != 0:
-        m_new = gl.maximum(m_i, _row_reduce(s, BLOCK_N, True) * qk_scale)
-    else:
-        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
     if MASK:
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no visible key yet
     else:
         m_use = m_new
-    _turn_wait(turn_bars, turn, WG, TURNS)
     alpha = gl.exp2(m_i - m_use)
     p = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
     if ROW_SUM:
-        if (SCHED & SCHED_TREE) != 0:
-            l_new = l_i * alpha + _row_reduce(p, BLOCK_N, False)
-        else:
-            l_new = l_i * alpha + gl.sum(p, axis=1)
+        l_new = l_i * alpha + gl.sum(p, axis=1)
     else:
         l_new = l_i
-    _turn_pass(turn_bars, WG, NUM_WG, TURNS)
     return p, alpha, m_new, l_new
 
 
 @gluon.jit
 def _consumer(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready,
-              v_ready, k_empty, v_empty, turn_bars, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group,
+              v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group,
               lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
               V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr,
-              PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, SCHED: gl.constexpr,
+              PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr,
               WG: gl.constexpr):
-    TURNS: gl.constexpr = (SCHED & SCHED_TURNS) != 0
     kc = 0
     it = 0
-    if WG == NUM_WG - 1:  # the last warpgroup hands warpgroup 0 its first turn
-        _turn_pass(turn_bars, WG, NUM_WG, TURNS)
     for unit in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         for half in gl.static_range(2 if PAIRED else 1):
             pid_m, bh, valid = _tile_coords(unit, half, num_m_tiles, CAUSAL, PAIRED)
             if valid:
                 n = _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_smem, q_ready,
-                                  q_empty, k_ready, v_ready, k_empty, v_empty, turn_bars, lse_ptr, seqlens_q_ptr, qk_scale,
+                                  q_empty, k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale,
                                   seqlen_q, seqlen_k, num_heads, lse_stride_b, lse_stride_h, BLOCK_M, BLOCK_N,
-                                  HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, SECURE, SUM_MMA, SCHED, WG)
+                                  HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, SECURE, SUM_MMA, WG)
                 kc += n
                 it += 1
 
 
 @gluon.jit
 def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready,
-                  v_ready, k_empty, v_empty, turn_bars, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads,
+                  v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads,
                   lse_stride_b, lse_stride_h, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                   K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr,
-                  NUM_WG: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, SCHED: gl.constexpr,
-                  WG: gl.constexpr):
+                  NUM_WG: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, WG: gl.constexpr):
     """One work item for this warpgroup: BLOCK_M query rows against all their key tiles. ``kc`` is the
     ring position of the item's first K/V tile, ``it`` the item's index (Q slot and phase). Returns the
     number of K/V tiles it consumed (where the next item's tiles start in the rings).
@@ -321,106 +247,68 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_s
     if SUM_MMA:  # the row sums, as W_ROWS equal columns
         acc_l = gl.zeros([BLOCK_M, W_ROWS], gl.float32, layout=l_layout)
 
-    if (SCHED & SCHED_SERIAL) != 0:
-        # cuDNN's loop (its SASS at D=64): each tile's P V is issued after its softmax and waited at once, so
-        # a warpgroup has one MMA group in flight; with TURNS the other warpgroup's exponentials fill the wait.
-        for j in range(n_blocks):
-            c = kc + j
-            ks = c % K_STAGES
-            vs = c % V_STAGES
-            mbarrier.wait(k_ready.index(ks), (c // K_STAGES) & 1)
-            kj = k_smem.index(ks).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-            s = warpgroup_mma(q, kj, s_zero, use_acc=False, is_async=True)
-            s = warpgroup_mma_wait(0, deps=(s, ))
-            mbarrier.arrive(k_empty.index(ks), count=1)
-            if j < n_full:
-                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, seqlen_k, diag, qk_scale, False,
-                                                   False, not SUM_MMA, BLOCK_N, s_layout, turn_bars, c, WG, NUM_WG,
-                                                   SCHED)
-            else:
-                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, seqlen_k, diag, qk_scale, True,
-                                                   CAUSAL, not SUM_MMA, BLOCK_N, s_layout, turn_bars, c, WG, NUM_WG,
-                                                   SCHED)
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-            if SUM_MMA:
-                acc_l = acc_l * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, l_layout)), 1)
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
-            mbarrier.wait(v_ready.index(vs), (c // V_STAGES) & 1)
-            vj = v_smem.index(vs).reshape([BLOCK_N, HEAD_DIM])
-            if SUM_MMA:
-                wj = w_smem.index(vs).reshape([W_ROWS, BLOCK_N]).permute((1, 0))
-                acc_l = warpgroup_mma(p_op, wj, acc_l, is_async=True)
-                acc = warpgroup_mma(p_op, vj, acc, is_async=True)
-                acc, acc_l = warpgroup_mma_wait(0, deps=(acc, acc_l))
-            else:
-                acc = warpgroup_mma(p_op, vj, acc, is_async=True)
-                acc = warpgroup_mma_wait(0, deps=(acc, ))
-            mbarrier.arrive(v_empty.index(vs), count=1)
-        if SUM_MMA:
-            l_i = gl.convert_layout(gl.max(acc_l, axis=1), row_layout)
+    # Prologue: tile 0's scores and softmax.
+    ks0 = kc % K_STAGES
+    mbarrier.wait(k_ready.index(ks0), (kc // K_STAGES) & 1)
+    k0 = k_smem.index(ks0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+    s = warpgroup_mma(q, k0, s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(0, deps=(s, ))
+    mbarrier.arrive(k_empty.index(ks0), count=1)
+    if n_full > 0:
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, seqlen_k, diag, qk_scale, False, False, not SUM_MMA,
+                                           BLOCK_N, s_layout)
     else:
-        # Prologue: tile 0's scores and softmax.
-        ks0 = kc % K_STAGES
-        mbarrier.wait(k_ready.index(ks0), (kc // K_STAGES) & 1)
-        k0 = k_smem.index(ks0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-        s = warpgroup_mma(q, k0, s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(0, deps=(s, ))
-        mbarrier.arrive(k_empty.index(ks0), count=1)
-        if n_full > 0:
-            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, seqlen_k, diag, qk_scale, False, False, not SUM_MMA,
-                                               BLOCK_N, s_layout, turn_bars, kc, WG, NUM_WG, SCHED)
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, seqlen_k, diag, qk_scale, True, CAUSAL, not SUM_MMA,
+                                           BLOCK_N, s_layout)
+    p_op = gl.convert_layout(p.to(dtype), p_layout)
+
+    for j in range(1, n_blocks):
+        c = kc + j
+        ks = c % K_STAGES
+        vp = (c - 1) % V_STAGES
+        # issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1}; both run while we wait for S_j only (with
+        # SUM_MMA the small P_{j-1} W_{j-1} goes between them, so that wait covers it too)
+        mbarrier.wait(k_ready.index(ks), (c // K_STAGES) & 1)
+        kj = k_smem.index(ks).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+        s_tok = warpgroup_mma(q, kj, s_zero, use_acc=False, is_async=True)
+        mbarrier.wait(v_ready.index(vp), ((c - 1) // V_STAGES) & 1)
+        vj = v_smem.index(vp).reshape([BLOCK_N, HEAD_DIM])
+        if SUM_MMA:
+            wj = w_smem.index(vp).reshape([W_ROWS, BLOCK_N]).permute((1, 0))
+            l_tok = warpgroup_mma(p_op, wj, acc_l, is_async=True)
+            acc_tok = warpgroup_mma(p_op, vj, acc, is_async=True)
+            s, acc_l = warpgroup_mma_wait(1, deps=(s_tok, l_tok))
         else:
-            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, seqlen_k, diag, qk_scale, True, CAUSAL, not SUM_MMA,
-                                               BLOCK_N, s_layout, turn_bars, kc, WG, NUM_WG, SCHED)
+            acc_tok = warpgroup_mma(p_op, vj, acc, is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s_tok, ))
+        mbarrier.arrive(k_empty.index(ks), count=1)
+        if j < n_full:
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, seqlen_k, diag, qk_scale, False, False,
+                                               not SUM_MMA, BLOCK_N, s_layout)
+        else:
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, seqlen_k, diag, qk_scale, True, CAUSAL,
+                                               not SUM_MMA, BLOCK_N, s_layout)
+        acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
+        mbarrier.arrive(v_empty.index(vp), count=1)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+        if SUM_MMA:
+            acc_l = acc_l * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, l_layout)), 1)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
 
-        for j in range(1, n_blocks):
-            c = kc + j
-            ks = c % K_STAGES
-            vp = (c - 1) % V_STAGES
-            # issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1}; both run while we wait for S_j only (with
-            # SUM_MMA the small P_{j-1} W_{j-1} goes between them, so that wait covers it too)
-            mbarrier.wait(k_ready.index(ks), (c // K_STAGES) & 1)
-            kj = k_smem.index(ks).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-            s_tok = warpgroup_mma(q, kj, s_zero, use_acc=False, is_async=True)
-            mbarrier.wait(v_ready.index(vp), ((c - 1) // V_STAGES) & 1)
-            vj = v_smem.index(vp).reshape([BLOCK_N, HEAD_DIM])
-            if SUM_MMA:
-                wj = w_smem.index(vp).reshape([W_ROWS, BLOCK_N]).permute((1, 0))
-                l_tok = warpgroup_mma(p_op, wj, acc_l, is_async=True)
-                acc_tok = warpgroup_mma(p_op, vj, acc, is_async=True)
-                s, acc_l = warpgroup_mma_wait(1, deps=(s_tok, l_tok))
-            else:
-                acc_tok = warpgroup_mma(p_op, vj, acc, is_async=True)
-                s = warpgroup_mma_wait(1, deps=(s_tok, ))
-            mbarrier.arrive(k_empty.index(ks), count=1)
-            if j < n_full:
-                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, seqlen_k, diag, qk_scale, False, False,
-                                                   not SUM_MMA, BLOCK_N, s_layout, turn_bars, c, WG, NUM_WG, SCHED)
-            else:
-                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, seqlen_k, diag, qk_scale, True, CAUSAL,
-                                                   not SUM_MMA, BLOCK_N, s_layout, turn_bars, c, WG, NUM_WG, SCHED)
-            acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
-            mbarrier.arrive(v_empty.index(vp), count=1)
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-            if SUM_MMA:
-                acc_l = acc_l * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, l_layout)), 1)
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
-
-        cl = kc + n_blocks - 1
-        last = cl % V_STAGES
-        mbarrier.wait(v_ready.index(last), (cl // V_STAGES) & 1)
-        vl = v_smem.index(last).reshape([BLOCK_N, HEAD_DIM])
-        if SUM_MMA:
-            wl = w_smem.index(last).reshape([W_ROWS, BLOCK_N]).permute((1, 0))
-            acc_l = warpgroup_mma(p_op, wl, acc_l, is_async=True)
-            acc = warpgroup_mma(p_op, vl, acc, is_async=True)
-            acc, acc_l = warpgroup_mma_wait(0, deps=(acc, acc_l))
-            l_i = gl.convert_layout(gl.max(acc_l, axis=1), row_layout)
-        else:
-            acc = warpgroup_mma(p_op, vl, acc, is_async=True)
-            acc = warpgroup_mma_wait(0, deps=(acc, ))
-        mbarrier.arrive(v_empty.index(last), count=1)
+    cl = kc + n_blocks - 1
+    last = cl % V_STAGES
+    mbarrier.wait(v_ready.index(last), (cl // V_STAGES) & 1)
+    vl = v_smem.index(last).reshape([BLOCK_N, HEAD_DIM])
+    if SUM_MMA:
+        wl = w_smem.index(last).reshape([W_ROWS, BLOCK_N]).permute((1, 0))
+        acc_l = warpgroup_mma(p_op, wl, acc_l, is_async=True)
+        acc = warpgroup_mma(p_op, vl, acc, is_async=True)
+        acc, acc_l = warpgroup_mma_wait(0, deps=(acc, acc_l))
+        l_i = gl.convert_layout(gl.max(acc_l, axis=1), row_layout)
+    else:
+        acc = warpgroup_mma(p_op, vl, acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
+    mbarrier.arrive(v_empty.index(last), count=1)
 
     # a row that saw no key has l == 0 and acc == 0: divide by 1 for exact zeros. ``/`` is the approximate
     # divide (div.full.f32): no data-dependent slow path
@@ -450,8 +338,7 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                            K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                            RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr, PAIRED: gl.constexpr, SECURE: gl.constexpr,
-                           SUM_MMA: gl.constexpr, CONSUMER_WG_REGS: gl.constexpr, LOADER_WG_REGS: gl.constexpr,
-                           SCHED: gl.constexpr = 0):
+                           SUM_MMA: gl.constexpr, CONSUMER_WG_REGS: gl.constexpr, LOADER_WG_REGS: gl.constexpr):
     """Persistent: program i takes scheduling units i, i + grid, ... (a unit = one work item of
     NUM_WG*BLOCK_M query rows of one head, or with PAIRED two causal items of equal total cost), so one
     item's epilogue and the next one's loads overlap instead of costing a launch.
@@ -480,9 +367,6 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
     k_empty = gl.allocate_shared_memory(gl.int64, [K_STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
-    turn_bars = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())  # see _turn_wait
-    for i in gl.static_range(NUM_WG):
-        mbarrier.init(turn_bars.index(i), count=1)
     for i in gl.static_range(2):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=NUM_WG)  # one arrival per consumer warpgroup
@@ -498,36 +382,36 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
     if NUM_WG == 3:
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
-                         k_ready, v_ready, k_empty, v_empty, turn_bars, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
+                         k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                          num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, SCHED, 0)),
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
-                         k_ready, v_ready, k_empty, v_empty, turn_bars, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
+                         k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                          num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, SCHED, 1)),
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 1)),
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
-                         k_ready, v_ready, k_empty, v_empty, turn_bars, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
+                         k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                          num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, SCHED, 2)),
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 2)),
             (_loader, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
-                       k_ready, v_ready, k_empty, v_empty, turn_bars, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
+                       k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                        num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, SCHED, 0)),
+                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
         ], [4, 4, 1], [CONSUMER_WG_REGS, CONSUMER_WG_REGS, LOADER_WG_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
-                         k_ready, v_ready, k_empty, v_empty, turn_bars, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
+                         k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                          num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, SCHED, 0)),
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
-                         k_ready, v_ready, k_empty, v_empty, turn_bars, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
+                         k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                          num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, SCHED, 1)),
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 1)),
             (_loader, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
-                       k_ready, v_ready, k_empty, v_empty, turn_bars, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
+                       k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                        num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, SCHED, 0)),
+                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
         ], [4, 1], [CONSUMER_WG_REGS, LOADER_WG_REGS])
 
 
@@ -614,12 +498,6 @@ class GluonLaunch:
     causal_pairs = True
     # Fast path: row sums by MMA against a ones tile (True) or by adds (False); see _consume_tile
     fast_sum_mma = False
-    # The consumer warpgroups take turns at the softmax's exponentials (see _turn_wait)
-    softmax_turns = False
-    # Each tile's P V is issued after its softmax and waited at once (cuDNN's loop; see _consume_tile)
-    serial_pv = False
-    # Row max and row sum as trees (see _row_reduce)
-    tree_reductions = False
 
     def __init__(self, q, k, v, o, lse, *, scale: float, causal: bool, seqlen_q: int, seqlen_k: int,
                  batch: int, num_heads_q: int, num_heads_kv: int, lse_strides, cfg, secure: bool = False,
@@ -677,10 +555,7 @@ class GluonLaunch:
                           V_STAGES=v_depth, CAUSAL=bool(causal),
                           RETURN_LSE=lse is not None, NUM_WG=num_wg, PAIRED=paired)
         regs = (CONSUMER_REGS_3WG if num_wg == 3 else CONSUMER_REGS, LOADER_REGS)
-        constexprs.update(SECURE=bool(secure), SUM_MMA=sum_mma, CONSUMER_WG_REGS=regs[0], LOADER_WG_REGS=regs[1],
-                          SCHED=(SCHED_TURNS.value if self.softmax_turns else 0)
-                          | (SCHED_SERIAL.value if self.serial_pv else 0)
-                          | (SCHED_TREE.value if self.tree_reductions else 0))
+        constexprs.update(SECURE=bool(secure), SUM_MMA=sum_mma, CONSUMER_WG_REGS=regs[0], LOADER_WG_REGS=regs[1])
         self.step = _Step(attn_fwd_hopper_kernel, grid, args, 7, constexprs, cfg.num_warps, 1,
                           options=dict(maxnreg=MAXNREG_3WG if num_wg == 3 else MAXNREG))
         self.fast = None  # (raw launcher, descriptor metadata) once compiled; False: not available
