@@ -8,7 +8,12 @@ differs. For each shape and backend, two loops run under torch.profiler:
 * ``warm``: N calls back to back (no flush), as in a CUDA graph but eager.
 
 Per call it records the kernel time (first kernel's start to last kernel's end) and the gap from the previous
-kernel's end (the flush kernel's, in ``flush``) to the first kernel's start. Medians go to JSON.
+kernel's end (the flush kernel's, in ``flush``) to the first kernel's start. Beside them, without the profiler:
+do_bench's median, the same loop with the queue pre-filled (launch_overhead.window_us) and the host time per
+call. Medians go to JSON. ``TRACE_EVENTS=1`` also records do_bench's events inside the traced loop.
+
+Caution (perf-notes v13): the profiler lengthens a backend's window by ~1.5 µs per extra GPU operation in its
+call (SDPA's memset before the cuDNN kernel), so compare the traced times within a backend, not across.
 
     PYTHONPATH=src python scripts/kernel_trace.py --out $OUT
 """
@@ -20,7 +25,9 @@ from torch.profiler import ProfilerActivity, profile
 from triton.testing import do_bench
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import flashcore  # noqa: E402
+from launch_overhead import window_us as do_bench_prefilled  # noqa: E402  (do_bench's loop, queue pre-filled)
 from flashcore.kernels import configs  # noqa: E402
 
 SHAPES = [(1, 8, 512, 64), (1, 16, 1024, 64), (4, 16, 1024, 64)]
@@ -30,24 +37,8 @@ EVENTS = os.environ.get("TRACE_EVENTS") == "1"  # record do_bench's events insid
 EVENT_US = []
 
 
-def do_bench_prefilled(fn, flush, n=300):
-    """triton.testing.do_bench's timed loop (flush, event, call, event), behind a GPU spin long enough that the
-    host enqueues every call before the GPU reaches it: the same numbers minus any host time."""
-    fn()
-    torch.cuda.synchronize()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-    torch.cuda._sleep(int(2e8))
-    for s, e in ev:
-        flush.zero_()
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in ev) * 1e3
-
-
 def enqueue_us(fn, n=200):
-    """Host time per call (flush + events + fn, as in do_bench's loop) while the GPU is busy."""
+    """Host time per call of ``fn`` while the GPU is busy (no call waits for it)."""
     fn()
     torch.cuda.synchronize()
     torch.cuda._sleep(int(4e8))

@@ -19,6 +19,9 @@ SHAPES = [(1, 1, 128, 64), (1, 2, 256, 64), (1, 16, 1024, 64), (4, 16, 1024, 64)
 
 
 def window_us(fn, flush, primer=None, n=300):
+    """triton.testing.do_bench's timed loop (flush, event, call, event), behind a GPU spin long enough that the
+    host enqueues every call before the GPU reaches it: the same numbers minus any host time. ``primer`` runs
+    between the flush and the start event (outside the window)."""
     fn()
     if primer is not None:
         primer()
