@@ -8,7 +8,8 @@ Rounds alternate the variants. Writes ``ab-<attrs>.json`` to --out and prints a 
     PYTHONPATH=src python scripts/gluon_ab.py --attr fast_sum_mma --out $OUT [--rounds 3]
 
 Variant names: ``auto`` (the planner's config) or ``gluon`` (the 2-warpgroup Gluon config forced), then the
-initials of each switch that is on (``fast_sum_mma`` -> ``fsm``), joined by ``.``, or ``-`` for none.
+initials of each switch that is on (``fast_sum_mma`` -> ``fsm``; the whole names where two switches share
+initials), joined by ``.``, or ``-`` for none.
 """
 import argparse
 import json
@@ -40,9 +41,12 @@ def set_variants(attrs):
 
     ATTRS[:] = attrs
     VARIANTS.clear()
+    short = ["".join(w[0] for w in a.split("_")) for a in attrs]
+    if len(set(short)) < len(attrs):  # initials that collide would merge two variants: spell the names out
+        short = list(attrs)
     for base, cfg in (("auto", None), ("gluon", GLUON64)):
         for ons in itertools.product((False, True), repeat=len(attrs)):
-            tag = ".".join("".join(w[0] for w in a.split("_")) for a, on in zip(attrs, ons) if on) or "-"
+            tag = ".".join(t for t, on in zip(short, ons) if on) or "-"
             VARIANTS[f"{base}_{tag}"] = (cfg, dict(zip(attrs, ons)))
 
 

@@ -15,7 +15,8 @@ def load_script(name):
 
 
 @pytest.mark.parametrize("attrs", [["fast_sum_mma"], ["fast_sum_mma", "causal_pairs"],
-                                   ["softmax_turns", "serial_pv", "tree_reductions"]])
+                                   ["softmax_turns", "serial_pv", "tree_reductions"],
+                                   ["softmax_turns", "sum_tiles"]])  # the same initials
 def test_gluon_ab_variants_are_distinct(attrs):
     """Every on/off combination of the switches gets its own variant name (two switches with the same first
     letter once collided, and one combination silently went unmeasured)."""

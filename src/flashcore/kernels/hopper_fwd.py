@@ -85,8 +85,7 @@ def _loader(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_sm
             lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
             V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr,
-            PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr,
-              WG: gl.constexpr):
+            PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, WG: gl.constexpr):
     kc = 0  # K/V tiles loaded so far, over all work items: ring slot and phase
     it = 0  # work items so far: Q slot and phase
     for unit in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
