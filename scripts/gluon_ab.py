@@ -7,9 +7,12 @@ Rounds alternate the variants. Writes ``ab-<attrs>.json`` to --out and prints a 
 
     PYTHONPATH=src python scripts/gluon_ab.py --attr fast_sum_mma --out $OUT [--rounds 3]
 
-Variant names: ``auto`` (the planner's config) or ``gluon`` (the 2-warpgroup Gluon config forced), then the
-initials of each switch that is on (``fast_sum_mma`` -> ``fsm``; the whole names where two switches share
-initials), joined by ``.``, or ``-`` for none.
+Variant names: ``auto`` (the planner's config) or ``gluon`` (the 2-warpgroup Gluon config forced), or a config
+given with ``--config`` by its sweep name (``gluon_ws_64x128s3``: configs.config_name), then the initials of each
+switch that is on (``fast_sum_mma`` -> ``fsm``; the whole names where two switches share initials), joined by
+``.``, or ``-`` for none. With ``--config`` and no ``--attr`` the configs alone are compared:
+
+    PYTHONPATH=src python scripts/gluon_ab.py --config gluon_ws_64x128s3 --shapes 1x16x1024x64 --out $OUT
 """
 import argparse
 import json
@@ -28,23 +31,26 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 from flashcore import kernels, ops, reference  # noqa: E402
 from flashcore.bench import timing  # noqa: E402
 from flashcore.kernels import hopper_fwd  # noqa: E402
-from flashcore.kernels.configs import Config  # noqa: E402
+from flashcore.kernels.configs import Config, parse_config_name  # noqa: E402
 
 
 GLUON64 = Config(128, 128, 4, 3, kernel="gluon_ws")
 ATTRS = ["fast_sum_mma"]
+CONFIGS = []  # extra config families (--config), by name
 VARIANTS = {}  # name -> (config (None: the planner's choice), {switch: on}); built by set_variants
 
 
-def set_variants(attrs):
+def set_variants(attrs, configs=()):
     import itertools
 
     ATTRS[:] = attrs
+    CONFIGS[:] = configs
     VARIANTS.clear()
     short = ["".join(w[0] for w in a.split("_")) for a in attrs]
     if len(set(short)) < len(attrs):  # initials that collide would merge two variants: spell the names out
         short = list(attrs)
-    for base, cfg in (("auto", None), ("gluon", GLUON64)):
+    families = [("auto", None), ("gluon", GLUON64)] + [(c, parse_config_name(c)) for c in configs]
+    for base, cfg in families:
         for ons in itertools.product((False, True), repeat=len(attrs)):
             tag = ".".join(t for t, on in zip(short, ons) if on) or "-"
             VARIANTS[f"{base}_{tag}"] = (cfg, dict(zip(attrs, ons)))
@@ -66,7 +72,7 @@ SHAPES = [  # (B, H, S, D), and the variant families timed there ("auto", "gluon
     ((4, 32, 4096, 128), ["auto"]),
     ((1, 32, 16384, 128), ["auto"]),
 ]
-CAUSAL_SHAPES = [(4, 32, 4096, 128), (1, 32, 16384, 128)]
+CAUSAL_SHAPES = [(4, 32, 4096, 128), (1, 32, 16384, 128), (4, 16, 1024, 64), (16, 16, 2048, 64)]
 # correctness: (B, Hq, Hkv, Sq, Sk, D, dtype, return_lse, variant)
 CHECKS = [
     (4, 4, 4, 1000, 1000, 64, torch.bfloat16, True, "gluon"),
@@ -159,16 +165,24 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip-checks", action="store_true")
     ap.add_argument("--attr", action="append", default=[], help="a GluonLaunch switch to compare on and off")
+    ap.add_argument("--config", action="append", default=[],
+                    help="a config (sweep name, e.g. gluon_ws_64x128s3) timed as its own family on every shape")
+    ap.add_argument("--shapes", default="", help="only these shapes, e.g. 1x16x1024x64,4x32x4096x128c")
     a = ap.parse_args()
     for at in a.attr:
         if not isinstance(getattr(hopper_fwd.GluonLaunch, at, None), bool):
             raise SystemExit(f"--attr: GluonLaunch has no boolean attribute {at!r}")
-    set_variants(a.attr or ATTRS)
+    try:
+        set_variants(a.attr or ([] if a.config else ATTRS), a.config)
+    except ValueError as e:
+        raise SystemExit(f"--config: {e}")
     t0 = time.time()
     checks = []
     causal_checks = [(2, 4, 4, 1000, 1000, 128, torch.bfloat16, True, "auto", True),
                      (1, 8, 2, 700, 1100, 128, torch.float16, True, "auto", True)]
-    for c in ([] if a.skip_checks else CHECKS + causal_checks):
+    # each --config family also runs the checks of the forced Gluon config (D=64, the 1-warpgroup layout's)
+    extra = [c[:-1] + (f,) for f in CONFIGS for c in CHECKS if c[-1] == "gluon"]
+    for c in ([] if a.skip_checks else CHECKS + causal_checks + extra):
         try:
             checks.append(check(*c))
         except Exception as e:  # noqa: BLE001 - reported as a failed check
@@ -177,8 +191,11 @@ def main():
         print(("ok  " if c["ok"] else "BAD ") + json.dumps(c), flush=True)
     timer = timing.Timer()
     rows = []
-    for (B, H, S, D), names, causal in ([(s, n, False) for s, n in SHAPES]
-                                        + [(s, ["auto"], True) for s in CAUSAL_SHAPES]):
+    todo = [(s, n + CONFIGS, False) for s, n in SHAPES] + [(s, ["auto"] + CONFIGS, True) for s in CAUSAL_SHAPES]
+    if a.shapes:
+        want = set(a.shapes.split(","))
+        todo = [t for t in todo if "x".join(map(str, t[0])) + ("c" if t[2] else "") in want]
+    for (B, H, S, D), names, causal in todo:
         r = time_shape(timer, B, H, S, D, names, a.rounds, causal)
         rows.append(r)
         print(json.dumps(r), f"[{time.time() - t0:.0f}s]", flush=True)
@@ -187,7 +204,7 @@ def main():
                                                                          capture_output=True, text=True).stdout.strip(),
                date=time.strftime("%Y-%m-%d %H:%M:%S"),
                method="flashcore.bench.timing.Timer median per round, min over rounds, us")
-    with open(os.path.join(a.out, f"ab-{'-'.join(ATTRS)}.json"), "w") as f:
+    with open(os.path.join(a.out, f"ab-{'-'.join(ATTRS + CONFIGS) or 'auto'}.json"), "w") as f:
         json.dump({"env": env, "checks": checks, "rows": rows}, f, indent=1)
     for key, label in (("us", "harness (min of rounds)"), ("do_bench_us", "do_bench (median of rounds)")):
         print(f"\n{label}\n{'shape':>18} {'sdpa':>8} " + " ".join(f"{n:>8}" for n in VARIANTS))

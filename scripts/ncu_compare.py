@@ -40,20 +40,12 @@ KEY_METRICS = [
 
 
 def parse_config(text):
-    from flashcore.kernels.configs import Config
+    from flashcore.kernels.configs import parse_config_name
 
-    if text == "auto":
-        return None
-    if text.startswith("gluon_ws_s"):
-        return Config(128, 128, 4, int(text[len("gluon_ws_s"):]), kernel="gluon_ws")
-    m = re.fullmatch(r"gluon_ws_(\d+)x(\d+)s(\d+)", text)  # sweep.py's name for a Gluon config
-    if m is not None:
-        return Config(*(int(x) for x in m.groups()[:2]), 4, int(m.group(3)), kernel="gluon_ws")
-    m = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)(_tma)?(?:_r(\d+))?", text)
-    if m is None:
-        raise SystemExit(f"--config: cannot parse {text!r}")
-    bm, bn, w, s, tma, r = m.groups()
-    return Config(int(bm), int(bn), int(w), int(s), tma=bool(tma), maxnreg=int(r) if r else None)
+    try:
+        return parse_config_name(text)
+    except ValueError as e:
+        raise SystemExit(f"--config: {e}")
 
 
 def child(shape, subject):

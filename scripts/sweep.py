@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 from flashcore import ops  # noqa: E402
-from flashcore.kernels.configs import Config  # noqa: E402
+from flashcore.kernels.configs import Config, config_name  # noqa: E402
 
 SEED = [(1, 8, 512, 64, False), (1, 16, 1024, 64, False), (4, 16, 1024, 64, False), (16, 16, 2048, 64, False)]
 LARGE = [(4, 32, 4096, 64, False), (4, 32, 4096, 128, False), (4, 32, 4096, 128, True),
@@ -41,13 +41,7 @@ D64 = [C(128, 64, 8, 3), C(64, 128, 4, 3), C(64, 64, 4, 3), C(128, 64, 8, 3, tma
        Config(192, 64, 4, 4, kernel="gluon_ws")]
 
 
-def name(cfg):
-    if cfg is None:
-        return "auto"
-    if cfg.kernel != "triton":
-        return f"{cfg.kernel}_{cfg.block_m}x{cfg.block_n}s{cfg.num_stages}"
-    return (f"{cfg.block_m}x{cfg.block_n}w{cfg.num_warps}s{cfg.num_stages}{'' if cfg.v_prepass else '_inloop'}"
-            f"{'_tma' if cfg.tma else ''}{f'_r{cfg.maxnreg}' if cfg.maxnreg else ''}")
+name = config_name
 
 
 def main():

@@ -121,11 +121,12 @@ def test_build_launch_never_uses_a_gluon_config_for_the_triton_kernel():
     assert cfg.kernel == "triton" and ce["BLOCK_M"] == cfg.block_m
 
 
-@pytest.mark.parametrize("head_dim,causal,block_m", [(128, False, 128), (64, True, 128), (64, False, 192)])
+@pytest.mark.parametrize("head_dim,causal,block_m", [(128, False, 128), (64, True, 128), (64, False, 192),
+                                                     (64, False, 64)])
 def test_sm90a_machine_code(head_dim, causal, block_m):
     """Compiled for sm_90a here (no GPU): the kernel must be warp-specialised (register
     reallocation between partitions), run P@V from registers on wgmma, and never spill (three
-    consumer warpgroups at 160 registers each included)."""
+    consumer warpgroups at 160 registers each, and one at 232 with two programs per SM, included)."""
     from conftest import gluon_sass
 
     sass = gluon_sass(head_dim, causal, block_m=block_m)
@@ -483,3 +484,29 @@ def test_register_cap_reaches_the_compiler(monkeypatch):
         num_heads_kv=4, q_strides=q.stride()[:3], k_strides=q.stride()[:3], v_strides=q.stride()[:3],
         o_strides=q.stride()[:3], lse_strides=(4 * 256, 256), config=capped, arch=(9, 0))
     assert kernels._spec_from_launch("x", capped, args, ce, set())["maxnreg"] == 128
+
+
+def test_one_consumer_warpgroup_shares_the_sm_with_a_second_program():
+    """block_m=64 (D=64): one 64-row consumer warpgroup per program, two programs resident per SM, so the
+    registers (8 warps x 128 at launch), the shared memory (Q and rings) and the grid are sized for two."""
+    from conftest import gluon_sass
+
+    kw = dict(scale=0.1, causal=False, seqlen_q=1024, seqlen_k=1024, batch=1, num_heads_q=16, num_heads_kv=16,
+              lse_strides=(16 * 1024, 1024))
+    q, lse = _t(1, 16, 1024, 64), torch.empty(1, 16, 1024)
+    one = hopper_fwd.GluonLaunch(q, q, q, q, lse, cfg=configs.Config(64, 128, 4, 3, kernel="gluon_ws"), **kw).step
+    assert one.constexprs["NUM_WG"] == 1 and one.options["maxnreg"] == hopper_fwd.MAXNREG_1WG
+    assert 2 * 8 * 32 * hopper_fwd.MAXNREG_1WG <= 65536  # two programs' registers at launch
+    assert 128 * hopper_fwd.CONSUMER_REGS_1WG + 128 * hopper_fwd.LOADER_REGS <= 256 * hopper_fwd.MAXNREG_1WG
+    items = 16 * 1024 // 64
+    assert one.grid == (min(items, 2 * hopper_fwd._sm_count(q.device)), 1) and one.scalars[-2:] == (16, items)
+    big = hopper_fwd.GluonLaunch(*(_t(4, 16, 4096, 64), ) * 4, torch.empty(4, 16, 4096), cfg=configs.Config(
+        64, 128, 4, 3, kernel="gluon_ws"), **dict(kw, seqlen_q=4096, seqlen_k=4096, batch=4,
+                                                  lse_strides=(16 * 4096, 4096))).step
+    assert big.grid == (2 * hopper_fwd._sm_count(q.device), 1)  # persistent, two per SM
+    assert hopper_fwd.v_stages(3, 64, 128, 64) == 3
+    assert hopper_fwd.smem_bytes(3, 3, 64, 128, 64) <= hopper_fwd.RING_BYTES_HALF_SM
+    assert 2 * (hopper_fwd.RING_BYTES_HALF_SM + 512 + 1024) <= 228 * 1024  # + barriers, + per-block reserve
+    assert hopper_fwd.v_stages(4, 64, 128, 64) == 2  # a fourth K stage leaves room for two V stages only
+    sass = gluon_sass(64, False, block_m=64)
+    assert "USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xe8" in sass  # the consumer's 232 registers

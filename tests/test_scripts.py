@@ -39,3 +39,22 @@ def test_ncu_compare_parses_sweep_config_names():
     assert (cfg.block_m, cfg.num_warps, cfg.maxnreg, cfg.kernel) == (64, 4, 168, "triton")
     with pytest.raises(SystemExit):
         nc.parse_config("nonsense")
+
+
+@pytest.mark.parametrize("text", ["auto", "gluon_ws_64x128s3", "gluon_ws_192x128s3", "128x64w8s3", "64x128w4s2_r168",
+                                  "128x64w8s3_inloop", "128x64w8s3_tma"])
+def test_config_names_round_trip(text):
+    from flashcore.kernels.configs import config_name, parse_config_name
+
+    assert config_name(parse_config_name(text)) == text
+
+
+def test_gluon_ab_config_families():
+    """--config adds a family per config; with no switches each family is one variant, named by its config."""
+    ab = load_script("gluon_ab")
+    ab.set_variants([], ["gluon_ws_64x128s3", "gluon_ws_64x128s2"])
+    assert list(ab.VARIANTS) == ["auto_-", "gluon_-", "gluon_ws_64x128s3_-", "gluon_ws_64x128s2_-"]
+    cfg, ons = ab.VARIANTS["gluon_ws_64x128s3_-"]
+    assert (cfg.block_m, cfg.num_stages, cfg.kernel, ons) == (64, 3, "gluon_ws", {})
+    with pytest.raises(ValueError):
+        ab.set_variants([], ["no_such_config"])

@@ -85,6 +85,35 @@ class Config:
     maxnreg: int | None = None
 
 
+def config_name(cfg: Config | None) -> str:
+    """A config's name in sweeps and scripts (``auto`` for the planner's choice); parse_config_name inverts it."""
+    if cfg is None:
+        return "auto"
+    if cfg.kernel != "triton":
+        return f"{cfg.kernel}_{cfg.block_m}x{cfg.block_n}s{cfg.num_stages}"
+    return (f"{cfg.block_m}x{cfg.block_n}w{cfg.num_warps}s{cfg.num_stages}{'' if cfg.v_prepass else '_inloop'}"
+            f"{'_tma' if cfg.tma else ''}{f'_r{cfg.maxnreg}' if cfg.maxnreg else ''}")
+
+
+def parse_config_name(text: str) -> Config | None:
+    """The config a :func:`config_name` names (``gluon_ws_s<N>``: the two-warpgroup Gluon config with N stages)."""
+    import re
+
+    if text == "auto":
+        return None
+    if text.startswith("gluon_ws_s"):
+        return Config(128, 128, 4, int(text[len("gluon_ws_s"):]), kernel="gluon_ws")
+    m = re.fullmatch(r"gluon_ws_(\d+)x(\d+)s(\d+)", text)
+    if m is not None:
+        return Config(*(int(x) for x in m.groups()[:2]), 4, int(m.group(3)), kernel="gluon_ws")
+    m = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)(_inloop)?(_tma)?(?:_r(\d+))?", text)
+    if m is None:
+        raise ValueError(f"cannot parse a config name from {text!r}")
+    bm, bn, w, st, inloop, tma, r = m.groups()
+    return Config(int(bm), int(bn), int(w), int(st), tma=bool(tma), v_prepass=not inloop,
+                  maxnreg=int(r) if r else None)
+
+
 # The interpreter runs each program in numpy: small tiles keep CI fast, and BLOCK_M != BLOCK_N
 # exercises the causal stage split.
 INTERPRETER = Config(block_m=32, block_n=16, num_warps=4, num_stages=1)

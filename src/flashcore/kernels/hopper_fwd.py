@@ -43,6 +43,13 @@ MAXNREG = 168
 # Three consumer warpgroups (16 warps with the padded loader group): 3 x 128 x 160 + 128 x 24 fits.
 CONSUMER_REGS_3WG = 160
 MAXNREG_3WG = 128
+# One consumer warpgroup (8 warps with the padded loader group) at 128 registers: two programs fit an
+# SM's 64K registers; the loader gives 104 of its 128 back, which the consumer takes (128 + 104 = 232).
+CONSUMER_REGS_1WG = 232
+MAXNREG_1WG = 128
+# consumer warpgroups -> (worker consumer registers, launch register cap); programs resident per SM
+REGISTERS = {1: (CONSUMER_REGS_1WG, MAXNREG_1WG), 2: (CONSUMER_REGS, MAXNREG), 3: (CONSUMER_REGS_3WG, MAXNREG_3WG)}
+PROGRAMS_PER_SM = {1: 2, 2: 1, 3: 1}
 
 
 @gluon.jit
@@ -397,7 +404,7 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
                        num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
                        HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
         ], [4, 4, 1], [CONSUMER_WG_REGS, CONSUMER_WG_REGS, LOADER_WG_REGS])
-    else:
+    elif NUM_WG == 2:
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                          k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
@@ -412,6 +419,17 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
                        num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
                        HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
         ], [4, 1], [CONSUMER_WG_REGS, LOADER_WG_REGS])
+    else:  # one consumer warpgroup (64-row items; two programs share an SM)
+        gl.warp_specialize([
+            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
+                         k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
+                         num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
+            (_loader, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
+                       k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
+                       num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
+                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
+        ], [1], [LOADER_WG_REGS])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -434,6 +452,13 @@ def eligible(q, k, v, o, head_dim: int) -> bool:
 
 
 RING_BYTES = 200 * 1024  # of the 227 KiB an H100 block may use; the rest is headroom for barriers
+# One consumer warpgroup: two programs share an SM (228 KiB, 1 KiB of it reserved per block), each with
+# Q and its rings in at most this much (barriers take ~130 bytes more).
+RING_BYTES_HALF_SM = 112 * 1024
+
+
+def ring_limit(block_m: int) -> int:
+    return RING_BYTES_HALF_SM if block_m == 64 else RING_BYTES
 
 
 def smem_bytes(k_stages: int, v_stages_: int, block_m: int, block_n: int, head_dim: int) -> int:
@@ -445,7 +470,8 @@ def smem_bytes(k_stages: int, v_stages_: int, block_m: int, block_n: int, head_d
 def v_stages(k_stages: int, block_m: int, block_n: int, head_dim: int) -> int:
     """V ring depth: as deep as the K ring if shared memory allows, else the deepest that fits (at
     least 1)."""
-    fits = [v for v in range(1, k_stages + 1) if smem_bytes(k_stages, v, block_m, block_n, head_dim) <= RING_BYTES]
+    limit = ring_limit(block_m)
+    fits = [v for v in range(1, k_stages + 1) if smem_bytes(k_stages, v, block_m, block_n, head_dim) <= limit]
     return max(fits) if fits else 1
 
 
@@ -508,11 +534,11 @@ class GluonLaunch:
 
         v_depth = v_stages(cfg.num_stages, cfg.block_m, cfg.block_n, D)
         ring = smem_bytes(cfg.num_stages, v_depth, cfg.block_m, cfg.block_n, D)
-        if (cfg.block_m not in (128, 192) or (cfg.block_m == 192 and D != 64) or cfg.block_n not in (64, 128)
-                or cfg.num_stages < 1 or ring > RING_BYTES):
-            raise ValueError(f"gluon_ws config {cfg} unsupported: block_m must be 128 (two 64-row warpgroups) or, at "
-                             f"D=64, 192 (three), block_n 64 or 128, and the K/V rings must fit {RING_BYTES} bytes "
-                             f"of shared memory")
+        if (cfg.block_m not in (64, 128, 192) or (cfg.block_m in (64, 192) and D != 64) or cfg.block_n not in (64, 128)
+                or cfg.num_stages < 1 or ring > ring_limit(cfg.block_m)):
+            raise ValueError(f"gluon_ws config {cfg} unsupported: block_m must be 128 (two 64-row warpgroups) or, "
+                             f"at D=64, 64 (one) or 192 (three), block_n 64 or 128, and the K/V rings must fit "
+                             f"{ring_limit(cfg.block_m)} bytes of shared memory")
         num_wg = cfg.block_m // 64
 
         gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
@@ -545,7 +571,7 @@ class GluonLaunch:
         # constant, which folds the pairing arithmetic into a branch its lowering rejects)
         paired = bool(causal) and self.causal_pairs and num_m_tiles > 1
         units = batch * num_heads_q * -(-num_m_tiles // 2) if paired else num_tiles
-        grid = (num_tiles if causal and not paired else min(units, _sm_count(q.device)), 1)
+        grid = (num_tiles if causal and not paired else min(units, PROGRAMS_PER_SM[num_wg] * _sm_count(q.device)), 1)
         dummy = lse if lse is not None else q  # the lengths pointer is read only in secure mode
         w = torch.empty(self.key_weights_shape, dtype=q.dtype) if self.key_weights_shape else None
         args = [*self._descs(q, k, v, o, w), dummy, dummy, scale * LOG2E, seqlen_q, seqlen_k,
@@ -553,10 +579,11 @@ class GluonLaunch:
         constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, K_STAGES=cfg.num_stages,
                           V_STAGES=v_depth, CAUSAL=bool(causal),
                           RETURN_LSE=lse is not None, NUM_WG=num_wg, PAIRED=paired)
-        regs = (CONSUMER_REGS_3WG if num_wg == 3 else CONSUMER_REGS, LOADER_REGS)
-        constexprs.update(SECURE=bool(secure), SUM_MMA=sum_mma, CONSUMER_WG_REGS=regs[0], LOADER_WG_REGS=regs[1])
+        consumer_regs, maxnreg = REGISTERS[num_wg]
+        constexprs.update(SECURE=bool(secure), SUM_MMA=sum_mma, CONSUMER_WG_REGS=consumer_regs,
+                          LOADER_WG_REGS=LOADER_REGS)
         self.step = _Step(attn_fwd_hopper_kernel, grid, args, 7, constexprs, cfg.num_warps, 1,
-                          options=dict(maxnreg=MAXNREG_3WG if num_wg == 3 else MAXNREG))
+                          options=dict(maxnreg=maxnreg))
         self.fast = None  # (raw launcher, descriptor metadata) once compiled; False: not available
         self.encoded = {}
 
