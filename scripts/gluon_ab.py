@@ -86,10 +86,15 @@ CHECKS = [
 ]  # (each runs the variant with every switch on)
 
 
+def resolve(name):
+    """A variant's name; a family's name (``auto``, ``gluon``, a --config) means its variant with every switch on."""
+    if name in ("auto", "gluon", *CONFIGS):
+        return max(names(name), key=lambda n: sum(VARIANTS[n][1].values()))
+    return name
+
+
 def make_call(q, k, v, D, lse, name, out=None, causal=False):
-    if name in ("auto", "gluon"):  # every switch on
-        name = max(names(name), key=lambda n: sum(VARIANTS[n][1].values()))
-    cfg, ons = VARIANTS[name]
+    cfg, ons = VARIANTS[resolve(name)]
     defaults = {a: getattr(hopper_fwd.GluonLaunch, a) for a in ons}
     for a, on in ons.items():
         setattr(hopper_fwd.GluonLaunch, a, on)
@@ -159,6 +164,20 @@ def time_shape(timer, B, H, S, D, families, rounds, causal=False):
                 errs=errs)
 
 
+def parse_shapes(text):
+    """``1x16x1024x64,4x16x1024x64c`` -> [((1, 16, 1024, 64), False), ((4, 16, 1024, 64), True)] (c: causal)."""
+    out = []
+    for item in text.split(","):
+        causal = item.endswith("c")
+        dims = item[:-1] if causal else item
+        try:
+            B, H, S, D = (int(x) for x in dims.split("x"))
+        except ValueError:
+            raise ValueError(f"a shape is BxHxSxD, with a trailing c for causal: got {item!r}") from None
+        out.append(((B, H, S, D), causal))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -167,7 +186,8 @@ def main():
     ap.add_argument("--attr", action="append", default=[], help="a GluonLaunch switch to compare on and off")
     ap.add_argument("--config", action="append", default=[],
                     help="a config (sweep name, e.g. gluon_ws_64x128s3) timed as its own family on every shape")
-    ap.add_argument("--shapes", default="", help="only these shapes, e.g. 1x16x1024x64,4x32x4096x128c")
+    ap.add_argument("--shapes", default="", help="these shapes instead of the built-in lists, each timed with every "
+                    "family, e.g. 1x16x1024x64,4x32x4096x128c (c: causal)")
     a = ap.parse_args()
     for at in a.attr:
         if not isinstance(getattr(hopper_fwd.GluonLaunch, at, None), bool):
@@ -180,8 +200,12 @@ def main():
     checks = []
     causal_checks = [(2, 4, 4, 1000, 1000, 128, torch.bfloat16, True, "auto", True),
                      (1, 8, 2, 700, 1100, 128, torch.float16, True, "auto", True)]
-    # each --config family also runs the checks of the forced Gluon config (D=64, the 1-warpgroup layout's)
+    # each --config family also runs the checks of the forced Gluon config (D=64, the 1-warpgroup layout's),
+    # and causal ones: Sq = Sk, Sq < Sk and Sq > Sk (bottom-right diagonal; rows that see no key)
     extra = [c[:-1] + (f,) for f in CONFIGS for c in CHECKS if c[-1] == "gluon"]
+    extra += [c + (f, True) for f in CONFIGS for c in ((2, 4, 4, 1000, 1000, 64, torch.bfloat16, True),
+                                                      (1, 8, 2, 700, 1100, 64, torch.float16, True),
+                                                      (2, 4, 1, 1100, 700, 64, torch.bfloat16, True))]
     for c in ([] if a.skip_checks else CHECKS + causal_checks + extra):
         try:
             checks.append(check(*c))
@@ -193,8 +217,7 @@ def main():
     rows = []
     todo = [(s, n + CONFIGS, False) for s, n in SHAPES] + [(s, ["auto"] + CONFIGS, True) for s in CAUSAL_SHAPES]
     if a.shapes:
-        want = set(a.shapes.split(","))
-        todo = [t for t in todo if "x".join(map(str, t[0])) + ("c" if t[2] else "") in want]
+        todo = [(shape, ["auto", "gluon"] + CONFIGS, causal) for shape, causal in parse_shapes(a.shapes)]
     for (B, H, S, D), names, causal in todo:
         r = time_shape(timer, B, H, S, D, names, a.rounds, causal)
         rows.append(r)

@@ -58,3 +58,15 @@ def test_gluon_ab_config_families():
     assert (cfg.block_m, cfg.num_stages, cfg.kernel, ons) == (64, 3, "gluon_ws", {})
     with pytest.raises(ValueError):
         ab.set_variants([], ["no_such_config"])
+
+
+def test_gluon_ab_parses_shapes_and_maps_config_families_to_variants():
+    ab = load_script("gluon_ab")
+    assert ab.parse_shapes("1x16x1024x64,4x16x1024x64c") == [((1, 16, 1024, 64), False), ((4, 16, 1024, 64), True)]
+    with pytest.raises(ValueError, match="BxHxSxD"):
+        ab.parse_shapes("1x16x1024")
+    ab.set_variants([], ["gluon_ws_64x128s2"])
+    # a family name (what the checks pass) resolves to its variant, not a KeyError (a device run once failed so)
+    assert ab.resolve("gluon_ws_64x128s2") == "gluon_ws_64x128s2_-"
+    ab.set_variants(["fast_sum_mma"], ["gluon_ws_64x128s2"])
+    assert ab.resolve("gluon_ws_64x128s2") == "gluon_ws_64x128s2_fsm" and ab.resolve("auto") == "auto_fsm"
