@@ -16,12 +16,21 @@ def test_hopper_picks_gluon_for_fast_d128_and_larger_d64_only():
     # D=128 from 1x8x512x512 on (host cost no longer decides); D=64 from 2x16x1024x1024 on
     assert configs.hopper(**dict(BIG, seqlen_q=512, seqlen_k=512, batch_heads=8)).kernel == "gluon_ws"
     assert configs.hopper(**dict(BIG, seqlen_q=1, seqlen_k=4096, batch_heads=32)).kernel == "triton"  # decode
-    assert configs.hopper(**dict(BIG, head_dim=64, seqlen_q=1024, seqlen_k=1024, batch_heads=32)).kernel == "gluon_ws"
     for change in (dict(dtype_bytes=4), dict(head_dim=96), dict(head_dim=256),
-                   dict(head_dim=64, causal=True),  # ties or trails the Triton kernel on the H100
-                   dict(head_dim=64, seqlen_q=1024, seqlen_k=1024, batch_heads=16),  # 1x16x1024x64
-                   dict(head_dim=64, seqlen_q=512, seqlen_k=512, batch_heads=8)):
+                   dict(head_dim=64, causal=True),  # 4x32x4096x64 causal: Triton ahead of both Gluon layouts
+                   dict(head_dim=64, causal=True, seqlen_q=512, seqlen_k=512, batch_heads=8),
+                   dict(head_dim=64, seqlen_q=256, seqlen_k=256, batch_heads=8)):
         assert configs.hopper(**dict(BIG, **change)).kernel == "triton", change
+    # D=64 small problems: one consumer warpgroup, two programs per SM (perf-notes v14)
+    one = configs.gluon_one_wg()
+    for change in (dict(seqlen_q=1024, seqlen_k=1024, batch_heads=16), dict(seqlen_q=512, seqlen_k=512, batch_heads=8),
+                   dict(seqlen_q=1024, seqlen_k=1024, batch_heads=32),
+                   dict(causal=True, seqlen_q=1024, seqlen_k=1024, batch_heads=16),
+                   dict(causal=True, seqlen_q=2048, seqlen_k=2048, batch_heads=64)):
+        assert configs.hopper(**dict(BIG, head_dim=64, **change)) == one, change
+    assert one.block_m == 64 and one.kernel == "gluon_ws"
+    assert configs.hopper(**dict(BIG, head_dim=64, secure=True, seqlen_q=1024, seqlen_k=1024, batch_heads=16)) != one
+    assert configs.hopper(**dict(BIG, head_dim=64, seqlen_q=1024, seqlen_k=1024, batch_heads=64)).block_m == 128
     assert configs.choose((8, 0), **BIG).kernel == "triton"  # Ampere never gets it
 
 
@@ -180,7 +189,8 @@ CASES = [
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("head_dim,block_m,causal", [(64, 128, False), (64, 192, False), (128, 128, False),
-                                                    (64, 128, True), (128, 128, True), (64, 192, True)])
+                                                    (64, 128, True), (128, 128, True), (64, 192, True),
+                                                    (64, 64, False), (64, 64, True)])
 def test_gluon_persistent_programs_loop_over_many_items(head_dim, block_m, causal):
     """More scheduling units than SMs, and not a multiple of them: each program runs several work
     items, so the Q slots, the K/V rings and their phases carry across items (some programs one unit
@@ -195,7 +205,7 @@ def test_gluon_persistent_programs_loop_over_many_items(head_dim, block_m, causa
     B, Hq, Hkv, S = 3, 16, 4, 1000
     tiles = -(-S // block_m)
     units = B * Hq * (-(-tiles // 2) if causal else tiles)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sms = torch.cuda.get_device_properties(0).multi_processor_count * hopper_fwd.PROGRAMS_PER_SM[block_m // 64]
     assert units > sms and units % sms
     g = torch.Generator(device="cuda").manual_seed(4321 + head_dim + causal)
     q = torch.randn(B, Hq, S, head_dim, device="cuda", generator=g).bfloat16()
@@ -241,6 +251,38 @@ def test_gluon_matches_reference(case, dtype):
     assert bool((lse[~seen] == float("-inf")).all())
     again, _ = call(q, k, v, None, None)
     assert torch.equal(out, again)  # no atomics: bitwise repeatable
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", [
+    (2, 4, 4, 1000, 1000, 64, True), (1, 2, 2, 77, 300, 64, True), (1, 2, 2, 300, 77, 64, True),
+    (1, 2, 2, 1, 1, 64, False), (2, 8, 2, 513, 513, 64, True), (1, 4, 1, 256, 4096, 64, False),
+    (2, 6, 3, 2048, 333, 64, False), (1, 3, 3, 65, 129, 64, False)])
+def test_gluon_one_warpgroup_matches_reference(case, dtype):
+    """The one-consumer-warpgroup layout (two programs per SM) on the edge cases of CASES at D=64: odd
+    lengths, causal with Sq < Sk and Sq > Sk (rows that see no key: zeros, LSE -inf), GQA/MQA, one row."""
+    import flashcore
+    from flashcore import ops
+
+    B, Hq, Hkv, Sq, Sk, D, causal = case
+    g = torch.Generator(device="cuda").manual_seed(hash(case) % 2**31 + 64)
+    mk = lambda h, s: torch.randn(B, h, s, D, device="cuda", generator=g).to(dtype)
+    q, k, v = mk(Hq, Sq), mk(Hkv, Sk), mk(Hkv, Sk)
+    out = torch.full_like(q, float("nan"))
+    call = ops.dense_call(q, k, v, None, None, causal, D ** -0.5, False, False, True, out=out,
+                          config=configs.gluon_one_wg())
+    assert type(call.plan.main).__name__ == "GluonLaunch" and call.plan.main.step.constexprs["NUM_WG"] == 1
+    _, lse = call(q, k, v, None, None, out)
+    ref, ref_lse = flashcore.reference.attention(q, k, v, causal=causal, return_lse=True)
+    assert not torch.isnan(out).any()
+    assert rel_err(out, ref) < (1.2e-2 if dtype == torch.bfloat16 else 2e-3)
+    seen = torch.isfinite(ref_lse)
+    assert torch.allclose(lse[seen].double(), ref_lse[seen], atol=2e-3, rtol=1e-4)
+    assert bool((lse[~seen] == float("-inf")).all()) and bool((out[~seen] == 0).all())
+    again, _ = call(q, k, v, None, None)
+    assert torch.equal(out, again)
 
 
 @pytest.mark.gpu
