@@ -144,8 +144,9 @@ def hopper(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q
       measured (1x8x512x512, 2^21); below it (decode-like Sq of a few rows) nothing was measured.
     * D=64, 16-bit: the persistent kernel (v7) is faster from B*Hq*Sq*Sk >= 2^25 on (2x16x1024 28.3
       vs 31.9 us, 1x32x1024 28.8 vs 32.0, 16x16x2048 610 vs 652; from Sq >= 2048 with three consumer
-      warpgroups, see gluon_ws); below that the Triton kernel's 64-row programs win (1x16x1024 18.1 vs
-      19.1, 1x8x512 10.9 vs 13.4). Causal D=64 stays on the Triton kernel: with causal work persistent
+      warpgroups, see gluon_ws); below that the Triton kernel's 64-row programs beat its two-warpgroup
+      layout (1x16x1024 18.1 vs 19.1, 1x8x512 10.9 vs 13.4), and since v14 the one-warpgroup layout beats
+      both up to 2^26 (last bullet). Before v14 causal D=64 stayed on the Triton kernel: with causal work persistent
       over balanced pairs of row tiles (v8.4) the Gluon kernel won on an H200 (16x16x2048x64 372 vs
       386 us) but on the H100 it ties or trails (same run: 4x32x4096x64 691 vs 687, 16x16x2048x64 396
       vs 381, 4x16x1024x64 48.8 vs 44.9; ahead only at 4x16x2048x64, 111 vs 115).
