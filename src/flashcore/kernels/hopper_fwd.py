@@ -7,7 +7,8 @@ cuDNN at D=128, docs/perf-notes.md). This one splits each program into three par
 * a 1-warp **loader** that streams K/V tiles into a ring of shared-memory slots with TMA;
 * ``NUM_WG`` 4-warp **consumers** (one warpgroup each, ``BLOCK_M`` = 64 query rows each) that share
   the ring: two, or three at D=64 for long sequences, where the extra warps hide more of each
-  softmax's dependency chain (160 registers each instead of 240 still fit D=64 without spills).
+  softmax's dependency chain (160 registers each instead of 240 still fit D=64 without spills), or
+  one at D=64 for small problems, where two programs then share an SM (perf-notes v14).
 
 Inside a consumer the S = QK^T of tile j+1 is issued asynchronously before the softmax of tile j
 and the P@V of tile j runs while the next softmax is computed, so one warpgroup keeps the tensor
