@@ -155,8 +155,8 @@ def hopper(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q
       kernel's 0.76x). Its loop is the fast one; a K/V pre-pass takes the secret lengths.
     * D=64, 16-bit, fast path, small problems (perf-notes v14): the Gluon kernel with one consumer warpgroup
       and two programs per SM (gluon_one_wg) from 1x8x512 up to below 4x16x1024 (non-causal), and causal from
-      1x16x1024 up to below 16x16x2048; measured same-run, e.g. 1x16x1024x64 1.00 vs 0.99x SDPA (Triton),
-      4x16x1024x64 causal 1.05 vs 0.86x. Larger problems keep their kernels (at 4x16x1024x64 two warpgroups
+      1x16x1024 up to below 16x16x2048; measured same-run, e.g. 1x16x1024x64 0.99-1.02 vs 0.96-1.01x SDPA
+      (Triton), 4x16x1024x64 causal 1.03-1.06 vs 0.83-0.86x. Larger problems keep their kernels (at 4x16x1024x64 two warpgroups
       sharing the K/V ring win, 0.98 vs 0.96x; causal 4x32x4096x64 Triton 0.95 vs 0.91x).
     The caller still falls back to the Triton kernel when the inputs are not TMA-addressable (and, in
     secure mode, for causal attention with a secret diagonal: explicit query lengths)."""
@@ -165,8 +165,7 @@ def hopper(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q
     # (decode-like query blocks, Sq < 128, were not measured on it: they keep the older rule below)
     if dtype_bytes == 2 and head_dim == 64 and not secure and lo <= work < hi and seqlen_q >= 128:
         return gluon_one_wg()
-    if (dtype_bytes == 2 and head_dim in GLUON_MIN_WORK
-            and batch_heads * seqlen_q * seqlen_k >= GLUON_MIN_WORK[head_dim]):
+    if dtype_bytes == 2 and head_dim in GLUON_MIN_WORK and work >= GLUON_MIN_WORK[head_dim]:
         if secure:
             return gluon_secure(head_dim, seqlen_q, causal)
         if not (head_dim == 64 and causal):
@@ -184,7 +183,7 @@ def gluon_one_wg() -> Config:
     """The Gluon kernel with one 64-row consumer warpgroup per program and two programs per SM (D=64):
     twice the programs of the two-warpgroup layout for small problems, with each one's softmax still
     overlapping its own MMAs. Two ring stages: in the same runs they matched or beat three (1x16x1024x64
-    1.00-1.04 vs 0.96-0.99x SDPA), and leave more of the SM's shared memory to L1."""
+    0.99-1.04 vs 0.96-0.99x SDPA), and leave more of the SM's shared memory to L1."""
     return Config(block_m=64, block_n=128, num_warps=4, num_stages=2, kernel="gluon_ws")
 
 

@@ -384,8 +384,9 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(v_empty.index(i), count=NUM_WG)
 
-    # (constexprs are spelled out in each tuple: a tuple held in a variable turns them into tensors;
-    # so is the partition list, which is why the two layouts are two literal lists)
+    # (constexprs are spelled out in each tuple: a tuple held in a variable turns them into tensors, and
+    # so does a runtime tuple concatenated with literal constexprs (Triton 3.6: "'int' object has no
+    # attribute '_flatten_ir'"); so is the partition list, which is why each layout is one literal list)
     if NUM_WG == 3:
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
