@@ -6,11 +6,12 @@ flashcore.bench.timing) and ``triton.testing.do_bench`` (L2 flushed; what script
 Rounds alternate the variants. Writes ``ab-<attrs>.json`` to --out and prints a table last.
 
     PYTHONPATH=src python scripts/gluon_ab.py --attr fast_sum_mma --out $OUT [--rounds 3]
+    PYTHONPATH=src python scripts/gluon_ab.py --attr exp_poly=0,1,2 --shapes 4x16x1024x64 --out $OUT
 
 Variant names: ``auto`` (the planner's config) or ``gluon`` (the 2-warpgroup Gluon config forced), or a config
 given with ``--config`` by its sweep name (``gluon_ws_64x128s3``: configs.config_name), then the initials of each
-switch that is on (``fast_sum_mma`` -> ``fsm``; the whole names where two switches share initials), joined by
-``.``, or ``-`` for none. With ``--config`` and no ``--attr`` the configs alone are compared:
+switch that is on (``fast_sum_mma`` -> ``fsm``; the whole names where two switches share initials) or of each
+integer setting followed by its value (``exp_poly=2`` -> ``ep2``), joined by ``.``, or ``-`` for none. With ``--config`` and no ``--attr`` the configs alone are compared:
 
     PYTHONPATH=src python scripts/gluon_ab.py --config gluon_ws_64x128s3 --shapes 1x16x1024x64 --out $OUT
 """
@@ -40,20 +41,43 @@ CONFIGS = []  # extra config families (--config), by name
 VARIANTS = {}  # name -> (config (None: the planner's choice), {switch: on}); built by set_variants
 
 
+def parse_attr(text):
+    """``name`` (a boolean switch: off, on) or ``name=v1,v2,...`` (an integer setting: these values) ->
+    (name, values); the values must have the attribute's type."""
+    name, _, vals = text.partition("=")
+    default = getattr(hopper_fwd.GluonLaunch, name, None)
+    if isinstance(default, bool) and not vals:
+        return name, (False, True)
+    if isinstance(default, int) and not isinstance(default, bool) and vals:
+        try:
+            return name, tuple(int(v) for v in vals.split(","))
+        except ValueError:
+            pass
+    raise ValueError(f"{text!r}: GluonLaunch has no boolean attribute {name!r}, nor an integer one given as "
+                     f"{name}=v1,v2,...")
+
+
 def set_variants(attrs, configs=()):
+    """``attrs``: (name, values) pairs (parse_attr), or names of boolean switches; every combination of values
+    is a variant."""
     import itertools
 
-    ATTRS[:] = attrs
+    attrs = [(a, (False, True)) if isinstance(a, str) else a for a in attrs]
+    ATTRS[:] = [a for a, _ in attrs]
     CONFIGS[:] = configs
     VARIANTS.clear()
-    short = ["".join(w[0] for w in a.split("_")) for a in attrs]
-    if len(set(short)) < len(attrs):  # initials that collide would merge two variants: spell the names out
-        short = list(attrs)
+    short = ["".join(w[0] for w in a.split("_")) for a in ATTRS]
+    if len(set(short)) < len(ATTRS):  # initials that collide would merge two variants: spell the names out
+        short = list(ATTRS)
+
+    def tag(t, v):
+        return (t if v else "") if isinstance(v, bool) else f"{t}{v}"
+
     families = [("auto", None), ("gluon", GLUON64)] + [(c, parse_config_name(c)) for c in configs]
     for base, cfg in families:
-        for ons in itertools.product((False, True), repeat=len(attrs)):
-            tag = ".".join(t for t, on in zip(short, ons) if on) or "-"
-            VARIANTS[f"{base}_{tag}"] = (cfg, dict(zip(attrs, ons)))
+        for vals in itertools.product(*(v for _, v in attrs)):
+            name = ".".join(x for x in (tag(t, v) for t, v in zip(short, vals)) if x) or "-"
+            VARIANTS[f"{base}_{name}"] = (cfg, dict(zip(ATTRS, vals)))
 
 
 def names(base):
@@ -87,9 +111,10 @@ CHECKS = [
 
 
 def resolve(name):
-    """A variant's name; a family's name (``auto``, ``gluon``, a --config) means its variant with every switch on."""
+    """A variant's name; a family's name (``auto``, ``gluon``, a --config) means its last variant: every switch
+    on, every integer setting at its last value."""
     if name in ("auto", "gluon", *CONFIGS):
-        return max(names(name), key=lambda n: sum(VARIANTS[n][1].values()))
+        return names(name)[-1]
     return name
 
 
@@ -185,17 +210,19 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip-checks", action="store_true")
-    ap.add_argument("--attr", action="append", default=[], help="a GluonLaunch switch to compare on and off")
+    ap.add_argument("--attr", action="append", default=[],
+                    help="a GluonLaunch switch to compare on and off, or name=v1,v2 for an integer setting")
     ap.add_argument("--config", action="append", default=[],
                     help="a config (sweep name, e.g. gluon_ws_64x128s3) timed as its own family on every shape")
     ap.add_argument("--shapes", default="", help="these shapes instead of the built-in lists, each timed with every "
                     "family, e.g. 1x16x1024x64,4x32x4096x128c (c: causal)")
     a = ap.parse_args()
-    for at in a.attr:
-        if not isinstance(getattr(hopper_fwd.GluonLaunch, at, None), bool):
-            raise SystemExit(f"--attr: GluonLaunch has no boolean attribute {at!r}")
     try:
-        set_variants(a.attr or ([] if a.config else ATTRS), a.config)
+        attrs = [parse_attr(t) for t in (a.attr or ([] if a.config else ATTRS))]
+    except ValueError as e:
+        raise SystemExit(f"--attr: {e}")
+    try:
+        set_variants(attrs, a.config)
     except ValueError as e:
         raise SystemExit(f"--config: {e}")
     t0 = time.time()

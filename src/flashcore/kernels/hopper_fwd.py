@@ -53,6 +53,70 @@ REGISTERS = {1: (CONSUMER_REGS_1WG, MAXNREG_1WG), 2: (CONSUMER_REGS, MAXNREG), 3
 PROGRAMS_PER_SM = {1: 2, 2: 1, 3: 1}
 
 
+# Exponentials on the FMA pipe (perf-notes v15). At D=64 a 128-key tile step needs as many MUFU cycles
+# (16 ex2 per clock per SM) as tensor-core cycles, so some of the ex2 are computed instead by Cody-Waite
+# range reduction and a degree-3 polynomial: 2^x = 2^n * p(f), n = round(x), f = x - n in [-0.5, 0.5].
+# p is a minimax fit of 2^f for relative error (max 7.7e-5, below bf16's and fp16's rounding of P).
+# Adding 1.5 * 2^23 + 127 rounds x to an integer in the low mantissa bits of t, so t << 23 is the bit
+# pattern of 2^n. x is clamped at -126 (2^n stays normal; the product flushes to zero below) with
+# ``max.NaN`` so a NaN score stays NaN, as it does through ex2.
+EXP2_POLY = (0.05516652762889862, 0.24259836971759796, 0.6932607889175415, 0.9999290108680725)
+EXP2_PACK = 8  # elements per asm block; the first ``n_poly`` of each 8 take the polynomial
+
+
+def _f32_hex(x: float) -> str:
+    import struct
+
+    return "0f%08X" % struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+def exp2_asm(n_poly: int) -> str:
+    """PTX for :func:`_exp2`: of every EXP2_PACK inputs, the first ``n_poly`` by polynomial, the rest
+    by ``ex2.approx.ftz.f32`` (what ``gl.exp2`` emits)."""
+    c3, c2, c1, c0 = (_f32_hex(c) for c in EXP2_POLY)
+    lines = ["{", ".reg .f32 x, t, j, f, p;", ".reg .b32 e;"]
+    for i in range(EXP2_PACK):
+        d, a = f"${i}", f"${i + EXP2_PACK}"
+        if i >= n_poly:
+            lines.append(f"ex2.approx.ftz.f32 {d}, {a};")
+            continue
+        lines += [f"max.NaN.f32 x, {a}, {_f32_hex(-126.0)};",
+                  f"add.rn.f32 t, x, {_f32_hex(12582912.0 + 127)};",
+                  f"sub.rn.f32 j, t, {_f32_hex(12582912.0 + 127)};",
+                  "sub.rn.f32 f, x, j;",
+                  f"fma.rn.f32 p, f, {c3}, {c2};",
+                  f"fma.rn.f32 p, p, f, {c1};",
+                  f"fma.rn.f32 p, p, f, {c0};",
+                  "shl.b32 e, t, 23;",
+                  f"mul.rn.ftz.f32 {d}, p, e;"]
+    lines.append("}")
+    return "\n".join(lines)
+
+
+EXP2_CONSTRAINTS = gl.constexpr(",".join(["=r"] * EXP2_PACK + ["r"] * EXP2_PACK))
+EXP2_ASM_1 = gl.constexpr(exp2_asm(1))
+EXP2_ASM_2 = gl.constexpr(exp2_asm(2))
+EXP2_ASM_3 = gl.constexpr(exp2_asm(3))
+EXP2_ASM_4 = gl.constexpr(exp2_asm(4))
+EXP2_POLY_CHOICES = (0, 1, 2, 3, 4)
+
+
+@gluon.jit
+def _exp2(x, POLY_OF_8: gl.constexpr):
+    """2^x for x <= 0 (a score minus its row max); POLY_OF_8 of every 8 by polynomial on the FMA pipe."""
+    if POLY_OF_8 == 1:
+        y = gl.inline_asm_elementwise(EXP2_ASM_1, EXP2_CONSTRAINTS, [x], gl.float32, True, 8)
+    elif POLY_OF_8 == 2:
+        y = gl.inline_asm_elementwise(EXP2_ASM_2, EXP2_CONSTRAINTS, [x], gl.float32, True, 8)
+    elif POLY_OF_8 == 3:
+        y = gl.inline_asm_elementwise(EXP2_ASM_3, EXP2_CONSTRAINTS, [x], gl.float32, True, 8)
+    elif POLY_OF_8 == 4:
+        y = gl.inline_asm_elementwise(EXP2_ASM_4, EXP2_CONSTRAINTS, [x], gl.float32, True, 8)
+    else:
+        y = gl.exp2(x)
+    return y
+
+
 @gluon.jit
 def _kv_blocks(pid_m, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                NUM_WG: gl.constexpr):
@@ -93,7 +157,8 @@ def _loader(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_sm
             lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
             V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr,
-            PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, WG: gl.constexpr):
+            PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, EXP_POLY: gl.constexpr,
+            WG: gl.constexpr):
     kc = 0  # K/V tiles loaded so far, over all work items: ring slot and phase
     it = 0  # work items so far: Q slot and phase
     for unit in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
@@ -148,11 +213,12 @@ def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem
 
 @gluon.jit
 def _softmax_step(s, m_i, l_i, col0, row, seqlen_k, diag, qk_scale, MASK: gl.constexpr, CAUSAL: gl.constexpr,
-                  ROW_SUM: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+                  ROW_SUM: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr, EXP_POLY: gl.constexpr):
     """Online softmax of one score tile: returns (p, alpha, m_new, l_new); scores are raw QK^T.
     MASK: keys at or past ``seqlen_k`` are masked, and with CAUSAL also keys right of the diagonal
     (selects on the raw scores: a NaN in a masked key's score cannot reach the output). Without
-    ROW_SUM the caller sums the probabilities itself (by MMA) and ``l_new`` is ``l_i``.
+    ROW_SUM the caller sums the probabilities itself (by MMA) and ``l_new`` is ``l_i``. EXP_POLY: of every 8
+    exponentials of ``p``, how many run on the FMA pipe (_exp2); a masked score's -inf gives 0 either way.
 
     The caller keeps masked and unmasked tiles in two branches of different code: that branch is what
     stops ptxas from hoisting the wait for the previous P@V above this softmax (perf-notes v10)."""
@@ -168,7 +234,7 @@ def _softmax_step(s, m_i, l_i, col0, row, seqlen_k, diag, qk_scale, MASK: gl.con
     else:
         m_use = m_new
     alpha = gl.exp2(m_i - m_use)
-    p = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
+    p = _exp2(s * qk_scale - gl.expand_dims(m_use, 1), EXP_POLY)
     if ROW_SUM:
         l_new = l_i * alpha + gl.sum(p, axis=1)
     else:
@@ -182,7 +248,7 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_
               lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
               V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr,
-              PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr,
+              PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, EXP_POLY: gl.constexpr,
               WG: gl.constexpr):
     kc = 0
     it = 0
@@ -193,7 +259,7 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_
                 n = _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_smem, q_ready,
                                   q_empty, k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale,
                                   seqlen_q, seqlen_k, num_heads, lse_stride_b, lse_stride_h, BLOCK_M, BLOCK_N,
-                                  HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, SECURE, SUM_MMA, WG)
+                                  HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, SECURE, SUM_MMA, EXP_POLY, WG)
                 kc += n
                 it += 1
 
@@ -203,7 +269,8 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_s
                   v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads,
                   lse_stride_b, lse_stride_h, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                   K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr,
-                  NUM_WG: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, WG: gl.constexpr):
+                  NUM_WG: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, EXP_POLY: gl.constexpr,
+                  WG: gl.constexpr):
     """One work item for this warpgroup: BLOCK_M query rows against all their key tiles. ``kc`` is the
     ring position of the item's first K/V tile, ``it`` the item's index (Q slot and phase). Returns the
     number of K/V tiles it consumed (where the next item's tiles start in the rings).
@@ -263,10 +330,10 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_s
     mbarrier.arrive(k_empty.index(ks0), count=1)
     if n_full > 0:
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, seqlen_k, diag, qk_scale, False, False, not SUM_MMA,
-                                           BLOCK_N, s_layout)
+                                           BLOCK_N, s_layout, EXP_POLY)
     else:
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, seqlen_k, diag, qk_scale, True, CAUSAL, not SUM_MMA,
-                                           BLOCK_N, s_layout)
+                                           BLOCK_N, s_layout, EXP_POLY)
     p_op = gl.convert_layout(p.to(dtype), p_layout)
 
     for j in range(1, n_blocks):
@@ -291,10 +358,10 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_s
         mbarrier.arrive(k_empty.index(ks), count=1)
         if j < n_full:
             p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, seqlen_k, diag, qk_scale, False, False,
-                                               not SUM_MMA, BLOCK_N, s_layout)
+                                               not SUM_MMA, BLOCK_N, s_layout, EXP_POLY)
         else:
             p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, seqlen_k, diag, qk_scale, True, CAUSAL,
-                                               not SUM_MMA, BLOCK_N, s_layout)
+                                               not SUM_MMA, BLOCK_N, s_layout, EXP_POLY)
         acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
         mbarrier.arrive(v_empty.index(vp), count=1)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
@@ -345,7 +412,8 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                            K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                            RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr, PAIRED: gl.constexpr, SECURE: gl.constexpr,
-                           SUM_MMA: gl.constexpr, CONSUMER_WG_REGS: gl.constexpr, LOADER_WG_REGS: gl.constexpr):
+                           SUM_MMA: gl.constexpr, CONSUMER_WG_REGS: gl.constexpr, LOADER_WG_REGS: gl.constexpr,
+                           EXP_POLY: gl.constexpr):
     """Persistent: program i takes scheduling units i, i + grid, ... (a unit = one work item of
     NUM_WG*BLOCK_M query rows of one head, or with PAIRED two causal items of equal total cost), so one
     item's epilogue and the next one's loads overlap instead of costing a launch.
@@ -392,45 +460,45 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                          k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                          num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, EXP_POLY, 0)),
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                          k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                          num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 1)),
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, EXP_POLY, 1)),
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                          k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                          num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 2)),
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, EXP_POLY, 2)),
             (_loader, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                        k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                        num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
+                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, EXP_POLY, 0)),
         ], [4, 4, 1], [CONSUMER_WG_REGS, CONSUMER_WG_REGS, LOADER_WG_REGS])
     elif NUM_WG == 2:
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                          k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                          num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, EXP_POLY, 0)),
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                          k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                          num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 1)),
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, EXP_POLY, 1)),
             (_loader, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                        k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                        num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
+                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, EXP_POLY, 0)),
         ], [4, 1], [CONSUMER_WG_REGS, LOADER_WG_REGS])
     else:  # one consumer warpgroup (64-row items; two programs share an SM)
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                          k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                          num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, EXP_POLY, 0)),
             (_loader, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                        k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                        num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, 0)),
+                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, EXP_POLY, 0)),
         ], [1], [LOADER_WG_REGS])
 
 
@@ -525,6 +593,8 @@ class GluonLaunch:
     causal_pairs = True
     # Fast path: row sums by MMA against a ones tile (True) or by adds (False); see _consume_tile
     fast_sum_mma = False
+    # Fast path: of every 8 exponentials of P, this many on the FMA pipe by polynomial (_exp2; 0: all by MUFU)
+    exp_poly = 0
 
     def __init__(self, q, k, v, o, lse, *, scale: float, causal: bool, seqlen_q: int, seqlen_k: int,
                  batch: int, num_heads_q: int, num_heads_kv: int, lse_strides, cfg, secure: bool = False,
@@ -583,7 +653,9 @@ class GluonLaunch:
                           RETURN_LSE=lse is not None, NUM_WG=num_wg, PAIRED=paired)
         consumer_regs, maxnreg = REGISTERS[num_wg]
         constexprs.update(SECURE=bool(secure), SUM_MMA=sum_mma, CONSUMER_WG_REGS=consumer_regs,
-                          LOADER_WG_REGS=LOADER_REGS)
+                          LOADER_WG_REGS=LOADER_REGS, EXP_POLY=0 if secure else int(self.exp_poly))
+        if constexprs["EXP_POLY"] not in EXP2_POLY_CHOICES:
+            raise ValueError(f"GluonLaunch.exp_poly must be one of {EXP2_POLY_CHOICES}, got {self.exp_poly!r}")
         self.step = _Step(attn_fwd_hopper_kernel, grid, args, 7, constexprs, cfg.num_warps, 1,
                           options=dict(maxnreg=maxnreg))
         self.fast = None  # (raw launcher, descriptor metadata) once compiled; False: not available
