@@ -98,7 +98,27 @@ EXP2_ASM_1 = gl.constexpr(exp2_asm(1))
 EXP2_ASM_2 = gl.constexpr(exp2_asm(2))
 EXP2_ASM_3 = gl.constexpr(exp2_asm(3))
 EXP2_ASM_4 = gl.constexpr(exp2_asm(4))
-EXP2_POLY_CHOICES = (0, 1, 2, 3, 4)
+EXP2_POLY_CHOICES = (0, 1, 2, 3, 4, 9)  # 9 (EXPERIMENT): exp2 by MUFU, and the timeline trace on
+
+
+TRACE_SLOTS = 256  # per consumer warpgroup: 0 = start, then 24 per work item (see _consume_tile)
+
+
+@gluon.jit
+def _stamp(seqlens_q_ptr, slot, TRACE: gl.constexpr, WG: gl.constexpr, NUM_WG: gl.constexpr):
+    """Debug timeline (EXPERIMENT): the SM clock at this point, into the trace buffer passed as seqlens_q_ptr."""
+    if TRACE:
+        t = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], gl.int64, False, 1)
+        base = (gl.program_id(0) * NUM_WG + WG) * 256
+        gl.store(seqlens_q_ptr + base + slot, t, mask=slot < 254)
+
+
+@gluon.jit
+def _stamp_global(seqlens_q_ptr, slot, TRACE: gl.constexpr, WG: gl.constexpr, NUM_WG: gl.constexpr):
+    if TRACE:
+        t = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], gl.int64, False, 1)
+        base = (gl.program_id(0) * NUM_WG + WG) * 256
+        gl.store(seqlens_q_ptr + base + slot, t)
 
 
 @gluon.jit
@@ -170,6 +190,8 @@ def _loader(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_sm
                                group, BLOCK_M, BLOCK_N, K_STAGES, V_STAGES, CAUSAL, NUM_WG, SUM_MMA)
                 kc += n
                 it += 1
+    _stamp(seqlens_q_ptr, 253, EXP_POLY == 9, WG, NUM_WG)
+    _stamp_global(seqlens_q_ptr, 255, EXP_POLY == 9, WG, NUM_WG)
 
 
 @gluon.jit
@@ -252,6 +274,8 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_
               WG: gl.constexpr):
     kc = 0
     it = 0
+    _stamp(seqlens_q_ptr, 0, EXP_POLY == 9, WG, NUM_WG)
+    _stamp_global(seqlens_q_ptr, 254, EXP_POLY == 9, WG, NUM_WG)
     for unit in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         for half in gl.static_range(2 if PAIRED else 1):
             pid_m, bh, valid = _tile_coords(unit, half, num_m_tiles, CAUSAL, PAIRED)
@@ -313,6 +337,8 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_s
     q_slot = q_smem.index(NUM_WG * qs + WG)
     q = q_slot.reshape([BLOCK_M, HEAD_DIM])
     mbarrier.wait(q_ready.index(qs), (it // 2) & 1)
+    tb = 1 + it * 24
+    _stamp(seqlens_q_ptr, tb, EXP_POLY == 9, WG, NUM_WG)
 
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
     l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=row_layout)
@@ -327,6 +353,7 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_s
     k0 = k_smem.index(ks0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
     s = warpgroup_mma(q, k0, s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(0, deps=(s, ))
+    _stamp(seqlens_q_ptr, tb + 1, EXP_POLY == 9, WG, NUM_WG)
     mbarrier.arrive(k_empty.index(ks0), count=1)
     if n_full > 0:
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, seqlen_k, diag, qk_scale, False, False, not SUM_MMA,
@@ -355,6 +382,7 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_s
         else:
             acc_tok = warpgroup_mma(p_op, vj, acc, is_async=True)
             s = warpgroup_mma_wait(1, deps=(s_tok, ))
+        _stamp(seqlens_q_ptr, tb + 2 * j, EXP_POLY == 9, WG, NUM_WG)
         mbarrier.arrive(k_empty.index(ks), count=1)
         if j < n_full:
             p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, seqlen_k, diag, qk_scale, False, False,
@@ -363,6 +391,7 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_s
             p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, seqlen_k, diag, qk_scale, True, CAUSAL,
                                                not SUM_MMA, BLOCK_N, s_layout, EXP_POLY)
         acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
+        _stamp(seqlens_q_ptr, tb + 2 * j + 1, EXP_POLY == 9, WG, NUM_WG)
         mbarrier.arrive(v_empty.index(vp), count=1)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
         if SUM_MMA:
@@ -382,6 +411,7 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_s
     else:
         acc = warpgroup_mma(p_op, vl, acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=(acc, ))
+    _stamp(seqlens_q_ptr, tb + 22, EXP_POLY == 9, WG, NUM_WG)
     mbarrier.arrive(v_empty.index(last), count=1)
 
     # a row that saw no key has l == 0 and acc == 0: divide by 1 for exact zeros. ``/`` is the approximate
@@ -402,6 +432,7 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_s
     fence_async_shared()
     tma.async_copy_shared_to_global(o_desc, [b, h, m_wg, 0], q_slot)
     tma.store_wait(0)
+    _stamp(seqlens_q_ptr, tb + 23, EXP_POLY == 9, WG, NUM_WG)
     mbarrier.arrive(q_empty.index(qs), count=1)
     return n_blocks
 
