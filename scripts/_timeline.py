@@ -11,7 +11,7 @@ from flashcore.kernels.configs import parse_config_name
 
 out_dir = os.environ.get("OUT", ".")
 SHAPES = [((4, 16, 1024, 64), "auto"), ((4, 16, 1024, 64), "gluon_ws_64x128s2"), ((1, 16, 1024, 64), "auto"),
-          ((16, 16, 2048, 64), "auto"), ((4, 32, 4096, 128), "auto")]
+          ((8, 16, 1024, 64), "auto"), ((4, 16, 1024, 128), "auto")]
 res = []
 flush = torch.empty(512 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
 for (B, H, S, D), cname in SHAPES:
