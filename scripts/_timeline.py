@@ -10,6 +10,7 @@ from flashcore.kernels import hopper_fwd
 from flashcore.kernels.configs import parse_config_name
 
 out_dir = os.environ.get("OUT", ".")
+TUNE = int(os.environ.get("TUNE", "0"))
 SHAPES = [((4, 16, 1024, 64), "auto"), ((4, 16, 1024, 64), "gluon_ws_64x128s2"), ((1, 16, 1024, 64), "auto"),
           ((8, 16, 1024, 64), "auto"), ((4, 16, 1024, 128), "auto")]
 res = []
@@ -22,10 +23,10 @@ for (B, H, S, D), cname in SHAPES:
     kernels._PLANS.clear()
     call = ops.dense_call(q, k, v, None, None, False, D ** -0.5, False, False, False, out=o, config=cfg, validate=False)
     plain = do_bench(lambda: call(q, k, v, None, None, o), warmup=25, rep=100) * 1e3
-    hopper_fwd.GluonLaunch.exp_poly = 9
+    hopper_fwd.GluonLaunch.tune = 9 + TUNE
     kernels._PLANS.clear()
     call = ops.dense_call(q, k, v, None, None, False, D ** -0.5, False, False, False, out=o, config=cfg, validate=False)
-    hopper_fwd.GluonLaunch.exp_poly = 0
+    hopper_fwd.GluonLaunch.tune = 0
     g = call.plan.main
     grid = g.step.grid[0]
     nwg = g.step.constexprs["NUM_WG"]
@@ -87,9 +88,9 @@ for (B, H, S, D), cname in SHAPES:
     r = dict(shape=[B, H, S, D], config=cname, grid=grid, num_wg=nwg, sdpa_us=sdpa, plain_us=plain, traced_us=traced,
              err=err, ghz=ghz, wg=rows)
     res.append(r)
-    torch.save(torch.stack(runs), os.path.join(out_dir, f"trace-{B}x{H}x{S}x{D}-{cname}.pt"))
+    torch.save(torch.stack(runs), os.path.join(out_dir, f"trace-{B}x{H}x{S}x{D}-{cname}-t{TUNE}.pt"))
     print(json.dumps(r), flush=True)
-json.dump(res, open(os.path.join(out_dir, "timeline.json"), "w"), indent=1)
+json.dump(res, open(os.path.join(out_dir, f"timeline-t{TUNE}.json"), "w"), indent=1)
 print("\nshape config sdpa plain traced | per WG (us): first_q q->s0 s0->s1 step last_step epilogue gap total items")
 for r in res:
     print("x".join(map(str, r["shape"])), r["config"], f"{r['sdpa_us']:.1f} {r['plain_us']:.1f} {r['traced_us']:.1f} err {r['err']:.1e} {r['ghz']:.2f}GHz")

@@ -216,6 +216,8 @@ def main():
                     help="a config (sweep name, e.g. gluon_ws_64x128s3) timed as its own family on every shape")
     ap.add_argument("--shapes", default="", help="these shapes instead of the built-in lists, each timed with every "
                     "family, e.g. 1x16x1024x64,4x32x4096x128c (c: causal)")
+    ap.add_argument("--families", default="auto,gluon", help="with --shapes: the built-in families to time besides "
+                    "the --config ones (auto: the planner's config; gluon: the 2-warpgroup Gluon config forced)")
     a = ap.parse_args()
     try:
         attrs = [parse_attr(t) for t in (a.attr or ([] if a.config else ATTRS))]
@@ -246,7 +248,10 @@ def main():
     rows = []
     todo = [(s, n + CONFIGS, False) for s, n in SHAPES] + [(s, ["auto"] + CONFIGS, True) for s in CAUSAL_SHAPES]
     if a.shapes:
-        todo = [(shape, ["auto", "gluon"] + CONFIGS, causal) for shape, causal in parse_shapes(a.shapes)]
+        fams = [f for f in a.families.split(",") if f]
+        if any(f not in ("auto", "gluon") for f in fams):
+            raise SystemExit(f"--families: auto and/or gluon, got {a.families!r}")
+        todo = [(shape, fams + CONFIGS, causal) for shape, causal in parse_shapes(a.shapes)]
     for (B, H, S, D), names, causal in todo:
         r = time_shape(timer, B, H, S, D, names, a.rounds, causal)
         rows.append(r)

@@ -150,25 +150,35 @@ def _kv_blocks(pid_m, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.con
 
 
 @gluon.jit
+def _row_tile(r, HALF: gl.constexpr, num_m_tiles, CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
+    """(row-tile index, valid) of work item ``HALF`` of the ``r``-th scheduling unit of a head."""
+    if PAIRED:
+        heavy = num_m_tiles - 1 - r
+        if HALF == 0:
+            return heavy, True
+        return r, r != heavy
+    if CAUSAL:
+        return num_m_tiles - 1 - r, True
+    return r, True
+
+
+@gluon.jit
+def _units_per_head(num_m_tiles, PAIRED: gl.constexpr):
+    if PAIRED:
+        return (num_m_tiles + 1) // 2
+    return num_m_tiles
+
+
+@gluon.jit
 def _tile_coords(unit, HALF: gl.constexpr, num_m_tiles, CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
     """(row-tile index, batch*head, valid) of work item ``HALF`` of scheduling unit ``unit``.
     Consecutive units share a head (K/V stay in L2). Causal row tiles run last-first, so the heaviest
     (the most keys) go first; PAIRED (persistent causal) units are two row tiles of a head, the i-th
     heaviest with the i-th lightest, so every unit costs the same number of key tiles (+-1) and a
     static round-robin over units stays balanced. An odd tile count leaves the middle tile unpaired."""
-    if PAIRED:
-        n_pairs = (num_m_tiles + 1) // 2
-        bh = unit // n_pairs
-        p = unit % n_pairs
-        heavy = num_m_tiles - 1 - p
-        if HALF == 0:
-            return heavy, bh, True
-        return p, bh, p != heavy
-    bh = unit // num_m_tiles
-    pid_m = unit % num_m_tiles
-    if CAUSAL:
-        pid_m = num_m_tiles - 1 - pid_m
-    return pid_m, bh, True
+    per_head = _units_per_head(num_m_tiles, PAIRED)
+    pid_m, valid = _row_tile(unit % per_head, HALF, num_m_tiles, CAUSAL, PAIRED)
+    return pid_m, unit // per_head, valid
 
 
 @gluon.jit
@@ -177,7 +187,7 @@ def _loader(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_sm
             lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
             V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr,
-            PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, EXP_POLY: gl.constexpr,
+            PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, TUNE: gl.constexpr,
             WG: gl.constexpr):
     kc = 0  # K/V tiles loaded so far, over all work items: ring slot and phase
     it = 0  # work items so far: Q slot and phase
@@ -190,8 +200,8 @@ def _loader(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_sm
                                group, BLOCK_M, BLOCK_N, K_STAGES, V_STAGES, CAUSAL, NUM_WG, SUM_MMA)
                 kc += n
                 it += 1
-    _stamp(seqlens_q_ptr, 253, EXP_POLY == 9, WG, NUM_WG)
-    _stamp_global(seqlens_q_ptr, 255, EXP_POLY == 9, WG, NUM_WG)
+    _stamp(seqlens_q_ptr, 253, TUNE % 16 == 9, WG, NUM_WG)
+    _stamp_global(seqlens_q_ptr, 255, TUNE % 16 == 9, WG, NUM_WG)
 
 
 @gluon.jit
@@ -235,11 +245,11 @@ def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem
 
 @gluon.jit
 def _softmax_step(s, m_i, l_i, col0, row, seqlen_k, diag, qk_scale, MASK: gl.constexpr, CAUSAL: gl.constexpr,
-                  ROW_SUM: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr, EXP_POLY: gl.constexpr):
+                  ROW_SUM: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr, TUNE: gl.constexpr):
     """Online softmax of one score tile: returns (p, alpha, m_new, l_new); scores are raw QK^T.
     MASK: keys at or past ``seqlen_k`` are masked, and with CAUSAL also keys right of the diagonal
     (selects on the raw scores: a NaN in a masked key's score cannot reach the output). Without
-    ROW_SUM the caller sums the probabilities itself (by MMA) and ``l_new`` is ``l_i``. EXP_POLY: of every 8
+    ROW_SUM the caller sums the probabilities itself (by MMA) and ``l_new`` is ``l_i``. TUNE: of every 8
     exponentials of ``p``, how many run on the FMA pipe (_exp2); a masked score's -inf gives 0 either way.
 
     The caller keeps masked and unmasked tiles in two branches of different code: that branch is what
@@ -256,7 +266,7 @@ def _softmax_step(s, m_i, l_i, col0, row, seqlen_k, diag, qk_scale, MASK: gl.con
     else:
         m_use = m_new
     alpha = gl.exp2(m_i - m_use)
-    p = _exp2(s * qk_scale - gl.expand_dims(m_use, 1), EXP_POLY)
+    p = _exp2(s * qk_scale - gl.expand_dims(m_use, 1), TUNE % 16)
     if ROW_SUM:
         l_new = l_i * alpha + gl.sum(p, axis=1)
     else:
@@ -270,30 +280,56 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_
               lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
               V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr,
-              PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, EXP_POLY: gl.constexpr,
+              PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, TUNE: gl.constexpr,
               WG: gl.constexpr):
     kc = 0
     it = 0
-    _stamp(seqlens_q_ptr, 0, EXP_POLY == 9, WG, NUM_WG)
-    _stamp_global(seqlens_q_ptr, 254, EXP_POLY == 9, WG, NUM_WG)
-    for unit in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+    _stamp(seqlens_q_ptr, 0, TUNE % 16 == 9, WG, NUM_WG)
+    _stamp_global(seqlens_q_ptr, 254, TUNE % 16 == 9, WG, NUM_WG)
+    # this program's units advance by the grid size: (unit-in-head r, batch b, head h) step by carries instead
+    # of two integer divisions per item (on the critical path between items)
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    per_head = _units_per_head(num_m_tiles, PAIRED)
+    r = pid % per_head
+    b = (pid // per_head) // num_heads
+    h = (pid // per_head) % num_heads
+    dq = nprog // per_head
+    dr = nprog - dq * per_head
+    db0 = dq // num_heads
+    dh0 = dq - db0 * num_heads
+    db1 = (dq + 1) // num_heads
+    dh1 = dq + 1 - db1 * num_heads
+    for unit in range(pid, num_tiles, nprog):
+        if (TUNE // 32) % 2 == 0:
+            r = unit % per_head
+            b = (unit // per_head) // num_heads
+            h = (unit // per_head) % num_heads
         for half in gl.static_range(2 if PAIRED else 1):
-            pid_m, bh, valid = _tile_coords(unit, half, num_m_tiles, CAUSAL, PAIRED)
+            pid_m, valid = _row_tile(r, half, num_m_tiles, CAUSAL, PAIRED)
             if valid:
-                n = _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_smem, q_ready,
+                n = _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_smem, q_ready,
                                   q_empty, k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale,
                                   seqlen_q, seqlen_k, num_heads, lse_stride_b, lse_stride_h, BLOCK_M, BLOCK_N,
-                                  HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, SECURE, SUM_MMA, EXP_POLY, WG)
+                                  HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, SECURE, SUM_MMA, TUNE, WG)
                 kc += n
                 it += 1
+        r += dr
+        carry = r >= per_head
+        r = gl.where(carry, r - per_head, r)
+        h += gl.where(carry, dh1, dh0)
+        b += gl.where(carry, db1, db0)
+        wrap = h >= num_heads
+        h = gl.where(wrap, h - num_heads, h)
+        b += wrap.to(gl.int32)
 
 
 @gluon.jit
-def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready,
+def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready,
                   v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads,
                   lse_stride_b, lse_stride_h, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                   K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr,
-                  NUM_WG: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, EXP_POLY: gl.constexpr,
+                  NUM_WG: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, TUNE: gl.constexpr,
                   WG: gl.constexpr):
     """One work item for this warpgroup: BLOCK_M query rows against all their key tiles. ``kc`` is the
     ring position of the item's first K/V tile, ``it`` the item's index (Q slot and phase). Returns the
@@ -318,8 +354,6 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_s
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
-    b = bh // num_heads
-    h = bh % num_heads
     m_wg = pid_m * NUM_WG * BLOCK_M + WG * BLOCK_M
     row = m_wg + gl.arange(0, BLOCK_M, layout=row_layout)
     diag = seqlen_k - seqlen_q
@@ -338,7 +372,7 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_s
     q = q_slot.reshape([BLOCK_M, HEAD_DIM])
     mbarrier.wait(q_ready.index(qs), (it // 2) & 1)
     tb = 1 + it * 24
-    _stamp(seqlens_q_ptr, tb, EXP_POLY == 9, WG, NUM_WG)
+    _stamp(seqlens_q_ptr, tb, TUNE % 16 == 9, WG, NUM_WG)
 
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
     l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=row_layout)
@@ -353,14 +387,14 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_s
     k0 = k_smem.index(ks0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
     s = warpgroup_mma(q, k0, s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(0, deps=(s, ))
-    _stamp(seqlens_q_ptr, tb + 1, EXP_POLY == 9, WG, NUM_WG)
+    _stamp(seqlens_q_ptr, tb + 1, TUNE % 16 == 9, WG, NUM_WG)
     mbarrier.arrive(k_empty.index(ks0), count=1)
     if n_full > 0:
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, seqlen_k, diag, qk_scale, False, False, not SUM_MMA,
-                                           BLOCK_N, s_layout, EXP_POLY)
+                                           BLOCK_N, s_layout, TUNE)
     else:
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, seqlen_k, diag, qk_scale, True, CAUSAL, not SUM_MMA,
-                                           BLOCK_N, s_layout, EXP_POLY)
+                                           BLOCK_N, s_layout, TUNE)
     p_op = gl.convert_layout(p.to(dtype), p_layout)
 
     for j in range(1, n_blocks):
@@ -382,16 +416,16 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_s
         else:
             acc_tok = warpgroup_mma(p_op, vj, acc, is_async=True)
             s = warpgroup_mma_wait(1, deps=(s_tok, ))
-        _stamp(seqlens_q_ptr, tb + 2 * j, EXP_POLY == 9, WG, NUM_WG)
+        _stamp(seqlens_q_ptr, tb + 2 * j, TUNE % 16 == 9, WG, NUM_WG)
         mbarrier.arrive(k_empty.index(ks), count=1)
         if j < n_full:
             p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, seqlen_k, diag, qk_scale, False, False,
-                                               not SUM_MMA, BLOCK_N, s_layout, EXP_POLY)
+                                               not SUM_MMA, BLOCK_N, s_layout, TUNE)
         else:
             p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, seqlen_k, diag, qk_scale, True, CAUSAL,
-                                               not SUM_MMA, BLOCK_N, s_layout, EXP_POLY)
+                                               not SUM_MMA, BLOCK_N, s_layout, TUNE)
         acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
-        _stamp(seqlens_q_ptr, tb + 2 * j + 1, EXP_POLY == 9, WG, NUM_WG)
+        _stamp(seqlens_q_ptr, tb + 2 * j + 1, TUNE % 16 == 9, WG, NUM_WG)
         mbarrier.arrive(v_empty.index(vp), count=1)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
         if SUM_MMA:
@@ -411,13 +445,16 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_s
     else:
         acc = warpgroup_mma(p_op, vl, acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=(acc, ))
-    _stamp(seqlens_q_ptr, tb + 22, EXP_POLY == 9, WG, NUM_WG)
+    _stamp(seqlens_q_ptr, tb + 22, TUNE % 16 == 9, WG, NUM_WG)
     mbarrier.arrive(v_empty.index(last), count=1)
 
     # a row that saw no key has l == 0 and acc == 0: divide by 1 for exact zeros. ``/`` is the approximate
     # divide (div.full.f32): no data-dependent slow path
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)
-    o = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
+    if (TUNE // 16) % 2 == 1:
+        o = acc * gl.expand_dims(gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, o_layout)), 1)
+    else:
+        o = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
     if SECURE:  # rows past the true length output exact zeros, whatever their padding held
         row_o = m_wg + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
         o = gl.where(gl.expand_dims(row_o < len_q, 1), o, 0.0)
@@ -432,7 +469,7 @@ def _consume_tile(pid_m, bh, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_s
     fence_async_shared()
     tma.async_copy_shared_to_global(o_desc, [b, h, m_wg, 0], q_slot)
     tma.store_wait(0)
-    _stamp(seqlens_q_ptr, tb + 23, EXP_POLY == 9, WG, NUM_WG)
+    _stamp(seqlens_q_ptr, tb + 23, TUNE % 16 == 9, WG, NUM_WG)
     mbarrier.arrive(q_empty.index(qs), count=1)
     return n_blocks
 
@@ -444,7 +481,7 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
                            K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                            RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr, PAIRED: gl.constexpr, SECURE: gl.constexpr,
                            SUM_MMA: gl.constexpr, CONSUMER_WG_REGS: gl.constexpr, LOADER_WG_REGS: gl.constexpr,
-                           EXP_POLY: gl.constexpr):
+                           TUNE: gl.constexpr):
     """Persistent: program i takes scheduling units i, i + grid, ... (a unit = one work item of
     NUM_WG*BLOCK_M query rows of one head, or with PAIRED two causal items of equal total cost), so one
     item's epilogue and the next one's loads overlap instead of costing a launch.
@@ -491,45 +528,45 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                          k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                          num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, EXP_POLY, 0)),
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TUNE, 0)),
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                          k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                          num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, EXP_POLY, 1)),
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TUNE, 1)),
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                          k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                          num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, EXP_POLY, 2)),
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TUNE, 2)),
             (_loader, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                        k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                        num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, EXP_POLY, 0)),
+                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TUNE, 0)),
         ], [4, 4, 1], [CONSUMER_WG_REGS, CONSUMER_WG_REGS, LOADER_WG_REGS])
     elif NUM_WG == 2:
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                          k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                          num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, EXP_POLY, 0)),
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TUNE, 0)),
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                          k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                          num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, EXP_POLY, 1)),
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TUNE, 1)),
             (_loader, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                        k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                        num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, EXP_POLY, 0)),
+                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TUNE, 0)),
         ], [4, 1], [CONSUMER_WG_REGS, LOADER_WG_REGS])
     else:  # one consumer warpgroup (64-row items; two programs share an SM)
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                          k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                          num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, EXP_POLY, 0)),
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TUNE, 0)),
             (_loader, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                        k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                        num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, EXP_POLY, 0)),
+                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TUNE, 0)),
         ], [1], [LOADER_WG_REGS])
 
 
@@ -624,8 +661,9 @@ class GluonLaunch:
     causal_pairs = True
     # Fast path: row sums by MMA against a ones tile (True) or by adds (False); see _consume_tile
     fast_sum_mma = False
-    # Fast path: of every 8 exponentials of P, this many on the FMA pipe by polynomial (_exp2; 0: all by MUFU)
-    exp_poly = 0
+    # EXPERIMENT (v15) bits: & 15 exponentials by polynomial per 8 (9: timeline trace), 16 reciprocal epilogue,
+    # 32 incremental item coordinates
+    tune = 0
 
     def __init__(self, q, k, v, o, lse, *, scale: float, causal: bool, seqlen_q: int, seqlen_k: int,
                  batch: int, num_heads_q: int, num_heads_kv: int, lse_strides, cfg, secure: bool = False,
@@ -684,9 +722,7 @@ class GluonLaunch:
                           RETURN_LSE=lse is not None, NUM_WG=num_wg, PAIRED=paired)
         consumer_regs, maxnreg = REGISTERS[num_wg]
         constexprs.update(SECURE=bool(secure), SUM_MMA=sum_mma, CONSUMER_WG_REGS=consumer_regs,
-                          LOADER_WG_REGS=LOADER_REGS, EXP_POLY=0 if secure else int(self.exp_poly))
-        if constexprs["EXP_POLY"] not in EXP2_POLY_CHOICES:
-            raise ValueError(f"GluonLaunch.exp_poly must be one of {EXP2_POLY_CHOICES}, got {self.exp_poly!r}")
+                          LOADER_WG_REGS=LOADER_REGS, TUNE=0 if secure else int(self.tune))
         self.step = _Step(attn_fwd_hopper_kernel, grid, args, 7, constexprs, cfg.num_warps, 1,
                           options=dict(maxnreg=maxnreg))
         self.fast = None  # (raw launcher, descriptor metadata) once compiled; False: not available
