@@ -42,6 +42,13 @@ for (B, H, S, D), cname in SHAPES:
         g.run((q, k, v, o, q, tr), q.device)
         torch.cuda.synchronize()
         runs.append(tr.view(grid, nwg, 256).cpu())
+    warm = []
+    for rep in range(3):  # no flush: L2 and TLBs warm
+        tr.fill_(-1)
+        g.run((q, k, v, o, q, tr), q.device)
+        torch.cuda.synchronize()
+        warm.append(tr.view(grid, nwg, 256).cpu())
+    torch.save(torch.stack(warm), os.path.join(out_dir, f"trace-{B}x{H}x{S}x{D}-{cname}-t{TUNE}-warm.pt"))
     t = runs[-1]
     # calibration: clock cycles per ns, from the consumer's first and last stamps
     cyc = (t[:, :, 253] - t[:, :, 0]).double()

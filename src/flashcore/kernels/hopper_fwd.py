@@ -191,6 +191,7 @@ def _loader(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_sm
             WG: gl.constexpr):
     kc = 0  # K/V tiles loaded so far, over all work items: ring slot and phase
     it = 0  # work items so far: Q slot and phase
+    _stamp(seqlens_q_ptr, 251, TUNE % 16 == 9, WG, NUM_WG)
     for unit in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         for half in gl.static_range(2 if PAIRED else 1):
             pid_m, bh, valid = _tile_coords(unit, half, num_m_tiles, CAUSAL, PAIRED)
@@ -465,9 +466,11 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
         gl.store(lse_ptr + b * lse_stride_b + h * lse_stride_h + row, lse, mask=row < seqlen_q)
     # Q is dead: its slot stages the output tile for the TMA store (which clips rows >= Sq); the
     # slot goes back to the loader once the copy engine has read it.
+    _stamp(seqlens_q_ptr, tb + 20, TUNE % 16 == 9, WG, NUM_WG)
     q_slot.reshape([BLOCK_M, HEAD_DIM]).store(o.to(dtype))
     fence_async_shared()
     tma.async_copy_shared_to_global(o_desc, [b, h, m_wg, 0], q_slot)
+    _stamp(seqlens_q_ptr, tb + 21, TUNE % 16 == 9, WG, NUM_WG)
     tma.store_wait(0)
     _stamp(seqlens_q_ptr, tb + 23, TUNE % 16 == 9, WG, NUM_WG)
     mbarrier.arrive(q_empty.index(qs), count=1)
