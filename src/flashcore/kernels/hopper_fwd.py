@@ -323,6 +323,8 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_
         wrap = h >= num_heads
         h = gl.where(wrap, h - num_heads, h)
         b += wrap.to(gl.int32)
+    if (TUNE // 64) % 2 == 1:
+        tma.store_wait(0)  # the last item's O store must have read shared memory before the program exits
 
 
 @gluon.jit
@@ -387,6 +389,10 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
     mbarrier.wait(k_ready.index(ks0), (kc // K_STAGES) & 1)
     k0 = k_smem.index(ks0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
     s = warpgroup_mma(q, k0, s_zero, use_acc=False, is_async=True)
+    if (TUNE // 64) % 2 == 1:
+        if it > 0:  # the previous item's O store (from the other Q slot): its wait, off the item boundary
+            tma.store_wait(0)
+            mbarrier.arrive(q_empty.index(1 - qs), count=1)
     s = warpgroup_mma_wait(0, deps=(s, ))
     _stamp(seqlens_q_ptr, tb + 1, TUNE % 16 == 9, WG, NUM_WG)
     mbarrier.arrive(k_empty.index(ks0), count=1)
@@ -471,9 +477,12 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
     fence_async_shared()
     tma.async_copy_shared_to_global(o_desc, [b, h, m_wg, 0], q_slot)
     _stamp(seqlens_q_ptr, tb + 21, TUNE % 16 == 9, WG, NUM_WG)
-    tma.store_wait(0)
-    _stamp(seqlens_q_ptr, tb + 23, TUNE % 16 == 9, WG, NUM_WG)
-    mbarrier.arrive(q_empty.index(qs), count=1)
+    if (TUNE // 64) % 2 == 0:
+        tma.store_wait(0)
+        _stamp(seqlens_q_ptr, tb + 23, TUNE % 16 == 9, WG, NUM_WG)
+        mbarrier.arrive(q_empty.index(qs), count=1)
+    else:
+        _stamp(seqlens_q_ptr, tb + 23, TUNE % 16 == 9, WG, NUM_WG)
     return n_blocks
 
 
