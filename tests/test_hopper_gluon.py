@@ -148,6 +148,36 @@ def test_sm90a_machine_code(head_dim, causal, block_m):
     assert "STL" not in sass and "LDL" not in sass, "register spills"
 
 
+def test_timeline_trace_is_compiled_only_when_asked_for():
+    """The debug timeline (GluonLaunch.trace) adds clock reads; off (the default, and always in secure mode) the
+    kernel has none."""
+    from conftest import gluon_sass
+
+    clock = ("SR_CLOCKLO", "SR_GLOBALTIMERLO")
+    assert not any(c in gluon_sass(64, False) for c in clock)
+    traced = gluon_sass(64, False, trace=True)
+    assert all(c in traced for c in clock) and "STL" not in traced
+    assert not any(c in gluon_sass(128, False, secure=True, trace=True) for c in clock)
+
+
+def test_traced_launch_refuses_anything_but_a_trace_buffer(monkeypatch):
+    """A traced launch writes int64 clocks through the lengths argument: a dummy tensor there (what the normal call
+    path passes) would be overwritten, so run() refuses it before launching."""
+    monkeypatch.setattr(hopper_fwd.GluonLaunch, "trace", True)
+    q, lse = _t(1, 2, 256, 64), torch.empty(1, 2, 256)
+    launch = hopper_fwd.GluonLaunch(q, q, q, q, lse, scale=0.1, causal=False, seqlen_q=256, seqlen_k=256, batch=1,
+                                    num_heads_q=2, num_heads_kv=2, lse_strides=(512, 256), cfg=configs.gluon_ws(64))
+    assert launch.step.constexprs["TRACE"] and launch.trace_slots == 4 * 2 * hopper_fwd.TRACE_SLOTS
+    for bad in (q, torch.zeros(launch.trace_slots - 1, dtype=torch.int64),
+                torch.zeros(2 * launch.trace_slots, dtype=torch.int64)[::2]):
+        with pytest.raises(ValueError, match="trace buffer"):
+            launch.run((q, q, q, q, lse, bad), q.device)
+    secure = hopper_fwd.GluonLaunch(q, q, q, q, lse, scale=0.1, causal=False, seqlen_q=256, seqlen_k=256, batch=1,
+                                    num_heads_q=2, num_heads_kv=2, lse_strides=(512, 256),
+                                    cfg=configs.gluon_ws(64), secure=True)
+    assert not secure.step.constexprs["TRACE"] and secure.trace_slots == 0
+
+
 def test_grid_is_persistent_with_paired_causal_items(monkeypatch):
     """Non-causal: one program per SM, each looping over work items (2 x 64 query rows of a head).
     Causal: the scheduling unit is a pair of row tiles (heavy + its light mirror), so units cost the
@@ -225,6 +255,41 @@ def test_gluon_persistent_programs_loop_over_many_items(head_dim, block_m, causa
     again = torch.full_like(q, float("nan"))
     call(q, k, v, None, None, again)
     assert torch.equal(out, again)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("B,Hq,Hkv,S,block_m,causal", [(2, 20, 4, 1000, 128, False), (2, 20, 5, 1000, 64, False),
+                                                      (3, 7, 7, 3000, 128, True), (2, 20, 4, 1000, 64, True)])
+def test_gluon_item_coordinates_step_across_heads_and_batches(B, Hq, Hkv, S, block_m, causal):
+    """The consumers step (unit-in-head, batch, head) by the grid size with carries instead of dividing per item
+    (perf-notes v15): head counts that are not powers of two, so a step's head part is non-zero and wraps into
+    the next batch; causal steps by pairs of row tiles. Every output row must land where the reference puts it."""
+    import flashcore
+    from flashcore import ops
+
+    from dataclasses import replace
+
+    tiles = -(-S // block_m)
+    per_head = -(-tiles // 2) if causal else tiles
+    units = B * Hq * per_head
+    grid = min(units, torch.cuda.get_device_properties(0).multi_processor_count
+               * hopper_fwd.PROGRAMS_PER_SM[block_m // 64])
+    assert units > grid and (grid // per_head) % Hq, "the step must have a head part that can wrap"
+    g = torch.Generator(device="cuda").manual_seed(99 + S + block_m)
+    q = torch.randn(B, Hq, S, 64, device="cuda", generator=g).bfloat16()
+    k, v = (torch.randn(B, Hkv, S, 64, device="cuda", generator=g).bfloat16() for _ in range(2))
+    out = torch.full_like(q, float("nan"))
+    call = ops.dense_call(q, k, v, None, None, causal, 0.125, False, False, True, out=out,
+                          config=replace(configs.gluon_ws(64), block_m=block_m))
+    assert type(call.plan.main).__name__ == "GluonLaunch" and call.plan.main.step.grid[0] == grid
+    _, lse = call(q, k, v, None, None, out)
+    ref, ref_lse = flashcore.reference.attention(q, k, v, causal=causal, scale=0.125, return_lse=True)
+    assert rel_err(out, ref) < 1.2e-2
+    assert torch.allclose(lse.double(), ref_lse, atol=2e-3, rtol=1e-4)
+    # per (batch, head): a misplaced item would put one head's rows in another's place
+    err = ((out.double() - ref.double()).flatten(2).norm(dim=2) / ref.double().flatten(2).norm(dim=2))
+    assert float(err.max()) < 2e-2
 
 
 def _check_against_reference(case, dtype, cfg, num_wg):

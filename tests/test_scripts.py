@@ -30,19 +30,20 @@ def test_gluon_ab_variants_are_distinct(attrs):
     assert ab.VARIANTS["auto_-"][1] == {a: False for a in attrs}
 
 
-def test_gluon_ab_integer_settings():
+def test_gluon_ab_integer_settings(monkeypatch):
     """``name=v1,v2`` compares an integer setting at those values; a boolean switch keeps off/on; a name that is
     neither, or values of the wrong type, is refused."""
     ab = load_script("gluon_ab")
-    assert ab.parse_attr("tune=0,16") == ("tune", (0, 16))
+    monkeypatch.setattr(ab.hopper_fwd.GluonLaunch, "probe_depth", 0, raising=False)
+    assert ab.parse_attr("probe_depth=0,1,2") == ("probe_depth", (0, 1, 2))
     assert ab.parse_attr("fast_sum_mma") == ("fast_sum_mma", (False, True))
-    for bad in ("tune", "tune=a", "fast_sum_mma=1", "no_such_switch", "no_such=1"):
+    for bad in ("probe_depth", "probe_depth=a", "fast_sum_mma=1", "no_such_switch", "no_such=1"):
         with pytest.raises(ValueError):
             ab.parse_attr(bad)
-    ab.set_variants([ab.parse_attr("tune=0,2"), ab.parse_attr("fast_sum_mma")])
-    assert list(ab.VARIANTS)[:4] == ["auto_t0", "auto_t0.fsm", "auto_t2", "auto_t2.fsm"]
-    assert ab.VARIANTS["auto_t2.fsm"][1] == {"tune": 2, "fast_sum_mma": True}
-    assert ab.resolve("gluon") == "gluon_t2.fsm"
+    ab.set_variants([ab.parse_attr("probe_depth=0,2"), ab.parse_attr("fast_sum_mma")])
+    assert list(ab.VARIANTS)[:4] == ["auto_pd0", "auto_pd0.fsm", "auto_pd2", "auto_pd2.fsm"]
+    assert ab.VARIANTS["auto_pd2.fsm"][1] == {"probe_depth": 2, "fast_sum_mma": True}
+    assert ab.resolve("gluon") == "gluon_pd2.fsm"
 
 
 def test_ncu_compare_parses_sweep_config_names():

@@ -53,88 +53,39 @@ REGISTERS = {1: (CONSUMER_REGS_1WG, MAXNREG_1WG), 2: (CONSUMER_REGS, MAXNREG), 3
 PROGRAMS_PER_SM = {1: 2, 2: 1, 3: 1}
 
 
-# Exponentials on the FMA pipe (perf-notes v15). At D=64 a 128-key tile step needs as many MUFU cycles
-# (16 ex2 per clock per SM) as tensor-core cycles, so some of the ex2 are computed instead by Cody-Waite
-# range reduction and a degree-3 polynomial: 2^x = 2^n * p(f), n = round(x), f = x - n in [-0.5, 0.5].
-# p is a minimax fit of 2^f for relative error (max 7.7e-5, below bf16's and fp16's rounding of P).
-# Adding 1.5 * 2^23 + 127 rounds x to an integer in the low mantissa bits of t, so t << 23 is the bit
-# pattern of 2^n. x is clamped at -126 (2^n stays normal; the product flushes to zero below) with
-# ``max.NaN`` so a NaN score stays NaN, as it does through ex2.
-EXP2_POLY = (0.05516652762889862, 0.24259836971759796, 0.6932607889175415, 0.9999290108680725)
-EXP2_PACK = 8  # elements per asm block; the first ``n_poly`` of each 8 take the polynomial
-
-
-def _f32_hex(x: float) -> str:
-    import struct
-
-    return "0f%08X" % struct.unpack("<I", struct.pack("<f", x))[0]
-
-
-def exp2_asm(n_poly: int) -> str:
-    """PTX for :func:`_exp2`: of every EXP2_PACK inputs, the first ``n_poly`` by polynomial, the rest
-    by ``ex2.approx.ftz.f32`` (what ``gl.exp2`` emits)."""
-    c3, c2, c1, c0 = (_f32_hex(c) for c in EXP2_POLY)
-    lines = ["{", ".reg .f32 x, t, j, f, p;", ".reg .b32 e;"]
-    for i in range(EXP2_PACK):
-        d, a = f"${i}", f"${i + EXP2_PACK}"
-        if i >= n_poly:
-            lines.append(f"ex2.approx.ftz.f32 {d}, {a};")
-            continue
-        lines += [f"max.NaN.f32 x, {a}, {_f32_hex(-126.0)};",
-                  f"add.rn.f32 t, x, {_f32_hex(12582912.0 + 127)};",
-                  f"sub.rn.f32 j, t, {_f32_hex(12582912.0 + 127)};",
-                  "sub.rn.f32 f, x, j;",
-                  f"fma.rn.f32 p, f, {c3}, {c2};",
-                  f"fma.rn.f32 p, p, f, {c1};",
-                  f"fma.rn.f32 p, p, f, {c0};",
-                  "shl.b32 e, t, 23;",
-                  f"mul.rn.ftz.f32 {d}, p, e;"]
-    lines.append("}")
-    return "\n".join(lines)
-
-
-EXP2_CONSTRAINTS = gl.constexpr(",".join(["=r"] * EXP2_PACK + ["r"] * EXP2_PACK))
-EXP2_ASM_1 = gl.constexpr(exp2_asm(1))
-EXP2_ASM_2 = gl.constexpr(exp2_asm(2))
-EXP2_ASM_3 = gl.constexpr(exp2_asm(3))
-EXP2_ASM_4 = gl.constexpr(exp2_asm(4))
-EXP2_POLY_CHOICES = (0, 1, 2, 3, 4, 9)  # 9 (EXPERIMENT): exp2 by MUFU, and the timeline trace on
-
-
-TRACE_SLOTS = 256  # per consumer warpgroup: 0 = start, then 24 per work item (see _consume_tile)
+# Debug timeline (``GluonLaunch.trace``, scripts/kernel_timeline.py, perf-notes v15): with TRACE each consumer
+# warpgroup writes SM clock readings at fixed points into its own row of TRACE_SLOTS int64, in place of the
+# secure-only lengths pointer. Row (program * NUM_WG + warpgroup): slot 0/1 the consumer's first/last clock,
+# 2/3 the global timer (ns) at the same points (to convert clocks), 4 the loader's first clock (row of
+# warpgroup 0); from TRACE_ITEM0 on, TRACE_ITEM_SLOTS per work item (up to TRACE_MAX_ITEMS items):
+# +0 Q ready, +1 S_0 ready, +2j S_j ready and +2j+1 P_(j-1) V_(j-1) done (1 <= j < TRACE_MAX_STEPS),
+# +20 O ready, +21 O store issued, +22 last P V done, +23 item done. Off (the default), no code is emitted.
+TRACE_SLOTS = 256
+TRACE_ITEM0 = 8
+TRACE_ITEM_SLOTS = 24
+TRACE_MAX_STEPS = 10
+TRACE_MAX_ITEMS = (TRACE_SLOTS - TRACE_ITEM0) // TRACE_ITEM_SLOTS
+_TRACE_SLOTS = gl.constexpr(TRACE_SLOTS)
+_TRACE_ITEM0 = gl.constexpr(TRACE_ITEM0)
+_TRACE_ITEM_SLOTS = gl.constexpr(TRACE_ITEM_SLOTS)
+_TRACE_MAX_STEPS = gl.constexpr(TRACE_MAX_STEPS)
 
 
 @gluon.jit
-def _stamp(seqlens_q_ptr, slot, TRACE: gl.constexpr, WG: gl.constexpr, NUM_WG: gl.constexpr):
-    """Debug timeline (EXPERIMENT): the SM clock at this point, into the trace buffer passed as seqlens_q_ptr."""
+def _stamp(trace_ptr, slot, TRACE: gl.constexpr, WG: gl.constexpr, NUM_WG: gl.constexpr, GLOBAL: gl.constexpr = False):
     if TRACE:
-        t = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], gl.int64, False, 1)
-        base = (gl.program_id(0) * NUM_WG + WG) * 256
-        gl.store(seqlens_q_ptr + base + slot, t, mask=slot < 254)
+        if GLOBAL:
+            t = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], gl.int64, False, 1)
+        else:
+            t = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], gl.int64, False, 1)
+        gl.store(trace_ptr + (gl.program_id(0) * NUM_WG + WG) * _TRACE_SLOTS + slot, t, mask=slot < _TRACE_SLOTS)
 
 
 @gluon.jit
-def _stamp_global(seqlens_q_ptr, slot, TRACE: gl.constexpr, WG: gl.constexpr, NUM_WG: gl.constexpr):
+def _stamp_step(trace_ptr, tb, j, odd, TRACE: gl.constexpr, WG: gl.constexpr, NUM_WG: gl.constexpr):
     if TRACE:
-        t = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], gl.int64, False, 1)
-        base = (gl.program_id(0) * NUM_WG + WG) * 256
-        gl.store(seqlens_q_ptr + base + slot, t)
-
-
-@gluon.jit
-def _exp2(x, POLY_OF_8: gl.constexpr):
-    """2^x for x <= 0 (a score minus its row max); POLY_OF_8 of every 8 by polynomial on the FMA pipe."""
-    if POLY_OF_8 == 1:
-        y = gl.inline_asm_elementwise(EXP2_ASM_1, EXP2_CONSTRAINTS, [x], gl.float32, True, 8)
-    elif POLY_OF_8 == 2:
-        y = gl.inline_asm_elementwise(EXP2_ASM_2, EXP2_CONSTRAINTS, [x], gl.float32, True, 8)
-    elif POLY_OF_8 == 3:
-        y = gl.inline_asm_elementwise(EXP2_ASM_3, EXP2_CONSTRAINTS, [x], gl.float32, True, 8)
-    elif POLY_OF_8 == 4:
-        y = gl.inline_asm_elementwise(EXP2_ASM_4, EXP2_CONSTRAINTS, [x], gl.float32, True, 8)
-    else:
-        y = gl.exp2(x)
-    return y
+        if j < _TRACE_MAX_STEPS:
+            _stamp(trace_ptr, tb + 2 * j + odd, TRACE, WG, NUM_WG)
 
 
 @gluon.jit
@@ -187,29 +138,27 @@ def _loader(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_sm
             lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
             V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr,
-            PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, TUNE: gl.constexpr,
+            PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, TRACE: gl.constexpr,
             WG: gl.constexpr):
     kc = 0  # K/V tiles loaded so far, over all work items: ring slot and phase
     it = 0  # work items so far: Q slot and phase
-    _stamp(seqlens_q_ptr, 251, TUNE % 16 == 9, WG, NUM_WG)
+    _stamp(seqlens_q_ptr, 4, TRACE, WG, NUM_WG)
     for unit in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         for half in gl.static_range(2 if PAIRED else 1):
             pid_m, bh, valid = _tile_coords(unit, half, num_m_tiles, CAUSAL, PAIRED)
             if valid:
                 n = _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem, v_smem, w_smem,
                                q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, seqlen_q, seqlen_k, num_heads,
-                               group, BLOCK_M, BLOCK_N, K_STAGES, V_STAGES, CAUSAL, NUM_WG, SUM_MMA, TUNE)
+                               group, BLOCK_M, BLOCK_N, K_STAGES, V_STAGES, CAUSAL, NUM_WG, SUM_MMA)
                 kc += n
                 it += 1
-    _stamp(seqlens_q_ptr, 253, TUNE % 16 == 9, WG, NUM_WG)
-    _stamp_global(seqlens_q_ptr, 255, TUNE % 16 == 9, WG, NUM_WG)
 
 
 @gluon.jit
 def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                k_ready, v_ready, k_empty, v_empty, seqlen_q, seqlen_k, num_heads, group, BLOCK_M: gl.constexpr,
                BLOCK_N: gl.constexpr, K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-               NUM_WG: gl.constexpr, SUM_MMA: gl.constexpr, TUNE: gl.constexpr):
+               NUM_WG: gl.constexpr, SUM_MMA: gl.constexpr):
     """The loader's side of one work item: its Q tiles, then its K/V tiles through the rings (with
     SUM_MMA each V tile brings its key weights along). Returns the number of K/V tiles loaded."""
     b = bh // num_heads
@@ -233,8 +182,10 @@ def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem
         mbarrier.wait(k_empty.index(ks), ((c // K_STAGES) & 1) ^ 1)
         mbarrier.expect(k_ready.index(ks), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [b, hk, j * BLOCK_N, 0], k_ready.index(ks), k_smem.index(ks))
-        if (TUNE // 128) % 2 == 1:
-            if c == 0:  # the program's first tiles: Q and K_0 land before the rest of the rings compete with them
+        if NUM_WG == 1:
+            if c == 0:
+                # the program's first tiles: with two programs per SM, letting Q and K_0 land before the rest of
+                # the rings are requested starts the first S earlier (perf-notes v15.3: +1-2% at 1-2 x 16 x 1024 x 64)
                 mbarrier.wait(k_ready.index(0), 0)
         vs = c % V_STAGES
         mbarrier.wait(v_empty.index(vs), ((c // V_STAGES) & 1) ^ 1)
@@ -249,12 +200,11 @@ def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem
 
 @gluon.jit
 def _softmax_step(s, m_i, l_i, col0, row, seqlen_k, diag, qk_scale, MASK: gl.constexpr, CAUSAL: gl.constexpr,
-                  ROW_SUM: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr, TUNE: gl.constexpr):
+                  ROW_SUM: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
     """Online softmax of one score tile: returns (p, alpha, m_new, l_new); scores are raw QK^T.
     MASK: keys at or past ``seqlen_k`` are masked, and with CAUSAL also keys right of the diagonal
     (selects on the raw scores: a NaN in a masked key's score cannot reach the output). Without
-    ROW_SUM the caller sums the probabilities itself (by MMA) and ``l_new`` is ``l_i``. TUNE: of every 8
-    exponentials of ``p``, how many run on the FMA pipe (_exp2); a masked score's -inf gives 0 either way.
+    ROW_SUM the caller sums the probabilities itself (by MMA) and ``l_new`` is ``l_i``.
 
     The caller keeps masked and unmasked tiles in two branches of different code: that branch is what
     stops ptxas from hoisting the wait for the previous P@V above this softmax (perf-notes v10)."""
@@ -270,7 +220,7 @@ def _softmax_step(s, m_i, l_i, col0, row, seqlen_k, diag, qk_scale, MASK: gl.con
     else:
         m_use = m_new
     alpha = gl.exp2(m_i - m_use)
-    p = _exp2(s * qk_scale - gl.expand_dims(m_use, 1), TUNE % 16)
+    p = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
     if ROW_SUM:
         l_new = l_i * alpha + gl.sum(p, axis=1)
     else:
@@ -284,12 +234,12 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_
               lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
               V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr,
-              PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, TUNE: gl.constexpr,
+              PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, TRACE: gl.constexpr,
               WG: gl.constexpr):
     kc = 0
     it = 0
-    _stamp(seqlens_q_ptr, 0, TUNE % 16 == 9, WG, NUM_WG)
-    _stamp_global(seqlens_q_ptr, 254, TUNE % 16 == 9, WG, NUM_WG)
+    _stamp(seqlens_q_ptr, 0, TRACE, WG, NUM_WG)
+    _stamp(seqlens_q_ptr, 2, TRACE, WG, NUM_WG, True)
     # this program's units advance by the grid size: (unit-in-head r, batch b, head h) step by carries instead
     # of two integer divisions per item (on the critical path between items)
     pid = gl.program_id(0)
@@ -305,7 +255,7 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_
     db1 = (dq + 1) // num_heads
     dh1 = dq + 1 - db1 * num_heads
     for unit in range(pid, num_tiles, nprog):
-        if (TUNE // 32) % 2 == 0 or NUM_WG == 3:  # (3 warpgroups at 160 registers: the carried state spills)
+        if NUM_WG == 3:  # at 160 registers the carried state below spills (one STL, seven LDL): divide instead
             r = unit % per_head
             b = (unit // per_head) // num_heads
             h = (unit // per_head) % num_heads
@@ -315,7 +265,7 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_
                 n = _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_smem, q_ready,
                                   q_empty, k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale,
                                   seqlen_q, seqlen_k, num_heads, lse_stride_b, lse_stride_h, BLOCK_M, BLOCK_N,
-                                  HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, SECURE, SUM_MMA, TUNE, WG)
+                                  HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, SECURE, SUM_MMA, TRACE, WG)
                 kc += n
                 it += 1
         r += dr
@@ -326,8 +276,9 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_
         wrap = h >= num_heads
         h = gl.where(wrap, h - num_heads, h)
         b += wrap.to(gl.int32)
-    if (TUNE // 64) % 2 == 1:
-        tma.store_wait(0)  # the last item's O store must have read shared memory before the program exits
+    tma.store_wait(0)  # the last item's O store must have read shared memory before the program exits
+    _stamp(seqlens_q_ptr, 1, TRACE, WG, NUM_WG)
+    _stamp(seqlens_q_ptr, 3, TRACE, WG, NUM_WG, True)
 
 
 @gluon.jit
@@ -335,7 +286,7 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
                   v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads,
                   lse_stride_b, lse_stride_h, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                   K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr,
-                  NUM_WG: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, TUNE: gl.constexpr,
+                  NUM_WG: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, TRACE: gl.constexpr,
                   WG: gl.constexpr):
     """One work item for this warpgroup: BLOCK_M query rows against all their key tiles. ``kc`` is the
     ring position of the item's first K/V tile, ``it`` the item's index (Q slot and phase). Returns the
@@ -377,8 +328,8 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
     q_slot = q_smem.index(NUM_WG * qs + WG)
     q = q_slot.reshape([BLOCK_M, HEAD_DIM])
     mbarrier.wait(q_ready.index(qs), (it // 2) & 1)
-    tb = 1 + it * 24
-    _stamp(seqlens_q_ptr, tb, TUNE % 16 == 9, WG, NUM_WG)
+    tb = _TRACE_ITEM0 + it * _TRACE_ITEM_SLOTS
+    _stamp(seqlens_q_ptr, tb, TRACE, WG, NUM_WG)
 
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
     l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=row_layout)
@@ -392,19 +343,18 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
     mbarrier.wait(k_ready.index(ks0), (kc // K_STAGES) & 1)
     k0 = k_smem.index(ks0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
     s = warpgroup_mma(q, k0, s_zero, use_acc=False, is_async=True)
-    if (TUNE // 64) % 2 == 1:
-        if it > 0:  # the previous item's O store (from the other Q slot): its wait, off the item boundary
-            tma.store_wait(0)
-            mbarrier.arrive(q_empty.index(1 - qs), count=1)
+    if it > 0:  # the previous item's O store (from the other Q slot) is waited for here, under this MMA
+        tma.store_wait(0)
+        mbarrier.arrive(q_empty.index(1 - qs), count=1)
     s = warpgroup_mma_wait(0, deps=(s, ))
-    _stamp(seqlens_q_ptr, tb + 1, TUNE % 16 == 9, WG, NUM_WG)
+    _stamp(seqlens_q_ptr, tb + 1, TRACE, WG, NUM_WG)
     mbarrier.arrive(k_empty.index(ks0), count=1)
     if n_full > 0:
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, seqlen_k, diag, qk_scale, False, False, not SUM_MMA,
-                                           BLOCK_N, s_layout, TUNE)
+                                           BLOCK_N, s_layout)
     else:
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, seqlen_k, diag, qk_scale, True, CAUSAL, not SUM_MMA,
-                                           BLOCK_N, s_layout, TUNE)
+                                           BLOCK_N, s_layout)
     p_op = gl.convert_layout(p.to(dtype), p_layout)
 
     for j in range(1, n_blocks):
@@ -426,16 +376,16 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
         else:
             acc_tok = warpgroup_mma(p_op, vj, acc, is_async=True)
             s = warpgroup_mma_wait(1, deps=(s_tok, ))
-        _stamp(seqlens_q_ptr, tb + 2 * j, TUNE % 16 == 9, WG, NUM_WG)
+        _stamp_step(seqlens_q_ptr, tb, j, 0, TRACE, WG, NUM_WG)
         mbarrier.arrive(k_empty.index(ks), count=1)
         if j < n_full:
             p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, seqlen_k, diag, qk_scale, False, False,
-                                               not SUM_MMA, BLOCK_N, s_layout, TUNE)
+                                               not SUM_MMA, BLOCK_N, s_layout)
         else:
             p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, seqlen_k, diag, qk_scale, True, CAUSAL,
-                                               not SUM_MMA, BLOCK_N, s_layout, TUNE)
+                                               not SUM_MMA, BLOCK_N, s_layout)
         acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))
-        _stamp(seqlens_q_ptr, tb + 2 * j + 1, TUNE % 16 == 9, WG, NUM_WG)
+        _stamp_step(seqlens_q_ptr, tb, j, 1, TRACE, WG, NUM_WG)
         mbarrier.arrive(v_empty.index(vp), count=1)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
         if SUM_MMA:
@@ -455,16 +405,14 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
     else:
         acc = warpgroup_mma(p_op, vl, acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=(acc, ))
-    _stamp(seqlens_q_ptr, tb + 22, TUNE % 16 == 9, WG, NUM_WG)
+    _stamp(seqlens_q_ptr, tb + 22, TRACE, WG, NUM_WG)
     mbarrier.arrive(v_empty.index(last), count=1)
 
     # a row that saw no key has l == 0 and acc == 0: divide by 1 for exact zeros. ``/`` is the approximate
-    # divide (div.full.f32): no data-dependent slow path
+    # divide (div.full.f32): no data-dependent slow path. One reciprocal per row, then multiplies: dividing all
+    # 32 accumulators per thread made the epilogue 248 instructions instead of 74 (perf-notes v15.1)
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)
-    if (TUNE // 16) % 2 == 1:
-        o = acc * gl.expand_dims(gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, o_layout)), 1)
-    else:
-        o = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
+    o = acc * gl.expand_dims(gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, o_layout)), 1)
     if SECURE:  # rows past the true length output exact zeros, whatever their padding held
         row_o = m_wg + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
         o = gl.where(gl.expand_dims(row_o < len_q, 1), o, 0.0)
@@ -473,19 +421,15 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
         if SECURE:
             lse = gl.where(row < len_q, lse, float("-inf"))
         gl.store(lse_ptr + b * lse_stride_b + h * lse_stride_h + row, lse, mask=row < seqlen_q)
-    # Q is dead: its slot stages the output tile for the TMA store (which clips rows >= Sq); the
-    # slot goes back to the loader once the copy engine has read it.
-    _stamp(seqlens_q_ptr, tb + 20, TUNE % 16 == 9, WG, NUM_WG)
+    # Q is dead: its slot stages the output tile for the TMA store (which clips rows >= Sq). The store is not
+    # waited for here: the next item waits for it under its first MMA and then gives the slot back to the
+    # loader (the wait cost ~0.28 us per item at the boundary; perf-notes v15.2), the last one at program exit.
+    _stamp(seqlens_q_ptr, tb + 20, TRACE, WG, NUM_WG)
     q_slot.reshape([BLOCK_M, HEAD_DIM]).store(o.to(dtype))
     fence_async_shared()
     tma.async_copy_shared_to_global(o_desc, [b, h, m_wg, 0], q_slot)
-    _stamp(seqlens_q_ptr, tb + 21, TUNE % 16 == 9, WG, NUM_WG)
-    if (TUNE // 64) % 2 == 0:
-        tma.store_wait(0)
-        _stamp(seqlens_q_ptr, tb + 23, TUNE % 16 == 9, WG, NUM_WG)
-        mbarrier.arrive(q_empty.index(qs), count=1)
-    else:
-        _stamp(seqlens_q_ptr, tb + 23, TUNE % 16 == 9, WG, NUM_WG)
+    _stamp(seqlens_q_ptr, tb + 21, TRACE, WG, NUM_WG)
+    _stamp(seqlens_q_ptr, tb + 23, TRACE, WG, NUM_WG)
     return n_blocks
 
 
@@ -496,7 +440,7 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
                            K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                            RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr, PAIRED: gl.constexpr, SECURE: gl.constexpr,
                            SUM_MMA: gl.constexpr, CONSUMER_WG_REGS: gl.constexpr, LOADER_WG_REGS: gl.constexpr,
-                           TUNE: gl.constexpr):
+                           TRACE: gl.constexpr):
     """Persistent: program i takes scheduling units i, i + grid, ... (a unit = one work item of
     NUM_WG*BLOCK_M query rows of one head, or with PAIRED two causal items of equal total cost), so one
     item's epilogue and the next one's loads overlap instead of costing a launch.
@@ -543,45 +487,45 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                          k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                          num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TUNE, 0)),
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TRACE, 0)),
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                          k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                          num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TUNE, 1)),
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TRACE, 1)),
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                          k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                          num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TUNE, 2)),
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TRACE, 2)),
             (_loader, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                        k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                        num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TUNE, 0)),
+                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TRACE, 0)),
         ], [4, 4, 1], [CONSUMER_WG_REGS, CONSUMER_WG_REGS, LOADER_WG_REGS])
     elif NUM_WG == 2:
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                          k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                          num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TUNE, 0)),
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TRACE, 0)),
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                          k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                          num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TUNE, 1)),
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TRACE, 1)),
             (_loader, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                        k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                        num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TUNE, 0)),
+                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TRACE, 0)),
         ], [4, 1], [CONSUMER_WG_REGS, LOADER_WG_REGS])
     else:  # one consumer warpgroup (64-row items; two programs share an SM)
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                          k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                          num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TUNE, 0)),
+                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TRACE, 0)),
             (_loader, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                        k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                        num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TUNE, 0)),
+                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TRACE, 0)),
         ], [1], [LOADER_WG_REGS])
 
 
@@ -669,16 +613,15 @@ class GluonLaunch:
     kernel is compiled the encoded descriptors are kept per pointer set (``ENCODED_SETS`` of them, the
     oldest dropped first) and the launch goes straight to Triton's compiled launcher. A pointer set
     seen before costs a dict lookup instead of four descriptor encodings."""
-    __slots__ = ("step", "geom", "fast", "encoded", "key_weights_shape", "ones")
+    __slots__ = ("step", "geom", "fast", "encoded", "key_weights_shape", "ones", "trace_slots")
     ENCODED_SETS = 16
     DESC_ARGS = 5  # the kernel's descriptor arguments: q, k, v, o and the key weights (None where unused)
     # Causal: persistent over pairs of row tiles (True), or one program per row tile (False)
     causal_pairs = True
     # Fast path: row sums by MMA against a ones tile (True) or by adds (False); see _consume_tile
     fast_sum_mma = False
-    # EXPERIMENT (v15) bits: & 15 exponentials by polynomial per 8 (9: timeline trace), 16 reciprocal epilogue,
-    # 32 incremental item coordinates
-    tune = 0
+    # Debug: the timeline trace (TRACE above; fast path only: the buffer takes the secure lengths' argument)
+    trace = False
 
     def __init__(self, q, k, v, o, lse, *, scale: float, causal: bool, seqlen_q: int, seqlen_k: int,
                  batch: int, num_heads_q: int, num_heads_kv: int, lse_strides, cfg, secure: bool = False,
@@ -737,9 +680,10 @@ class GluonLaunch:
                           RETURN_LSE=lse is not None, NUM_WG=num_wg, PAIRED=paired)
         consumer_regs, maxnreg = REGISTERS[num_wg]
         constexprs.update(SECURE=bool(secure), SUM_MMA=sum_mma, CONSUMER_WG_REGS=consumer_regs,
-                          LOADER_WG_REGS=LOADER_REGS, TUNE=0 if secure else int(self.tune))
+                          LOADER_WG_REGS=LOADER_REGS, TRACE=bool(self.trace) and not secure)
         self.step = _Step(attn_fwd_hopper_kernel, grid, args, 7, constexprs, cfg.num_warps, 1,
                           options=dict(maxnreg=maxnreg))
+        self.trace_slots = grid[0] * num_wg * TRACE_SLOTS if constexprs["TRACE"] else 0
         self.fast = None  # (raw launcher, descriptor metadata) once compiled; False: not available
         self.encoded = {}
 
@@ -760,6 +704,8 @@ class GluonLaunch:
         """``ptrs``: q, k, v, o, lse, seqlens_q, ... (unused ones: any tensor); ``key_weights``: the
         pre-pass's, where the plan has them (secure, non-causal)."""
         q, k, v, o, lse, sq = ptrs[:6]
+        if self.trace_slots:
+            self._check_trace(q, sq)
         w = key_weights
         if w is None and self.key_weights_shape is not None:
             if self.step.constexprs["SECURE"]:
@@ -792,6 +738,16 @@ class GluonLaunch:
         fast[0](grid[0], grid[1], 1, _current_stream(device), c.function, c.run.launch_cooperative_grid,
                 c.run.launch_pdl, None, None, c.packed_metadata, None, None, None, *enc, lse, sq, *step.scalars,
                 *step.tail)
+
+    def _check_trace(self, q, trace) -> None:
+        """A traced launch writes TRACE_SLOTS int64 per consumer warpgroup through the lengths argument: refuse
+        anything else there (a dummy tensor would be overwritten)."""
+        import torch
+
+        if not (isinstance(trace, torch.Tensor) and trace.dtype == torch.int64 and trace.is_contiguous()
+                and trace.numel() >= self.trace_slots and trace.device == q.device):
+            raise ValueError(f"a traced Gluon launch takes its trace buffer (int64, contiguous, >= {self.trace_slots} "
+                             f"elements, on {q.device}) in place of the lengths argument; see scripts/kernel_timeline.py")
 
     def _encode(self, tensors, meta) -> tuple:
         """The launcher's arguments for the descriptors (each: encoded CUtensorMap, shape, strides; an
