@@ -255,7 +255,11 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_
     db1 = (dq + 1) // num_heads
     dh1 = dq + 1 - db1 * num_heads
     for unit in range(pid, num_tiles, nprog):
-        if NUM_WG == 3:  # at 160 registers the carried state below spills (one STL, seven LDL): divide instead
+        # divide instead of carrying: at 160 registers (three warpgroups) the carried state spills (one STL, seven
+        # LDL), and in secure mode it changes register allocation so that a register that once held the clamped
+        # secret length reaches the O store's coordinate vector on some path (audit sass, D=128 causal): the
+        # secure kernel keeps the form the gate has passed
+        if NUM_WG == 3 or SECURE:
             r = unit % per_head
             b = (unit // per_head) // num_heads
             h = (unit // per_head) % num_heads
@@ -343,9 +347,10 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
     mbarrier.wait(k_ready.index(ks0), (kc // K_STAGES) & 1)
     k0 = k_smem.index(ks0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
     s = warpgroup_mma(q, k0, s_zero, use_acc=False, is_async=True)
-    if it > 0:  # the previous item's O store (from the other Q slot) is waited for here, under this MMA
-        tma.store_wait(0)
-        mbarrier.arrive(q_empty.index(1 - qs), count=1)
+    if not SECURE:
+        if it > 0:  # the previous item's O store (from the other Q slot) is waited for here, under this MMA
+            tma.store_wait(0)
+            mbarrier.arrive(q_empty.index(1 - qs), count=1)
     s = warpgroup_mma_wait(0, deps=(s, ))
     _stamp(seqlens_q_ptr, tb + 1, TRACE, WG, NUM_WG)
     mbarrier.arrive(k_empty.index(ks0), count=1)
@@ -421,14 +426,17 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
         if SECURE:
             lse = gl.where(row < len_q, lse, float("-inf"))
         gl.store(lse_ptr + b * lse_stride_b + h * lse_stride_h + row, lse, mask=row < seqlen_q)
-    # Q is dead: its slot stages the output tile for the TMA store (which clips rows >= Sq). The store is not
-    # waited for here: the next item waits for it under its first MMA and then gives the slot back to the
-    # loader (the wait cost ~0.28 us per item at the boundary; perf-notes v15.2), the last one at program exit.
+    # Q is dead: its slot stages the output tile for the TMA store (which clips rows >= Sq). On the fast path the
+    # store is not waited for here: the next item waits for it under its first MMA and then gives the slot back
+    # to the loader (the wait cost ~0.28 us per item at the boundary; perf-notes v15.2), the last one at exit.
     _stamp(seqlens_q_ptr, tb + 20, TRACE, WG, NUM_WG)
     q_slot.reshape([BLOCK_M, HEAD_DIM]).store(o.to(dtype))
     fence_async_shared()
     tma.async_copy_shared_to_global(o_desc, [b, h, m_wg, 0], q_slot)
     _stamp(seqlens_q_ptr, tb + 21, TRACE, WG, NUM_WG)
+    if SECURE:  # (secure: as the gate has passed it, waited for here; see _consumer)
+        tma.store_wait(0)
+        mbarrier.arrive(q_empty.index(qs), count=1)
     _stamp(seqlens_q_ptr, tb + 23, TRACE, WG, NUM_WG)
     return n_blocks
 
