@@ -6,12 +6,14 @@ flashcore.bench.timing) and ``triton.testing.do_bench`` (L2 flushed; what script
 Rounds alternate the variants. Writes ``ab-<attrs>.json`` to --out and prints a table last.
 
     PYTHONPATH=src python scripts/gluon_ab.py --attr fast_sum_mma --out $OUT [--rounds 3]
-    PYTHONPATH=src python scripts/gluon_ab.py --attr <int attribute>=0,1,2 --shapes 4x16x1024x64 --families auto --out $OUT
+    PYTHONPATH=src python scripts/gluon_ab.py --attr <int attribute>=0,1,2 --shapes 4x16x1024x64 \
+        --families auto --out $OUT
 
 Variant names: ``auto`` (the planner's config) or ``gluon`` (the 2-warpgroup Gluon config forced), or a config
 given with ``--config`` by its sweep name (``gluon_ws_64x128s3``: configs.config_name), then the initials of each
 switch that is on (``fast_sum_mma`` -> ``fsm``; the whole names where two switches share initials) or of each
-integer setting followed by its value (``probe_depth=2`` -> ``pd2``), joined by ``.``, or ``-`` for none. With ``--config`` and no ``--attr`` the configs alone are compared:
+integer setting followed by its value (``probe_depth=2`` -> ``pd2``), joined by ``.``, or ``-`` for none. With
+``--config`` and no ``--attr`` the configs alone are compared:
 
     PYTHONPATH=src python scripts/gluon_ab.py --config gluon_ws_64x128s3 --shapes 1x16x1024x64 --out $OUT
 """
