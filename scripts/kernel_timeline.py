@@ -64,9 +64,9 @@ def run_shape(B, H, S, D, cname, reps, flush, out_dir):
             torch.cuda.synchronize()
             raw.append(tr.view(grid, nwg, hopper_fwd.TRACE_SLOTS).cpu())
         torch.save(torch.stack(raw), os.path.join(out_dir, f"trace-{B}x{H}x{S}x{D}-{cname}-{label}.pt"))
-        last = raw[-1]
-        res[label] = dict(ghz=timeline.clock_ghz(last.tolist()),
-                          phases_us=timeline.summary(timeline.phases(last, n_blocks)))
+        last = raw[-1].tolist()
+        ghz = timeline.clock_ghz(last)
+        res[label] = dict(ghz=ghz, phases_us=timeline.summary(timeline.phases(last, n_blocks, ghz)))
     return res
 
 

@@ -241,7 +241,11 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_
     _stamp(seqlens_q_ptr, 0, TRACE, WG, NUM_WG)
     _stamp(seqlens_q_ptr, 2, TRACE, WG, NUM_WG, True)
     # this program's units advance by the grid size: (unit-in-head r, batch b, head h) step by carries instead
-    # of two integer divisions per item (on the critical path between items)
+    # of two integer divisions per item (on the critical path between items). Not with three warpgroups: at 160
+    # registers the carried state spills (one STL, seven LDL); nor in secure mode, where it changes register
+    # allocation so that a register that once held the clamped secret length reaches the O store's coordinate
+    # vector on some path (audit sass, D=128 causal): the secure kernel keeps the form the gate has passed
+    CARRY: gl.constexpr = NUM_WG < 3 and not SECURE
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     per_head = _units_per_head(num_m_tiles, PAIRED)
@@ -255,11 +259,7 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_
     db1 = (dq + 1) // num_heads
     dh1 = dq + 1 - db1 * num_heads
     for unit in range(pid, num_tiles, nprog):
-        # divide instead of carrying: at 160 registers (three warpgroups) the carried state spills (one STL, seven
-        # LDL), and in secure mode it changes register allocation so that a register that once held the clamped
-        # secret length reaches the O store's coordinate vector on some path (audit sass, D=128 causal): the
-        # secure kernel keeps the form the gate has passed
-        if NUM_WG == 3 or SECURE:
+        if not CARRY:
             r = unit % per_head
             b = (unit // per_head) // num_heads
             h = (unit // per_head) % num_heads
@@ -272,14 +272,15 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_
                                   HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, SECURE, SUM_MMA, TRACE, WG)
                 kc += n
                 it += 1
-        r += dr
-        carry = r >= per_head
-        r = gl.where(carry, r - per_head, r)
-        h += gl.where(carry, dh1, dh0)
-        b += gl.where(carry, db1, db0)
-        wrap = h >= num_heads
-        h = gl.where(wrap, h - num_heads, h)
-        b += wrap.to(gl.int32)
+        if CARRY:
+            r += dr
+            carry = r >= per_head
+            r = gl.where(carry, r - per_head, r)
+            h += gl.where(carry, dh1, dh0)
+            b += gl.where(carry, db1, db0)
+            wrap = h >= num_heads
+            h = gl.where(wrap, h - num_heads, h)
+            b += wrap.to(gl.int32)
     tma.store_wait(0)  # the last item's O store must have read shared memory before the program exits
     _stamp(seqlens_q_ptr, 1, TRACE, WG, NUM_WG)
     _stamp(seqlens_q_ptr, 3, TRACE, WG, NUM_WG, True)
