@@ -77,10 +77,26 @@ def main():
     ap.add_argument("--config", default="auto", help="a config's sweep name (configs.config_name), or auto")
     ap.add_argument("--reps", type=int, default=3, help="traced runs per state; the last is summarised")
     a = ap.parse_args()
-    flush = torch.empty(512 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")  # > L2, and most TLB reach
     rows = []
+    shapes = []
     for item in a.shapes.split(","):
-        B, H, S, D = (int(x) for x in item.split("x"))
+        try:
+            B, H, S, D = (int(x) for x in item.split("x"))
+        except ValueError:
+            raise SystemExit(f"--shapes: each shape is BxHxSxD (non-causal), got {item!r}") from None
+        if min(B, H, S, D) < 1 or S < 129:
+            raise SystemExit(f"--shapes: {item!r} needs positive sizes and S > 128 (at least two key tiles)")
+        shapes.append((B, H, S, D))
+    try:
+        parse_config_name(a.config)
+    except ValueError as e:
+        raise SystemExit(f"--config: {e}") from None
+    if a.reps < 1:
+        raise SystemExit(f"--reps must be >= 1, got {a.reps}")
+    if not torch.cuda.is_available():
+        raise SystemExit("kernel_timeline.py needs a Hopper GPU")
+    flush = torch.empty(512 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")  # > L2, and most TLB reach
+    for B, H, S, D in shapes:
         r = run_shape(B, H, S, D, a.config, a.reps, flush, a.out)
         rows.append(r)
         print(json.dumps(r), flush=True)
