@@ -48,6 +48,8 @@ from flashcore.audit.sass import compile_cubin, disassemble
 from flashcore.kernels import configs, hopper_fwd
 a = json.loads(sys.argv[1])
 hopper_fwd.GluonLaunch.trace = a["trace"]
+for name, value in a["attrs"].items():
+    setattr(hopper_fwd.GluonLaunch, name, value)
 cfg = None
 if a["block_m"] is not None:
     base = (configs.gluon_secure if a["secure"] else configs.gluon_ws)(a["head_dim"], 4096, a["causal"])
@@ -59,10 +61,12 @@ sys.stdout.write(disassemble(c.cubin))
 """
 
 
-def gluon_sass(head_dim: int, causal: bool, secure: bool = False, block_m=None, trace: bool = False) -> str:
+def gluon_sass(head_dim: int, causal: bool, secure: bool = False, block_m=None, trace: bool = False,
+               attrs: dict | None = None) -> str:
     """sm_90a SASS of the Gluon kernel as flashcore launches it, compiled in a fresh process without
     ``TRITON_INTERPRET``: once the interpreter has run a kernel in this process, Triton 3.6's Gluon
-    front end fails on warp_specialize (a CompilationError; seen when the interpreter tests run first)."""
+    front end fails on warp_specialize (a CompilationError; seen when the interpreter tests run first).
+    ``attrs``: GluonLaunch class attributes (switches) to set first, e.g. ``{"stagger": 0}``."""
     import json
     import subprocess
     import sys
@@ -70,7 +74,8 @@ def gluon_sass(head_dim: int, causal: bool, secure: bool = False, block_m=None, 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    args = json.dumps(dict(head_dim=head_dim, causal=causal, secure=secure, block_m=block_m, trace=trace))
+    args = json.dumps(dict(head_dim=head_dim, causal=causal, secure=secure, block_m=block_m, trace=trace,
+                           attrs=attrs or {}))
     res = subprocess.run([sys.executable, "-c", _GLUON_SASS, args], capture_output=True, text=True, env=env)
     if res.returncode:
         raise RuntimeError(f"compiling the Gluon kernel failed:\n{res.stderr[-4000:]}")

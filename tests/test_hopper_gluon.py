@@ -160,6 +160,31 @@ def test_timeline_trace_is_compiled_only_when_asked_for():
     assert not any(c in gluon_sass(128, False, secure=True, trace=True) for c in clock)
 
 
+def test_entry_loads_and_stagger_are_fast_path_only():
+    """EARLY_LOADS (the first item's Q, K_0 and V_0 requested at kernel entry) and STAGGER (the consumer
+    warpgroups' first items offset) are on by default on the fast path, which then holds exactly NUM_WG + 2 more
+    TMA loads (the entry's; the loader keeps its own for the later items) and one more mbarrier wait per later
+    warpgroup (D=64 only); the secure kernel's machine code does not change with either switch (the form the
+    gate passed)."""
+    from conftest import gluon_sass
+
+    off = {"early_loads": False, "stagger": 0}
+    for block_m in (64, 128, 192):
+        on_sass, off_sass = gluon_sass(64, False, block_m=block_m), gluon_sass(64, False, block_m=block_m, attrs=off)
+        assert on_sass.count("UTMALDG") - off_sass.count("UTMALDG") == block_m // 64 + 2
+        assert "STL" not in on_sass and "LDL" not in on_sass
+    assert gluon_sass(128, True, secure=True) == gluon_sass(128, True, secure=True, attrs=off)
+    q, lse = _t(1, 2, 256, 64), torch.empty(1, 2, 256)
+    kw = dict(scale=0.1, causal=False, seqlen_q=256, seqlen_k=256, batch=1, num_heads_q=2, num_heads_kv=2,
+              lse_strides=(512, 256), cfg=configs.gluon_ws(64))
+    fast = hopper_fwd.GluonLaunch(q, q, q, q, lse, **kw).step.constexprs
+    secure = hopper_fwd.GluonLaunch(q, q, q, q, lse, secure=True, **kw).step.constexprs
+    assert fast["EARLY_LOADS"] and fast["STAGGER"] == 1
+    d128 = hopper_fwd.GluonLaunch(*(_t(1, 2, 256, 128), ) * 4, lse, **{**kw, "cfg": configs.gluon_ws(128)})
+    assert d128.step.constexprs["EARLY_LOADS"] and d128.step.constexprs["STAGGER"] == 0
+    assert not secure["EARLY_LOADS"] and secure["STAGGER"] == 0
+
+
 def test_traced_launch_refuses_anything_but_a_trace_buffer(monkeypatch):
     """A traced launch writes int64 clocks through the lengths argument: a dummy tensor there (what the normal call
     path passes) would be overwritten, so run() refuses it before launching."""
@@ -314,6 +339,49 @@ def _check_against_reference(case, dtype, cfg, num_wg):
     assert bool((lse[~seen] == float("-inf")).all()) and bool((out[~seen] == 0).all())
     again, _ = call(q, k, v, None, None)
     assert torch.equal(out, again)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("case,block_m", [
+    ((2, 20, 4, 1000, 1000, 64, False), 128),  # GQA, 2-3 items per program
+    ((2, 4, 4, 1000, 1000, 64, True), 128),  # paired causal
+    ((1, 2, 2, 300, 77, 64, True), 128),  # one key tile; rows that see no key
+    ((1, 2, 2, 2500, 2100, 64, False), 192),  # three warpgroups
+    ((2, 6, 3, 1000, 333, 64, False), 64),  # one warpgroup, two programs per SM
+])
+def test_gluon_entry_loads_and_stagger_change_no_bits(case, block_m, monkeypatch):
+    """EARLY_LOADS and STAGGER move when the first loads are requested and when each consumer warpgroup starts,
+    not what is computed: every setting gives the same bits as both off, which matches the reference."""
+    import flashcore
+    from flashcore import kernels, ops
+
+    from dataclasses import replace
+
+    B, Hq, Hkv, Sq, Sk, D, causal = case
+    g = torch.Generator(device="cuda").manual_seed(hash(case) % 2**31)
+    q = torch.randn(B, Hq, Sq, D, device="cuda", generator=g).bfloat16()
+    k, v = (torch.randn(B, Hkv, Sk, D, device="cuda", generator=g).bfloat16() for _ in range(2))
+    cfg = replace(configs.gluon_ws(D, Sq, causal), block_m=block_m)
+    results = {}
+    for early, stagger in ((False, 0), (True, 0), (True, 1), (True, 2)):
+        monkeypatch.setattr(hopper_fwd.GluonLaunch, "early_loads", early)
+        monkeypatch.setattr(hopper_fwd.GluonLaunch, "stagger", stagger)
+        kernels._PLANS.clear()
+        out = torch.full_like(q, float("nan"))
+        call = ops.dense_call(q, k, v, None, None, causal, D ** -0.5, False, False, True, out=out, config=cfg)
+        ce = call.plan.main.step.constexprs
+        assert (ce["EARLY_LOADS"], ce["STAGGER"], ce["NUM_WG"]) == (early, stagger, block_m // 64)  # D=64
+        _, lse = call(q, k, v, None, None, out)
+        results[early, stagger] = (out, lse)
+    kernels._PLANS.clear()
+    out, lse = results[False, 0]
+    ref, ref_lse = flashcore.reference.attention(q, k, v, causal=causal, return_lse=True)
+    assert not torch.isnan(out).any() and rel_err(out, ref) < 1.2e-2
+    seen = torch.isfinite(ref_lse)
+    assert torch.allclose(lse[seen].double(), ref_lse[seen], atol=2e-3, rtol=1e-4)
+    for key, (o, l) in results.items():
+        assert torch.equal(o, out) and torch.equal(l, lse), key
 
 
 @pytest.mark.gpu

@@ -56,7 +56,8 @@ PROGRAMS_PER_SM = {1: 2, 2: 1, 3: 1}
 # Debug timeline (``GluonLaunch.trace``, scripts/kernel_timeline.py, perf-notes v15): with TRACE each consumer
 # warpgroup writes SM clock readings at fixed points into its own row of TRACE_SLOTS int64, in place of the
 # secure-only lengths pointer. Row (program * NUM_WG + warpgroup): slot 0/1 the consumer's first/last clock,
-# 2/3 the global timer (ns) at the same points (to convert clocks), 4 the loader's first clock (row of
+# 2/3 the global timer (ns) at the same points (to convert clocks), 4 the loader's first clock, 5 the clock
+# when the first Q load was issued, 6/7 the global timer and the clock at kernel entry (4-7: in the row of
 # warpgroup 0); from TRACE_ITEM0 on, TRACE_ITEM_SLOTS per work item (up to TRACE_MAX_ITEMS items):
 # +0 Q ready, +1 S_0 ready, +2j S_j ready and +2j+1 P_(j-1) V_(j-1) done (1 <= j < TRACE_MAX_STEPS),
 # +20 O ready, +21 O store issued, +22 last P V done, +23 item done. Off (the default), no code is emitted.
@@ -134,12 +135,12 @@ def _tile_coords(unit, HALF: gl.constexpr, num_m_tiles, CAUSAL: gl.constexpr, PA
 
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready,
-            v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group,
+            v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group,
             lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
             V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr,
             PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, TRACE: gl.constexpr,
-            WG: gl.constexpr):
+            EARLY_LOADS: gl.constexpr, STAGGER: gl.constexpr, WG: gl.constexpr):
     kc = 0  # K/V tiles loaded so far, over all work items: ring slot and phase
     it = 0  # work items so far: Q slot and phase
     _stamp(seqlens_q_ptr, 4, TRACE, WG, NUM_WG)
@@ -149,52 +150,123 @@ def _loader(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_sm
             if valid:
                 n = _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem, v_smem, w_smem,
                                q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, seqlen_q, seqlen_k, num_heads,
-                               group, BLOCK_M, BLOCK_N, K_STAGES, V_STAGES, CAUSAL, NUM_WG, SUM_MMA)
+                               group, BLOCK_M, BLOCK_N, K_STAGES, V_STAGES, CAUSAL, NUM_WG, SUM_MMA,
+                               EARLY_LOADS, seqlens_q_ptr, TRACE)
                 kc += n
                 it += 1
+
+
+@gluon.jit
+def _issue_q(q_desc, q_smem, q_ready, qs, b, h, m0, BLOCK_M: gl.constexpr, NUM_WG: gl.constexpr):
+    """One work item's Q tiles (one per consumer warpgroup) into Q slot ``qs``."""
+    mbarrier.expect(q_ready.index(qs), NUM_WG * q_desc.block_type.nbytes)
+    for w in gl.static_range(NUM_WG):
+        tma.async_copy_global_to_shared(q_desc, [b, h, m0 + w * BLOCK_M, 0], q_ready.index(qs),
+                                        q_smem.index(NUM_WG * qs + w))
+
+
+@gluon.jit
+def _issue_k(k_desc, k_smem, k_ready, ks, b, hk, j, BLOCK_N: gl.constexpr):
+    mbarrier.expect(k_ready.index(ks), k_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [b, hk, j * BLOCK_N, 0], k_ready.index(ks), k_smem.index(ks))
+
+
+@gluon.jit
+def _issue_v(v_desc, w_desc, v_smem, w_smem, v_ready, vs, b, hk, j, BLOCK_N: gl.constexpr, SUM_MMA: gl.constexpr):
+    """V tile ``j`` (with SUM_MMA also its key weights) into V slot ``vs``."""
+    if SUM_MMA:
+        mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes + w_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(w_desc, [b, 0, j * BLOCK_N], v_ready.index(vs), w_smem.index(vs))
+    else:
+        mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(v_desc, [b, hk, j * BLOCK_N, 0], v_ready.index(vs), v_smem.index(vs))
+
+
+@gluon.jit
+def _load_q(q_desc, q_smem, q_ready, q_empty, it, b, h, m0, BLOCK_M: gl.constexpr, NUM_WG: gl.constexpr):
+    """Item ``it``'s Q, once its slot is free. Q is double-buffered: the next item's Q arrives while the
+    consumers finish this one."""
+    qs = it % 2
+    mbarrier.wait(q_empty.index(qs), ((it // 2) & 1) ^ 1)
+    _issue_q(q_desc, q_smem, q_ready, qs, b, h, m0, BLOCK_M, NUM_WG)
+
+
+@gluon.jit
+def _load_k(k_desc, k_smem, k_ready, k_empty, c, b, hk, j, BLOCK_N: gl.constexpr, K_STAGES: gl.constexpr):
+    """The program's ``c``-th K tile (tile ``j`` of its item), once its ring slot is free."""
+    ks = c % K_STAGES
+    mbarrier.wait(k_empty.index(ks), ((c // K_STAGES) & 1) ^ 1)
+    _issue_k(k_desc, k_smem, k_ready, ks, b, hk, j, BLOCK_N)
+
+
+@gluon.jit
+def _load_v(v_desc, w_desc, v_smem, w_smem, v_ready, v_empty, c, b, hk, j, BLOCK_N: gl.constexpr,
+            V_STAGES: gl.constexpr, SUM_MMA: gl.constexpr):
+    vs = c % V_STAGES
+    mbarrier.wait(v_empty.index(vs), ((c // V_STAGES) & 1) ^ 1)
+    _issue_v(v_desc, w_desc, v_smem, w_smem, v_ready, vs, b, hk, j, BLOCK_N, SUM_MMA)
+
+
+@gluon.jit
+def _issue_first_loads(q_desc, k_desc, v_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, k_ready, v_ready,
+                       num_heads, group, num_m_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                       NUM_WG: gl.constexpr, CAUSAL: gl.constexpr, PAIRED: gl.constexpr, SUM_MMA: gl.constexpr):
+    """EARLY_LOADS: the program's first work item's Q, K_0 and V_0, requested at kernel entry by the
+    default warps instead of by the loader once the partitions have started (~1.1 us later: perf-notes
+    v16). The first item is unit program_id's half 0, which always exists and has >= 1 key tile; the
+    loader skips exactly these loads (Q of item 0, K/V tile 0 of the program)."""
+    pid_m, bh, valid = _tile_coords(gl.program_id(0), 0, num_m_tiles, CAUSAL, PAIRED)
+    b = bh // num_heads
+    hk = (bh % num_heads) // group
+    fence_async_shared()  # the barriers' initialisation, before the copy engine signals them
+    _issue_q(q_desc, q_smem, q_ready, 0, b, bh % num_heads, pid_m * NUM_WG * BLOCK_M, BLOCK_M, NUM_WG)
+    _issue_k(k_desc, k_smem, k_ready, 0, b, hk, 0, BLOCK_N)
+    _issue_v(v_desc, w_desc, v_smem, w_smem, v_ready, 0, b, hk, 0, BLOCK_N, SUM_MMA)
 
 
 @gluon.jit
 def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                k_ready, v_ready, k_empty, v_empty, seqlen_q, seqlen_k, num_heads, group, BLOCK_M: gl.constexpr,
                BLOCK_N: gl.constexpr, K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-               NUM_WG: gl.constexpr, SUM_MMA: gl.constexpr):
+               NUM_WG: gl.constexpr, SUM_MMA: gl.constexpr, EARLY_LOADS: gl.constexpr, trace_ptr,
+               TRACE: gl.constexpr):
     """The loader's side of one work item: its Q tiles, then its K/V tiles through the rings (with
-    SUM_MMA each V tile brings its key weights along). Returns the number of K/V tiles loaded."""
+    SUM_MMA each V tile brings its key weights along). Returns the number of K/V tiles loaded. With
+    EARLY_LOADS the program's first Q and K/V tile 0 were requested at kernel entry (_issue_first_loads)."""
     b = bh // num_heads
     h = bh % num_heads
     hk = h // group
     m0 = pid_m * NUM_WG * BLOCK_M
-    # Q is double-buffered: the next item's Q arrives while the consumers finish this one
-    qs = it % 2
-    mbarrier.wait(q_empty.index(qs), ((it // 2) & 1) ^ 1)
-    mbarrier.expect(q_ready.index(qs), NUM_WG * q_desc.block_type.nbytes)
-    for w in gl.static_range(NUM_WG):
-        tma.async_copy_global_to_shared(q_desc, [b, h, m0 + w * BLOCK_M, 0], q_ready.index(qs),
-                                        q_smem.index(NUM_WG * qs + w))
+    if EARLY_LOADS:  # (constexpr branches: without EARLY_LOADS the code is the form the secure gate passed)
+        if it > 0:
+            _load_q(q_desc, q_smem, q_ready, q_empty, it, b, h, m0, BLOCK_M, NUM_WG)
+    else:
+        _load_q(q_desc, q_smem, q_ready, q_empty, it, b, h, m0, BLOCK_M, NUM_WG)
+    if TRACE:
+        if it == 0:
+            if not EARLY_LOADS:
+                _stamp(trace_ptr, 5, TRACE, 0, NUM_WG)
 
     n_blocks = _kv_blocks(pid_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, NUM_WG)
     for j in range(n_blocks):
         # K and V have separate rings: K_j is free once both S_j = Q K_j^T are done (early in step
         # j), V_j only after both P_j V_j (step j+1), so K can run further ahead.
         c = kc + j
-        ks = c % K_STAGES
-        mbarrier.wait(k_empty.index(ks), ((c // K_STAGES) & 1) ^ 1)
-        mbarrier.expect(k_ready.index(ks), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [b, hk, j * BLOCK_N, 0], k_ready.index(ks), k_smem.index(ks))
+        if EARLY_LOADS:
+            if c > 0:
+                _load_k(k_desc, k_smem, k_ready, k_empty, c, b, hk, j, BLOCK_N, K_STAGES)
+        else:
+            _load_k(k_desc, k_smem, k_ready, k_empty, c, b, hk, j, BLOCK_N, K_STAGES)
         if NUM_WG == 1:
             if c == 0:
                 # the program's first tiles: with two programs per SM, letting Q and K_0 land before the rest of
                 # the rings are requested starts the first S earlier (perf-notes v15.3: +1-2% at 1-2 x 16 x 1024 x 64)
                 mbarrier.wait(k_ready.index(0), 0)
-        vs = c % V_STAGES
-        mbarrier.wait(v_empty.index(vs), ((c // V_STAGES) & 1) ^ 1)
-        if SUM_MMA:
-            mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes + w_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(w_desc, [b, 0, j * BLOCK_N], v_ready.index(vs), w_smem.index(vs))
+        if EARLY_LOADS:
+            if c > 0:
+                _load_v(v_desc, w_desc, v_smem, w_smem, v_ready, v_empty, c, b, hk, j, BLOCK_N, V_STAGES, SUM_MMA)
         else:
-            mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [b, hk, j * BLOCK_N, 0], v_ready.index(vs), v_smem.index(vs))
+            _load_v(v_desc, w_desc, v_smem, w_smem, v_ready, v_empty, c, b, hk, j, BLOCK_N, V_STAGES, SUM_MMA)
     return n_blocks
 
 
@@ -230,12 +302,12 @@ def _softmax_step(s, m_i, l_i, col0, row, seqlen_k, diag, qk_scale, MASK: gl.con
 
 @gluon.jit
 def _consumer(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready,
-              v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group,
-              lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
+              v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads,
+              group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
               V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr,
               PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, TRACE: gl.constexpr,
-              WG: gl.constexpr):
+              EARLY_LOADS: gl.constexpr, STAGGER: gl.constexpr, WG: gl.constexpr):
     kc = 0
     it = 0
     _stamp(seqlens_q_ptr, 0, TRACE, WG, NUM_WG)
@@ -267,9 +339,10 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_
             pid_m, valid = _row_tile(r, half, num_m_tiles, CAUSAL, PAIRED)
             if valid:
                 n = _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_smem, q_ready,
-                                  q_empty, k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale,
-                                  seqlen_q, seqlen_k, num_heads, lse_stride_b, lse_stride_h, BLOCK_M, BLOCK_N,
-                                  HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, SECURE, SUM_MMA, TRACE, WG)
+                                  q_empty, k_ready, v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr,
+                                  qk_scale, seqlen_q, seqlen_k, num_heads, lse_stride_b, lse_stride_h, BLOCK_M,
+                                  BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, SECURE, SUM_MMA,
+                                  TRACE, STAGGER, WG)
                 kc += n
                 it += 1
         if CARRY:
@@ -287,12 +360,21 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_
 
 
 @gluon.jit
+def _stagger_wait(stagger, WG: gl.constexpr):
+    """STAGGER (perf-notes v16): the consumer warpgroups of a program that start their first item together
+    stay in step (both softmaxes at once, then both MMAs) and each key-tile step takes ~1.5 us instead of ~1.2
+    (4x16x1024x64); once offset by a fraction of a step they keep the offset. So warpgroup WG > 0 starts
+    its first item only after warpgroup WG - 1 has passed its first S (STAGGER 1) or its first softmax (2)."""
+    mbarrier.wait(stagger.index(WG - 1), 0)
+
+
+@gluon.jit
 def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready,
-                  v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads,
+                  v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads,
                   lse_stride_b, lse_stride_h, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                   K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr,
                   NUM_WG: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, TRACE: gl.constexpr,
-                  WG: gl.constexpr):
+                  STAGGER: gl.constexpr, WG: gl.constexpr):
     """One work item for this warpgroup: BLOCK_M query rows against all their key tiles. ``kc`` is the
     ring position of the item's first K/V tile, ``it`` the item's index (Q slot and phase). Returns the
     number of K/V tiles it consumed (where the next item's tiles start in the rings).
@@ -344,6 +426,10 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
         acc_l = gl.zeros([BLOCK_M, W_ROWS], gl.float32, layout=l_layout)
 
     # Prologue: tile 0's scores and softmax.
+    if STAGGER > 0:
+        if WG > 0:
+            if it == 0:
+                _stagger_wait(stagger, WG)
     ks0 = kc % K_STAGES
     mbarrier.wait(k_ready.index(ks0), (kc // K_STAGES) & 1)
     k0 = k_smem.index(ks0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
@@ -355,6 +441,10 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
     s = warpgroup_mma_wait(0, deps=(s, ))
     _stamp(seqlens_q_ptr, tb + 1, TRACE, WG, NUM_WG)
     mbarrier.arrive(k_empty.index(ks0), count=1)
+    if STAGGER == 1:
+        if WG < NUM_WG - 1:
+            if it == 0:
+                mbarrier.arrive(stagger.index(WG), count=1)
     if n_full > 0:
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, seqlen_k, diag, qk_scale, False, False, not SUM_MMA,
                                            BLOCK_N, s_layout)
@@ -362,6 +452,10 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, seqlen_k, diag, qk_scale, True, CAUSAL, not SUM_MMA,
                                            BLOCK_N, s_layout)
     p_op = gl.convert_layout(p.to(dtype), p_layout)
+    if STAGGER == 2:
+        if WG < NUM_WG - 1:
+            if it == 0:
+                mbarrier.arrive(stagger.index(WG), count=1)
 
     for j in range(1, n_blocks):
         c = kc + j
@@ -449,7 +543,7 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
                            K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                            RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr, PAIRED: gl.constexpr, SECURE: gl.constexpr,
                            SUM_MMA: gl.constexpr, CONSUMER_WG_REGS: gl.constexpr, LOADER_WG_REGS: gl.constexpr,
-                           TRACE: gl.constexpr):
+                           TRACE: gl.constexpr, EARLY_LOADS: gl.constexpr = False, STAGGER: gl.constexpr = 0):
     """Persistent: program i takes scheduling units i, i + grid, ... (a unit = one work item of
     NUM_WG*BLOCK_M query rows of one head, or with PAIRED two causal items of equal total cost), so one
     item's epilogue and the next one's loads overlap instead of costing a launch.
@@ -464,6 +558,8 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
 
     ``CONSUMER_WG_REGS`` / ``LOADER_WG_REGS``: the register requests per worker warpgroup (setmaxnreg).
     """
+    _stamp(seqlens_q_ptr, 6, TRACE, 0, NUM_WG, True)
+    _stamp(seqlens_q_ptr, 7, TRACE, 0, NUM_WG)
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [2 * NUM_WG] + q_desc.block_type.shape, q_desc.layout)  # [Q slot][WG]
     k_smem = gl.allocate_shared_memory(dtype, [K_STAGES] + k_desc.block_type.shape, k_desc.layout)
@@ -478,6 +574,11 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
     k_empty = gl.allocate_shared_memory(gl.int64, [K_STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
+    # STAGGER: warpgroup w > 0 starts its first item once warpgroup w - 1 has reached the point STAGGER names
+    if STAGGER > 0:
+        stagger = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
+    else:  # unused
+        stagger = q_ready
     for i in gl.static_range(2):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=NUM_WG)  # one arrival per consumer warpgroup
@@ -487,6 +588,13 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
     for i in gl.static_range(V_STAGES):
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(v_empty.index(i), count=NUM_WG)
+    if STAGGER > 0:
+        for i in gl.static_range(NUM_WG):
+            mbarrier.init(stagger.index(i), count=1)
+    if EARLY_LOADS:
+        _issue_first_loads(q_desc, k_desc, v_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, k_ready, v_ready,
+                           num_heads, group, num_m_tiles, BLOCK_M, BLOCK_N, NUM_WG, CAUSAL, PAIRED, SUM_MMA)
+        _stamp(seqlens_q_ptr, 5, TRACE, 0, NUM_WG)
 
     # (constexprs are spelled out in each tuple: a tuple held in a variable turns them into tensors, and
     # so does a runtime tuple concatenated with literal constexprs (Triton 3.6: "'int' object has no
@@ -494,47 +602,56 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
     if NUM_WG == 3:
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
-                         k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
-                         num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TRACE, 0)),
+                         k_ready, v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q,
+                         seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M,
+                         BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA,
+                         TRACE, EARLY_LOADS, STAGGER, 0)),
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
-                         k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
-                         num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TRACE, 1)),
+                         k_ready, v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q,
+                         seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M,
+                         BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA,
+                         TRACE, EARLY_LOADS, STAGGER, 1)),
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
-                         k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
-                         num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TRACE, 2)),
+                         k_ready, v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q,
+                         seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M,
+                         BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA,
+                         TRACE, EARLY_LOADS, STAGGER, 2)),
             (_loader, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
-                       k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
-                       num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TRACE, 0)),
+                       k_ready, v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q,
+                       seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
+                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TRACE,
+                       EARLY_LOADS, STAGGER, 0)),
         ], [4, 4, 1], [CONSUMER_WG_REGS, CONSUMER_WG_REGS, LOADER_WG_REGS])
     elif NUM_WG == 2:
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
-                         k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
-                         num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TRACE, 0)),
+                         k_ready, v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q,
+                         seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M,
+                         BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA,
+                         TRACE, EARLY_LOADS, STAGGER, 0)),
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
-                         k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
-                         num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TRACE, 1)),
+                         k_ready, v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q,
+                         seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M,
+                         BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA,
+                         TRACE, EARLY_LOADS, STAGGER, 1)),
             (_loader, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
-                       k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
-                       num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TRACE, 0)),
+                       k_ready, v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q,
+                       seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
+                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TRACE,
+                       EARLY_LOADS, STAGGER, 0)),
         ], [4, 1], [CONSUMER_WG_REGS, LOADER_WG_REGS])
     else:  # one consumer warpgroup (64-row items; two programs share an SM)
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
-                         k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
-                         num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TRACE, 0)),
+                         k_ready, v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q,
+                         seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M,
+                         BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA,
+                         TRACE, EARLY_LOADS, STAGGER, 0)),
             (_loader, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
-                       k_ready, v_ready, k_empty, v_empty, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
-                       num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TRACE, 0)),
+                       k_ready, v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q,
+                       seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
+                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TRACE,
+                       EARLY_LOADS, STAGGER, 0)),
         ], [1], [LOADER_WG_REGS])
 
 
@@ -631,6 +748,11 @@ class GluonLaunch:
     fast_sum_mma = False
     # Debug: the timeline trace (TRACE above; fast path only: the buffer takes the secure lengths' argument)
     trace = False
+    # Fast path: the first work item's Q, K_0 and V_0 requested at kernel entry (EARLY_LOADS above)
+    early_loads = True
+    # Fast path, D=64: the consumer warpgroups' first items start staggered (0: off; STAGGER above). At D=128 the
+    # same switch measured -1..+2% (noise; perf-notes v16), so it stays off there
+    stagger = 1
 
     def __init__(self, q, k, v, o, lse, *, scale: float, causal: bool, seqlen_q: int, seqlen_k: int,
                  batch: int, num_heads_q: int, num_heads_kv: int, lse_strides, cfg, secure: bool = False,
@@ -689,7 +811,9 @@ class GluonLaunch:
                           RETURN_LSE=lse is not None, NUM_WG=num_wg, PAIRED=paired)
         consumer_regs, maxnreg = REGISTERS[num_wg]
         constexprs.update(SECURE=bool(secure), SUM_MMA=sum_mma, CONSUMER_WG_REGS=consumer_regs,
-                          LOADER_WG_REGS=LOADER_REGS, TRACE=bool(self.trace) and not secure)
+                          LOADER_WG_REGS=LOADER_REGS, TRACE=bool(self.trace) and not secure,
+                          EARLY_LOADS=bool(self.early_loads) and not secure,
+                          STAGGER=0 if secure or D != 64 else int(self.stagger))
         self.step = _Step(attn_fwd_hopper_kernel, grid, args, 7, constexprs, cfg.num_warps, 1,
                           options=dict(maxnreg=maxnreg))
         self.trace_slots = grid[0] * num_wg * TRACE_SLOTS if constexprs["TRACE"] else 0
