@@ -86,3 +86,20 @@ def test_gluon_ab_parses_shapes_and_maps_config_families_to_variants():
     assert ab.resolve("gluon_ws_64x128s2") == "gluon_ws_64x128s2_-"
     ab.set_variants(["fast_sum_mma"], ["gluon_ws_64x128s2"])
     assert ab.resolve("gluon_ws_64x128s2") == "gluon_ws_64x128s2_fsm" and ab.resolve("auto") == "auto_fsm"
+
+
+def test_cost_fit_series_vary_one_count_each(monkeypatch):
+    """cost_fit.py fits time against x per series, so x must be the count that series varies and everything else
+    fixed: key tiles per 128-row item at 4 items per program (132 SMs), or items per program at 8 key tiles each."""
+    mod = load_script("cost_fit")
+    keys = [s for s in mod.SERIES if s[0] == "keys"]
+    items = [s for s in mod.SERIES if s[0] == "items"]
+    assert len(keys) >= 3 and len(items) >= 3
+    for _, x, B, H, Sq, Sk in keys:
+        assert x == Sk // 128 and B * H * (Sq // 128) == 4 * 132
+    for _, x, B, H, Sq, Sk in items:
+        assert Sq == Sk == 1024 and B * H * (Sq // 128) == x * 132
+    monkeypatch.setattr(mod.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr("sys.argv", ["cost_fit.py"])
+    with pytest.raises(SystemExit, match="needs a CUDA device"):
+        mod.main()
