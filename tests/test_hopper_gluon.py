@@ -352,7 +352,7 @@ def _check_against_reference(case, dtype, cfg, num_wg):
 ])
 def test_gluon_entry_loads_and_stagger_change_no_bits(case, block_m, monkeypatch):
     """EARLY_LOADS and STAGGER move when the first loads are requested and when each consumer warpgroup starts,
-    not what is computed: every setting gives the same bits as both off, which matches the reference."""
+    not what is computed: each setting gives the same bits as both off, which matches the reference."""
     import flashcore
     from flashcore import kernels, ops
 
@@ -364,7 +364,9 @@ def test_gluon_entry_loads_and_stagger_change_no_bits(case, block_m, monkeypatch
     k, v = (torch.randn(B, Hkv, Sk, D, device="cuda", generator=g).bfloat16() for _ in range(2))
     cfg = replace(configs.gluon_ws(D, Sq, causal), block_m=block_m)
     results = {}
-    for early, stagger in ((False, 0), (True, 0), (True, 1), (True, 2)):
+    # (STAGGER 2, an A/B setting only, is checked by gluon_ab's correctness checks; each setting here compiles
+    # five kernels, and gpu_check runs this file within one device call)
+    for early, stagger in ((False, 0), (True, 0), (True, 1)):
         monkeypatch.setattr(hopper_fwd.GluonLaunch, "early_loads", early)
         monkeypatch.setattr(hopper_fwd.GluonLaunch, "stagger", stagger)
         kernels._PLANS.clear()
