@@ -157,6 +157,14 @@ def _loader(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_sm
 
 
 @gluon.jit
+def _head_coords(bh, num_heads, group):
+    """(batch, query head, K/V head) of a flat batch*head index."""
+    b = bh // num_heads
+    h = bh % num_heads
+    return b, h, h // group
+
+
+@gluon.jit
 def _issue_q(q_desc, q_smem, q_ready, qs, b, h, m0, BLOCK_M: gl.constexpr, NUM_WG: gl.constexpr):
     """One work item's Q tiles (one per consumer warpgroup) into Q slot ``qs``."""
     mbarrier.expect(q_ready.index(qs), NUM_WG * q_desc.block_type.nbytes)
@@ -216,10 +224,9 @@ def _issue_first_loads(q_desc, k_desc, v_desc, w_desc, q_smem, k_smem, v_smem, w
     v16). The first item is unit program_id's half 0, which always exists and has >= 1 key tile; the
     loader skips exactly these loads (Q of item 0, K/V tile 0 of the program)."""
     pid_m, bh, valid = _tile_coords(gl.program_id(0), 0, num_m_tiles, CAUSAL, PAIRED)
-    b = bh // num_heads
-    hk = (bh % num_heads) // group
+    b, h, hk = _head_coords(bh, num_heads, group)
     fence_async_shared()  # the barriers' initialisation, before the copy engine signals them
-    _issue_q(q_desc, q_smem, q_ready, 0, b, bh % num_heads, pid_m * NUM_WG * BLOCK_M, BLOCK_M, NUM_WG)
+    _issue_q(q_desc, q_smem, q_ready, 0, b, h, pid_m * NUM_WG * BLOCK_M, BLOCK_M, NUM_WG)
     _issue_k(k_desc, k_smem, k_ready, 0, b, hk, 0, BLOCK_N)
     _issue_v(v_desc, w_desc, v_smem, w_smem, v_ready, 0, b, hk, 0, BLOCK_N, SUM_MMA)
 
@@ -233,19 +240,15 @@ def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem
     """The loader's side of one work item: its Q tiles, then its K/V tiles through the rings (with
     SUM_MMA each V tile brings its key weights along). Returns the number of K/V tiles loaded. With
     EARLY_LOADS the program's first Q and K/V tile 0 were requested at kernel entry (_issue_first_loads)."""
-    b = bh // num_heads
-    h = bh % num_heads
-    hk = h // group
+    b, h, hk = _head_coords(bh, num_heads, group)
     m0 = pid_m * NUM_WG * BLOCK_M
     if EARLY_LOADS:  # (constexpr branches: without EARLY_LOADS the code is the form the secure gate passed)
         if it > 0:
             _load_q(q_desc, q_smem, q_ready, q_empty, it, b, h, m0, BLOCK_M, NUM_WG)
     else:
         _load_q(q_desc, q_smem, q_ready, q_empty, it, b, h, m0, BLOCK_M, NUM_WG)
-    if TRACE:
         if it == 0:
-            if not EARLY_LOADS:
-                _stamp(trace_ptr, 5, TRACE, 0, NUM_WG)
+            _stamp(trace_ptr, 5, TRACE, 0, NUM_WG)
 
     n_blocks = _kv_blocks(pid_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, NUM_WG)
     for j in range(n_blocks):
@@ -360,12 +363,26 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_
 
 
 @gluon.jit
-def _stagger_wait(stagger, WG: gl.constexpr):
+def _stagger_wait(stagger, it, STAGGER: gl.constexpr, WG: gl.constexpr):
     """STAGGER (perf-notes v16): the consumer warpgroups of a program that start their first item together
     stay in step (both softmaxes at once, then both MMAs) and each key-tile step takes ~1.5 us instead of ~1.2
     (4x16x1024x64); once offset by a fraction of a step they keep the offset. So warpgroup WG > 0 starts
     its first item only after warpgroup WG - 1 has passed its first S (STAGGER 1) or its first softmax (2)."""
-    mbarrier.wait(stagger.index(WG - 1), 0)
+    if STAGGER > 0:
+        if WG > 0:
+            if it == 0:
+                mbarrier.wait(stagger.index(WG - 1), 0)
+
+
+@gluon.jit
+def _stagger_arrive(stagger, it, POINT: gl.constexpr, STAGGER: gl.constexpr, WG: gl.constexpr,
+                    NUM_WG: gl.constexpr):
+    """Warpgroup WG's first item has reached point POINT (1: its first S, 2: its first softmax): where that is
+    the STAGGER point, the next warpgroup may start (_stagger_wait)."""
+    if STAGGER == POINT:
+        if WG < NUM_WG - 1:
+            if it == 0:
+                mbarrier.arrive(stagger.index(WG), count=1)
 
 
 @gluon.jit
@@ -426,10 +443,7 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
         acc_l = gl.zeros([BLOCK_M, W_ROWS], gl.float32, layout=l_layout)
 
     # Prologue: tile 0's scores and softmax.
-    if STAGGER > 0:
-        if WG > 0:
-            if it == 0:
-                _stagger_wait(stagger, WG)
+    _stagger_wait(stagger, it, STAGGER, WG)
     ks0 = kc % K_STAGES
     mbarrier.wait(k_ready.index(ks0), (kc // K_STAGES) & 1)
     k0 = k_smem.index(ks0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
@@ -441,10 +455,7 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
     s = warpgroup_mma_wait(0, deps=(s, ))
     _stamp(seqlens_q_ptr, tb + 1, TRACE, WG, NUM_WG)
     mbarrier.arrive(k_empty.index(ks0), count=1)
-    if STAGGER == 1:
-        if WG < NUM_WG - 1:
-            if it == 0:
-                mbarrier.arrive(stagger.index(WG), count=1)
+    _stagger_arrive(stagger, it, 1, STAGGER, WG, NUM_WG)
     if n_full > 0:
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, seqlen_k, diag, qk_scale, False, False, not SUM_MMA,
                                            BLOCK_N, s_layout)
@@ -452,10 +463,7 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, seqlen_k, diag, qk_scale, True, CAUSAL, not SUM_MMA,
                                            BLOCK_N, s_layout)
     p_op = gl.convert_layout(p.to(dtype), p_layout)
-    if STAGGER == 2:
-        if WG < NUM_WG - 1:
-            if it == 0:
-                mbarrier.arrive(stagger.index(WG), count=1)
+    _stagger_arrive(stagger, it, 2, STAGGER, WG, NUM_WG)
 
     for j in range(1, n_blocks):
         c = kc + j
