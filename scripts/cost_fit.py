@@ -32,9 +32,14 @@ def main():
     ap.add_argument("--config", default="auto", help="a config's sweep name, or auto (the planner's choice)")
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
+    try:
+        cfg = None if a.config == "auto" else parse_config_name(a.config)
+    except ValueError as e:
+        raise SystemExit(f"--config: {e}") from None
+    if a.rounds < 1:
+        raise SystemExit(f"--rounds must be >= 1, got {a.rounds}")
     if not torch.cuda.is_available():
         raise SystemExit("cost_fit.py needs a CUDA device")
-    cfg = None if a.config == "auto" else parse_config_name(a.config)
     timer = timing.Timer()
     rows = []
     for series, x, B, H, Sq, Sk in SERIES:

@@ -100,6 +100,8 @@ def test_cost_fit_series_vary_one_count_each(monkeypatch):
     for _, x, B, H, Sq, Sk in items:
         assert Sq == Sk == 1024 and B * H * (Sq // 128) == x * 132
     monkeypatch.setattr(mod.torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr("sys.argv", ["cost_fit.py"])
-    with pytest.raises(SystemExit, match="needs a CUDA device"):
-        mod.main()
+    for argv, message in ((["--config", "bogus"], "--config: cannot parse"), (["--rounds", "0"], "--rounds must be"),
+                          ([], "needs a CUDA device")):
+        monkeypatch.setattr("sys.argv", ["cost_fit.py", *argv])
+        with pytest.raises(SystemExit, match=message):
+            mod.main()
