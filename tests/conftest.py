@@ -43,18 +43,16 @@ def capture_cuda_graph(fn):
 _GLUON_SASS = """
 import json, sys
 from dataclasses import replace
-from flashcore import kernels
 from flashcore.audit.sass import compile_cubin, disassemble
-from flashcore.kernels import configs, hopper_fwd
+from flashcore.audit.specs import gluon_spec
+from flashcore.plan import knobs, tables
 a = json.loads(sys.argv[1])
-hopper_fwd.GluonLaunch.trace = a["trace"]
-for name, value in a["attrs"].items():
-    setattr(hopper_fwd.GluonLaunch, name, value)
-cfg = None
-if a["block_m"] is not None:
-    base = (configs.gluon_secure if a["secure"] else configs.gluon_ws)(a["head_dim"], 4096, a["causal"])
-    cfg = replace(base, block_m=a["block_m"])
-spec = kernels.gluon_spec(a["head_dim"], a["causal"], return_lse=True, cfg=cfg, secure=a["secure"])
+with knobs.override(trace=a["trace"], **a["attrs"]):
+    cfg = None
+    if a["block_m"] is not None:
+        base = (tables.gluon_secure if a["secure"] else tables.gluon_ws)(a["head_dim"], 4096, a["causal"])
+        cfg = replace(base, block_m=a["block_m"])
+    spec = gluon_spec(a["head_dim"], a["causal"], return_lse=True, cfg=cfg, secure=a["secure"])
 c = compile_cubin(spec["fn"], spec["signature"], spec["constexprs"], num_warps=spec["num_warps"],
                   num_stages=spec["num_stages"], attrs=spec["attrs"], maxnreg=spec["maxnreg"])
 sys.stdout.write(disassemble(c.cubin))
@@ -66,7 +64,7 @@ def gluon_sass(head_dim: int, causal: bool, secure: bool = False, block_m=None, 
     """sm_90a SASS of the Gluon kernel as flashcore launches it, compiled in a fresh process without
     ``TRITON_INTERPRET``: once the interpreter has run a kernel in this process, Triton 3.6's Gluon
     front end fails on warp_specialize (a CompilationError; seen when the interpreter tests run first).
-    ``attrs``: GluonLaunch class attributes (switches) to set first, e.g. ``{"stagger": 0}``."""
+    ``attrs``: Gluon kernel switches (``plan.knobs.GluonSwitches``) to set first, e.g. ``{"stagger": 0}``."""
     import json
     import subprocess
     import sys

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from flashcore import cli as flashcore_cli
 from flashcore.audit import _inputs as I
 from flashcore.audit import cli as audit_cli
 from flashcore.audit import counters as C
@@ -302,7 +303,7 @@ def no_cuda(monkeypatch):
 
 @pytest.mark.parametrize("gate", ["counters", "repro", "timing"])
 def test_cli_gpu_gates_exit_2_without_cuda(gate, no_cuda, capsys, tmp_path):
-    code = audit_cli.main(["audit", gate, "--out", str(tmp_path)])
+    code = flashcore_cli.main(["audit", gate, "--out", str(tmp_path)])
     assert code == 2
     err = capsys.readouterr().err
     assert f"flashcore audit {gate}" in err and "needs a CUDA GPU" in err
@@ -318,10 +319,10 @@ def test_cli_missing_sass_module(monkeypatch, capsys, tmp_path, no_cuda):
         return real(name)
 
     monkeypatch.setattr(audit_cli, "_gate_module", fake)
-    assert audit_cli.main(["audit", "sass", "--out", str(tmp_path)]) == 2
+    assert flashcore_cli.main(["audit", "sass", "--out", str(tmp_path)]) == 2
     assert "sass: unavailable" in capsys.readouterr().err
     # 'all' still runs the other gates (each exits 2 here: no CUDA) and reports 2 overall
-    assert audit_cli.main(["audit", "all", "--out", str(tmp_path)]) == 2
+    assert flashcore_cli.main(["audit", "all", "--out", str(tmp_path)]) == 2
 
 
 def test_cli_registers_all_gates():
@@ -443,18 +444,18 @@ def test_timing_hardware_control_classes():
 
 
 def test_secure_v_zeroing_override(monkeypatch):
-    from flashcore.kernels import configs
+    from flashcore.plan import knobs, select, tables
 
     kw = dict(head_dim=128, dtype_bytes=2, causal=False, secure=True, seqlen_q=4096, seqlen_k=4096, batch_heads=128)
-    assert configs.choose((9, 0), **kw).v_prepass  # large: the pre-pass by default
-    monkeypatch.setenv(configs.SECURE_V_ZEROING_ENV, "in_loop")
-    assert not configs.choose((9, 0), **kw).v_prepass
-    assert configs.choose((9, 0), **dict(kw, secure=False)) == configs.hopper(**dict(kw, secure=False))
-    monkeypatch.setenv(configs.SECURE_V_ZEROING_ENV, "prepass")
-    assert configs.choose((9, 0), **dict(kw, batch_heads=1, seqlen_q=64, seqlen_k=64)).v_prepass
-    monkeypatch.setenv(configs.SECURE_V_ZEROING_ENV, "bogus")
+    assert select.table_config((9, 0), **kw).v_prepass  # large: the pre-pass by default
+    monkeypatch.setenv(knobs.SECURE_V_ZEROING_ENV, "in_loop")
+    assert not select.table_config((9, 0), **kw).v_prepass
+    assert select.table_config((9, 0), **dict(kw, secure=False)) == tables.hopper(**dict(kw, secure=False))
+    monkeypatch.setenv(knobs.SECURE_V_ZEROING_ENV, "prepass")
+    assert select.table_config((9, 0), **dict(kw, batch_heads=1, seqlen_q=64, seqlen_k=64)).v_prepass
+    monkeypatch.setenv(knobs.SECURE_V_ZEROING_ENV, "bogus")
     with pytest.raises(ValueError, match="FLASHCORE_SECURE_V_ZEROING"):
-        configs.choose((9, 0), **kw)
+        select.table_config((9, 0), **kw)
 
 
 @pytest.mark.parametrize("as_json", [False, True])

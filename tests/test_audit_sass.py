@@ -15,7 +15,7 @@ import pytest
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
-from flashcore.audit import sass, sass_elf  # noqa: E402
+from flashcore.audit import sass  # noqa: E402
 from flashcore.audit.sass import (  # noqa: E402
     ParamInfo,
     analyze_listing,
@@ -24,12 +24,14 @@ from flashcore.audit.sass import (  # noqa: E402
     disassemble,
     sass_taint,
 )
-from flashcore.audit.sass_isa import parse_nvdisasm  # noqa: E402
+from flashcore.audit.sass import elf as sass_elf  # noqa: E402
+from flashcore.audit.sass.compile import _tool  # noqa: E402
+from flashcore.audit.sass.isa import parse_nvdisasm  # noqa: E402
 
 
 def _can_compile() -> str | None:
     try:
-        sass._tool("nvdisasm")
+        _tool("nvdisasm")
     except FileNotFoundError as e:
         return str(e)
     return None
@@ -522,9 +524,9 @@ def test_report_api():
 
 
 def _fake_kernels(monkeypatch, secure_specs, fast_specs):
-    mod = types.ModuleType("flashcore.kernels")
+    mod = types.ModuleType("flashcore.audit.specs")
     mod.audit_specs = lambda secure, **kw: list(secure_specs if secure else fast_specs)
-    monkeypatch.setitem(sys.modules, "flashcore.kernels", mod)
+    monkeypatch.setitem(sys.modules, "flashcore.audit.specs", mod)
 
 
 def _spec(name, fn, sig, ce, secret, nw=4, ns=3):

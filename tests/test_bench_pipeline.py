@@ -214,13 +214,13 @@ def test_pipeline_aborts_cleanly_when_the_cuda_context_is_lost(fake_gpu, monkeyp
 
 
 def test_cli_bench_writes_json_and_png(fake_gpu, tmp_path, capsys):
-    from flashcore.bench import cli as bench_cli
+    from flashcore import cli
 
     suite = tmp_path / "tiny.json"
     suite.write_text(json.dumps([{"B": 1, "Hq": 2, "Sq": 24, "D": 16}, {"Hq": 2, "D": 16, "varlen": [5, 9]}]))
     out_dir = tmp_path / "results"
-    rc = bench_cli.main(["bench", "--suite", str(suite), "--backends", "flashcore", "sdpa-default",
-                         "--dtype", "fp16", "--out", str(out_dir), "--plot", "--no-progress"])
+    rc = cli.main(["bench", "--suite", str(suite), "--backends", "flashcore", "sdpa-default",
+                   "--dtype", "fp16", "--out", str(out_dir), "--plot", "--no-progress"])
     assert rc == 0
     files = sorted(p.name for p in out_dir.iterdir())
     assert len(files) == 2 and files[0].endswith(".json") and files[1].endswith(".png")
@@ -233,11 +233,11 @@ def test_cli_bench_writes_json_and_png(fake_gpu, tmp_path, capsys):
 
 
 def test_cli_exit_code_flags_a_wrong_flashcore(fake_gpu, tmp_path):
-    from flashcore.bench import cli as bench_cli
+    from flashcore import cli
 
     runner.make_registry()["flashcore"].build = _wrong_build
-    rc = bench_cli.main(["bench", "--suite", _tiny_suite(tmp_path), "--backends", "flashcore", "--out", str(tmp_path),
-                         "--no-progress"])
+    rc = cli.main(["bench", "--suite", _tiny_suite(tmp_path), "--backends", "flashcore", "--out", str(tmp_path),
+                   "--no-progress"])
     assert rc == 1
 
 

@@ -6,7 +6,8 @@ import json
 import pytest
 import torch
 
-from flashcore.bench.suites import LARGE, SEED, SUITES, Shape, SuiteError, load_suite_file, parse_suite, resolve_suite
+from flashcore.bench.suites import (LARGE, SEED, SUITES, Shape, SuiteError, load_suite_file, parse_shapes, parse_suite,
+                                   resolve_suite)
 
 
 def test_builtin_suites():
@@ -105,3 +106,13 @@ def test_suite_file_errors(tmp_path):
         load_suite_file(str(empty))
     with pytest.raises(SuiteError, match="unknown suite 'medium'"):
         resolve_suite("medium")
+
+
+def test_parse_shapes_from_the_command_line():
+    """``BxHxSxD[c],...``: how the GPU tools take shapes (a trailing c: causal)."""
+    assert parse_shapes("1x16x1024x64, 4x32x4096x128c") == [Shape.dense(1, 16, 1024, 64),
+                                                          Shape.dense(4, 32, 4096, 128, causal=True)]
+    assert parse_shapes("1x8x512x64") == [SEED[0]]
+    for bad in ("1x16x1024", "1x16x1024x64x2", "axbxcxd", "1x16x1024x64,", "0x16x1024x64", "1x16x1024x64cc"):
+        with pytest.raises(SuiteError):
+            parse_shapes(bad)

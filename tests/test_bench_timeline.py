@@ -3,7 +3,7 @@ phases are known)."""
 import pytest
 
 from flashcore.bench import timeline
-from flashcore.kernels.hopper_fwd import TRACE_ITEM0, TRACE_ITEM_SLOTS, TRACE_MAX_STEPS, TRACE_SLOTS
+from flashcore.kernels.sm90.trace import TRACE_ITEM0, TRACE_ITEM_SLOTS, TRACE_MAX_STEPS, TRACE_SLOTS
 
 GHZ = 2.0  # clocks per ns in the synthetic trace
 
@@ -79,3 +79,42 @@ def test_unreached_items_and_bad_input():
         timeline.phases([[row[:-1]]], 4)
     with pytest.raises(ValueError, match="start and end"):
         timeline.clock_ghz([[empty]])
+
+
+def _timeline_args(**kw):
+    import argparse
+
+    return argparse.Namespace(**{"shapes": "4x16x1024x64", "config": "auto", "reps": 3, **kw})
+
+
+def test_timeline_tool_checks_its_options():
+    """``flashcore bench timeline``: non-causal shapes of at least two key tiles, a config's sweep name, reps >= 1;
+    a bad option is named before any GPU work."""
+    from flashcore.bench import timeline_run
+    from flashcore.bench.suites import Shape
+
+    shapes, cfg = timeline_run.parse_args(_timeline_args(shapes="4x16x1024x64,1x16x129x128"))
+    assert shapes == [Shape.dense(4, 16, 1024, 64), Shape.dense(1, 16, 129, 128)] and cfg is None
+    _, cfg = timeline_run.parse_args(_timeline_args(config="gluon_ws_64x128s2"))
+    assert (cfg.block_m, cfg.block_n, cfg.num_stages, cfg.kernel) == (64, 128, 2, "gluon_ws")
+    for kw, message in ((dict(shapes="4x16x1024"), "--shapes: a shape is BxHxSxD"),
+                        (dict(shapes="4x16x1024x64c"), "--shapes: .* non-causal"),
+                        (dict(shapes="4x16x128x64"), "S > 128"), (dict(config="bogus"), "--config: cannot parse"),
+                        (dict(reps=0), "--reps must be >= 1")):
+        with pytest.raises(SystemExit, match=message):
+            timeline_run.parse_args(_timeline_args(**kw))
+
+
+def test_timeline_tool_table():
+    from flashcore.bench import timeline_run
+
+    phases = {p: float(i) for i, p in enumerate(timeline.PHASES)}
+    row = {"shape": [4, 16, 1024, 64], "sdpa_us": 30.0, "plain_us": 29.5,
+           "cold": {"phases_us": {0: {**phases, "span_max": 99.0}}}, "warm": {"phases_us": {0: phases}}}
+    lines = timeline_run.table_lines([row])
+    header = lines[2].split()
+    assert header[:4] == ["shape", "state", "sdpa", "ours"] and header[-2:] == ["span", "span_max"]
+    cold, warm = lines[3].split(), lines[4].split()
+    assert cold[:4] == ["4x16x1024x64", "cold", "30.0", "29.5"] and float(cold[-1]) == 99.0
+    assert float(cold[-2]) == phases["span"] and float(cold[4]) == phases["startup"]
+    assert warm[1] == "warm" and warm[-1] == "nan"

@@ -1,11 +1,11 @@
-"""api.attention's per-signature replay (ops.DenseCall): a repeat call with the same metadata
+"""api.attention's per-signature replay (the plan cache, plan.cache.PLANS): a repeat call with the same metadata
 skips validation and planning, so it must still read the *new* tensors, still check what depends
 on values, and never be taken by a call whose metadata differs."""
 import pytest
 import torch
 
 import flashcore
-from flashcore import api
+from flashcore.plan.cache import PLANS
 from conftest import rel_err
 
 pytestmark = pytest.mark.interp
@@ -18,7 +18,7 @@ def _qkv(seed, B=2, H=2, S=24, D=16, dtype=torch.float16, layout="bhsd"):
 
 
 def _entries():
-    return len(api._CALLS)
+    return len(PLANS)
 
 
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])

@@ -126,7 +126,7 @@ def test_torch_compile_fullgraph_inductor():
 
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
 def test_replayed_calls_read_new_tensors(layout):
-    """Repeat calls replay a cached plan through the compiled kernel directly (api._CALLS): each
+    """Repeat calls replay a cached plan through the compiled kernel directly (plan.cache.PLANS): each
     must still compute on its own inputs."""
     shape = (2, 8, 2, 600, 600, 128)
     lens = torch.tensor([600, 77], dtype=torch.int32, device="cuda")
@@ -146,14 +146,14 @@ def test_replayed_calls_read_new_tensors(layout):
 def test_secure_v_prepass_and_in_loop_select_agree_bitwise(causal):
     from dataclasses import replace
     from flashcore import ops
-    from flashcore.kernels import configs
+    from flashcore.plan import tables
 
     B, Hq, Hkv, S, D = 3, 8, 2, 1000, 128
     q, k, v = _inputs(B, Hq, Hkv, S, S, D, torch.bfloat16, seed=30 + causal)
     lens = torch.tensor([1000, 333, 0], dtype=torch.int32, device="cuda")
     for b, n in enumerate(lens.tolist()):
         q[b, :, n:] = float("nan"); k[b, :, n:] = float("-inf"); v[b, :, n:] = float("nan")
-    base = configs.hopper_triton(D, 2, causal, True, S, S)  # the Triton kernel has both variants
+    base = tables.hopper_triton(D, 2, causal, True, S, S)  # the Triton kernel has both variants
     outs = [ops._dense_impl(q, k, v, None, lens, causal, D ** -0.5, False, True, False,
                             config=replace(base, v_prepass=p))[0] for p in (True, False)]
     torch.cuda.synchronize()

@@ -1,9 +1,10 @@
-"""The warp-specialised Gluon kernel (kernels/hopper_fwd.py): dispatch and eligibility on the CPU,
+"""The warp-specialised Gluon kernel (kernels/sm90/fwd.py, launch/sm90_fwd.py): dispatch and eligibility on the CPU,
 its sm_90a machine code (compiled here without a GPU), and correctness on a GPU."""
 import pytest
 import torch
 
-from flashcore.kernels import configs, hopper_fwd
+from flashcore.launch import sm90_fwd
+from flashcore.plan import knobs, select, tables
 from conftest import capture_cuda_graph, rel_err
 
 BIG = dict(head_dim=128, dtype_bytes=2, causal=False, secure=False, seqlen_q=4096, seqlen_k=4096, batch_heads=128)
@@ -11,70 +12,85 @@ BIG = dict(head_dim=128, dtype_bytes=2, causal=False, secure=False, seqlen_q=409
 
 def test_hopper_picks_gluon_for_fast_d128_and_larger_d64_only():
     for d in (64, 128):
-        assert configs.hopper(**dict(BIG, head_dim=d)).kernel == "gluon_ws"
-    assert configs.hopper(**dict(BIG, causal=True)).kernel == "gluon_ws"
+        assert tables.hopper(**dict(BIG, head_dim=d)).kernel == "gluon_ws"
+    assert tables.hopper(**dict(BIG, causal=True)).kernel == "gluon_ws"
     # D=128 from 1x8x512x512 on (host cost no longer decides); D=64 from 2x16x1024x1024 on
-    assert configs.hopper(**dict(BIG, seqlen_q=512, seqlen_k=512, batch_heads=8)).kernel == "gluon_ws"
-    assert configs.hopper(**dict(BIG, seqlen_q=1, seqlen_k=4096, batch_heads=32)).kernel == "triton"  # decode
+    assert tables.hopper(**dict(BIG, seqlen_q=512, seqlen_k=512, batch_heads=8)).kernel == "gluon_ws"
+    assert tables.hopper(**dict(BIG, seqlen_q=1, seqlen_k=4096, batch_heads=32)).kernel == "triton"  # decode
     for change in (dict(dtype_bytes=4), dict(head_dim=96), dict(head_dim=256),
                    dict(head_dim=64, causal=True),  # 4x32x4096x64 causal: Triton ahead of both Gluon layouts
                    dict(head_dim=64, causal=True, seqlen_q=512, seqlen_k=512, batch_heads=8),
                    dict(head_dim=64, seqlen_q=256, seqlen_k=256, batch_heads=8)):
-        assert configs.hopper(**dict(BIG, **change)).kernel == "triton", change
+        assert tables.hopper(**dict(BIG, **change)).kernel == "triton", change
     # D=64 small problems: one consumer warpgroup, two programs per SM (perf-notes v14)
-    one = configs.gluon_one_wg()
+    one = tables.gluon_one_wg()
     for change in (dict(seqlen_q=1024, seqlen_k=1024, batch_heads=16), dict(seqlen_q=512, seqlen_k=512, batch_heads=8),
                    dict(seqlen_q=1024, seqlen_k=1024, batch_heads=32),
                    dict(causal=True, seqlen_q=1024, seqlen_k=1024, batch_heads=16),
                    dict(causal=True, seqlen_q=2048, seqlen_k=2048, batch_heads=64)):
-        assert configs.hopper(**dict(BIG, head_dim=64, **change)) == one, change
+        assert tables.hopper(**dict(BIG, head_dim=64, **change)) == one, change
     assert one.block_m == 64 and one.kernel == "gluon_ws"
-    assert configs.hopper(**dict(BIG, head_dim=64, secure=True, seqlen_q=1024, seqlen_k=1024, batch_heads=16)) != one
-    assert configs.hopper(**dict(BIG, head_dim=64, seqlen_q=1024, seqlen_k=1024, batch_heads=64)).block_m == 128
+    assert tables.hopper(**dict(BIG, head_dim=64, secure=True, seqlen_q=1024, seqlen_k=1024, batch_heads=16)) != one
+    assert tables.hopper(**dict(BIG, head_dim=64, seqlen_q=1024, seqlen_k=1024, batch_heads=64)).block_m == 128
     # decode-like query blocks were not measured on it: the older rule (Triton below 2^25)
-    assert configs.hopper(**dict(BIG, head_dim=64, seqlen_q=16, seqlen_k=65536, batch_heads=16)).kernel == "triton"
-    assert configs.choose((8, 0), **BIG).kernel == "triton"  # Ampere never gets it
+    assert tables.hopper(**dict(BIG, head_dim=64, seqlen_q=16, seqlen_k=65536, batch_heads=16)).kernel == "triton"
+    assert select.table_config((8, 0), **BIG).kernel == "triton"  # Ampere never gets it
 
 
 def test_env_forces_either_kernel(monkeypatch):
-    monkeypatch.setenv(configs.HOPPER_KERNEL_ENV, "triton")
-    assert configs.choose((9, 0), **BIG).kernel == "triton"
-    monkeypatch.setenv(configs.HOPPER_KERNEL_ENV, "gluon_ws")
-    assert configs.choose((9, 0), **dict(BIG, head_dim=64, seqlen_q=64, seqlen_k=64)).kernel == "gluon_ws"
+    monkeypatch.setenv(knobs.HOPPER_KERNEL_ENV, "triton")
+    assert select.table_config((9, 0), **BIG).kernel == "triton"
+    monkeypatch.setenv(knobs.HOPPER_KERNEL_ENV, "gluon_ws")
+    assert select.table_config((9, 0), **dict(BIG, head_dim=64, seqlen_q=64, seqlen_k=64)).kernel == "gluon_ws"
     # the fast path's knob does not steer secure mode (that is SECURE_KERNEL_ENV's job)
-    monkeypatch.setenv(configs.SECURE_KERNEL_ENV, "triton")
-    assert configs.choose((9, 0), **dict(BIG, secure=True)).kernel == "triton"
-    monkeypatch.setenv(configs.HOPPER_KERNEL_ENV, "fastest")
-    with pytest.raises(ValueError, match=configs.HOPPER_KERNEL_ENV):
-        configs.choose((9, 0), **BIG)
+    monkeypatch.setenv(knobs.SECURE_KERNEL_ENV, "triton")
+    assert select.table_config((9, 0), **dict(BIG, secure=True)).kernel == "triton"
+    monkeypatch.setenv(knobs.HOPPER_KERNEL_ENV, "fastest")
+    with pytest.raises(ValueError, match=knobs.HOPPER_KERNEL_ENV):
+        select.table_config((9, 0), **BIG)
 
 
 def _t(*shape, dtype=torch.bfloat16):
     return torch.empty(*shape, dtype=dtype)
 
 
+def _rejection(q, k, v, o, arch=(9, 0), **kw):
+    """Why select() would not run the sm_90 kernel on these [B, H, S, D] tensors (None: it would)."""
+    from dataclasses import replace
+
+    from flashcore.problem import Problem
+
+    kw = dict(dict(causal=False, scale=0.1, layout="bhsd", secure=False, self_attention=False, return_lse=False), **kw)
+    problem = replace(Problem.dense(q, k, v, o, **kw), arch=arch)
+    return select.sm90_rejection(problem, tables.gluon_ws(q.shape[-1]))
+
+
 def test_eligibility():
     q = _t(2, 4, 256, 128)
-    assert hopper_fwd.eligible(q, q, q, q, 128)
-    assert not hopper_fwd.eligible(q.float(), q.float(), q.float(), q.float(), 128)
+    assert _rejection(q, q, q, q) is None
+    assert "bf16" in _rejection(q.float(), q.float(), q.float(), q.float())
     x = _t(2, 4, 256, 96)
-    assert not hopper_fwd.eligible(x, x, x, x, 96)
+    assert "head dims" in _rejection(x, x, x, x)
     # a row stride of 136 elements (272 bytes) is 16-byte aligned; 129 is not
     ok = _t(2, 4, 256, 136)[..., :128]
     bad = _t(2, 4, 256, 129)[..., :128]
-    assert hopper_fwd.eligible(ok, ok, ok, ok, 128)
-    assert not hopper_fwd.eligible(q, bad, q, q, 128)
+    assert _rejection(ok, ok, ok, ok) is None
+    assert "copy engine" in _rejection(q, bad, q, q)
     off = _t(2 * 4 * 256 * 128 + 1)[1:].view(2, 4, 256, 128)  # base 2 bytes past alignment
-    assert not hopper_fwd.eligible(q, q, q, off, 128)
+    assert "copy engine" in _rejection(q, q, q, off)
+    assert "sm_90" in _rejection(q, q, q, q, arch=(8, 0)) and "sm_90" in _rejection(q, q, q, q, arch=None)
+    # secure causal runs here only with a public diagonal (self-attention)
+    assert "public diagonal" in _rejection(q, q, q, q, secure=True, causal=True)
+    assert _rejection(q, q, q, q, secure=True, causal=True, self_attention=True) is None
 
 
 def test_v_ring_depth_fits_shared_memory():
     for d, stages in ((128, 2), (128, 3), (64, 3), (64, 4)):
-        vs = hopper_fwd.v_stages(stages, 128, 128, d)
+        vs = tables.v_stages(stages, 128, 128, d)
         assert 1 <= vs <= stages
         q_bytes = 2 * 128 * d * 2  # Q is double-buffered (persistent kernel)
-        assert q_bytes + (stages + vs) * 128 * d * 2 <= hopper_fwd.RING_BYTES
-        assert vs == stages or q_bytes + (stages + vs + 1) * 128 * d * 2 > hopper_fwd.RING_BYTES  # deepest
+        assert q_bytes + (stages + vs) * 128 * d * 2 <= tables.RING_BYTES
+        assert vs == stages or q_bytes + (stages + vs + 1) * 128 * d * 2 > tables.RING_BYTES  # deepest
 
 
 def test_unsupported_gluon_configs_are_refused():
@@ -85,50 +101,66 @@ def test_unsupported_gluon_configs_are_refused():
               lse_strides=(4 * 256, 256))
     for bad in (dict(block_m=64), dict(block_m=192), dict(block_n=256), dict(num_stages=0), dict(num_stages=5)):
         with pytest.raises(ValueError, match="gluon_ws config"):  # (three warpgroups only at D=64)
-            hopper_fwd.GluonLaunch(q, q, q, q, lse, cfg=replace(configs.gluon_ws(128), **bad), **kw)
-    hopper_fwd.GluonLaunch(q, q, q, q, lse, cfg=configs.gluon_ws(128), **kw)  # the default is accepted
+            sm90_fwd.GluonLaunch(q, q, q, q, lse, cfg=replace(tables.gluon_ws(128), **bad), **kw)
+    sm90_fwd.GluonLaunch(q, q, q, q, lse, cfg=tables.gluon_ws(128), **kw)  # the default is accepted
     q64 = _t(2, 4, 256, 64)
-    three = hopper_fwd.GluonLaunch(q64, q64, q64, q64, lse, cfg=configs.gluon_ws(64, 4096), **kw).step
-    assert three.constexprs["NUM_WG"] == 3 and three.options["maxnreg"] == hopper_fwd.MAXNREG_3WG
+    three = sm90_fwd.GluonLaunch(q64, q64, q64, q64, lse, cfg=tables.gluon_ws(64, 4096), **kw).step
+    assert three.constexprs["NUM_WG"] == 3 and three.options["maxnreg"] == sm90_fwd.MAXNREG_3WG
     assert three.scalars[-2] == -(-256 // 192)  # 192-row work items
 
 
 def test_three_consumer_warpgroups_only_for_long_noncausal_d64():
-    assert configs.gluon_ws(64, 2048).block_m == 192
-    assert configs.hopper(**dict(BIG, head_dim=64, seqlen_q=2048, seqlen_k=2048)).block_m == 192
-    for other in (configs.gluon_ws(64, 1024), configs.gluon_ws(64, 4096, causal=True), configs.gluon_ws(128, 4096)):
+    assert tables.gluon_ws(64, 2048).block_m == 192
+    assert tables.hopper(**dict(BIG, head_dim=64, seqlen_q=2048, seqlen_k=2048)).block_m == 192
+    for other in (tables.gluon_ws(64, 1024), tables.gluon_ws(64, 4096, causal=True), tables.gluon_ws(128, 4096)):
         assert other.block_m == 128
 
 
-def test_env_knobs_are_part_of_the_plan_keys(monkeypatch):
-    from flashcore import kernels
+def test_knobs_are_part_of_the_plan_keys(monkeypatch):
+    """Every knob (environment variables and the Gluon kernel's switches) is in every plan key, so a changed
+    knob takes effect on the next call with no cache to clear."""
+    from flashcore.problem import dense_key
 
     q = _t(1, 2, 64, 64)
-    key = lambda: kernels._plan_key((q, q, q, q, None), dict(causal=False, secure=False))
-    monkeypatch.delenv(configs.HOPPER_KERNEL_ENV, raising=False)
+    key = lambda: dense_key("auto", q, q, q, None, None, None, layout="bhsd", causal=False, scale=None, secure=False,
+                            self_attention=True, return_lse=False, validate=True)
+    monkeypatch.delenv(knobs.HOPPER_KERNEL_ENV, raising=False)
     before = key()
-    monkeypatch.setenv(configs.HOPPER_KERNEL_ENV, "triton")
+    assert key() == before
+    monkeypatch.setenv(knobs.HOPPER_KERNEL_ENV, "triton")
     assert key() != before
+    monkeypatch.delenv(knobs.HOPPER_KERNEL_ENV)
+    for switch in ({"trace": True}, {"stagger": 0}, {"early_loads": False}, {"causal_pairs": False},
+                   {"fast_sum_mma": True}):
+        with knobs.override(**switch):
+            assert key() != before, switch
+    assert key() == before
+    with pytest.raises(TypeError, match="unknown Gluon switch"):
+        with knobs.override(probe_depth=1):
+            pass
 
 
 def test_fallback_table_follows_the_architecture():
     kw = dict(BIG)
-    assert configs.triton_table(None, **kw) == configs.INTERPRETER
-    assert configs.triton_table((9, 0), **kw) == configs.hopper_triton(**kw)
-    assert configs.triton_table((8, 0), **kw) == configs.generic(**kw)
+    assert tables.triton_table(None, **kw) == tables.INTERPRETER
+    assert tables.triton_table((9, 0), **kw) == tables.hopper_triton(**kw)
+    assert tables.triton_table((8, 0), **kw) == tables.generic(**kw)
 
 
 def test_build_launch_never_uses_a_gluon_config_for_the_triton_kernel():
-    from flashcore import kernels
+    from flashcore.launch.triton_fwd import build_launch
 
     q = _t(2, 4, 4096, 128)
     lse = torch.empty(2, 4, 4096)
-    cfg, _, _, ce = kernels.build_launch(
-        q, q, q, q, lse, seqlens_q=None, seqlens_k=None, cu_seqlens_q=None, cu_seqlens_k=None, scale=0.1,
+    kw = dict(
+        seqlens_q=None, seqlens_k=None, cu_seqlens_q=None, cu_seqlens_k=None, scale=0.1,
         causal=False, secure=False, secure_public_diag=False, seqlen_q=4096, seqlen_k=4096, batch=2,
         num_heads_q=4, num_heads_kv=4, q_strides=q.stride()[:3], k_strides=q.stride()[:3],
         v_strides=q.stride()[:3], o_strides=q.stride()[:3], lse_strides=(4 * 4096, 4096),
-        config=configs.gluon_ws(128), arch=(9, 0))
+        config=tables.gluon_ws(128))
+    with pytest.raises(ValueError, match="Triton kernel's launch"):
+        build_launch(q, q, q, q, lse, **kw)
+    cfg, _, _, ce = build_launch(q, q, q, q, lse, **dict(kw, config=tables.hopper_triton(**BIG)))
     assert cfg.kernel == "triton" and ce["BLOCK_M"] == cfg.block_m
 
 
@@ -149,7 +181,7 @@ def test_sm90a_machine_code(head_dim, causal, block_m):
 
 
 def test_timeline_trace_is_compiled_only_when_asked_for():
-    """The debug timeline (GluonLaunch.trace) adds clock reads; off (the default, and always in secure mode) the
+    """The debug timeline (the ``trace`` switch) adds clock reads; off (the default, and always in secure mode) the
     kernel has none."""
     from conftest import gluon_sass
 
@@ -176,11 +208,11 @@ def test_entry_loads_and_stagger_are_fast_path_only():
     assert gluon_sass(128, True, secure=True) == gluon_sass(128, True, secure=True, attrs=off)
     q, lse = _t(1, 2, 256, 64), torch.empty(1, 2, 256)
     kw = dict(scale=0.1, causal=False, seqlen_q=256, seqlen_k=256, batch=1, num_heads_q=2, num_heads_kv=2,
-              lse_strides=(512, 256), cfg=configs.gluon_ws(64))
-    fast = hopper_fwd.GluonLaunch(q, q, q, q, lse, **kw).step.constexprs
-    secure = hopper_fwd.GluonLaunch(q, q, q, q, lse, secure=True, **kw).step.constexprs
+              lse_strides=(512, 256), cfg=tables.gluon_ws(64))
+    fast = sm90_fwd.GluonLaunch(q, q, q, q, lse, **kw).step.constexprs
+    secure = sm90_fwd.GluonLaunch(q, q, q, q, lse, secure=True, **kw).step.constexprs
     assert fast["EARLY_LOADS"] and fast["STAGGER"] == 1
-    d128 = hopper_fwd.GluonLaunch(*(_t(1, 2, 256, 128), ) * 4, lse, **{**kw, "cfg": configs.gluon_ws(128)})
+    d128 = sm90_fwd.GluonLaunch(*(_t(1, 2, 256, 128), ) * 4, lse, **{**kw, "cfg": tables.gluon_ws(128)})
     assert d128.step.constexprs["EARLY_LOADS"] and d128.step.constexprs["STAGGER"] == 0
     assert not secure["EARLY_LOADS"] and secure["STAGGER"] == 0
 
@@ -188,18 +220,18 @@ def test_entry_loads_and_stagger_are_fast_path_only():
 def test_traced_launch_refuses_anything_but_a_trace_buffer(monkeypatch):
     """A traced launch writes int64 clocks through the lengths argument: a dummy tensor there (what the normal call
     path passes) would be overwritten, so run() refuses it before launching."""
-    monkeypatch.setattr(hopper_fwd.GluonLaunch, "trace", True)
     q, lse = _t(1, 2, 256, 64), torch.empty(1, 2, 256)
-    launch = hopper_fwd.GluonLaunch(q, q, q, q, lse, scale=0.1, causal=False, seqlen_q=256, seqlen_k=256, batch=1,
-                                    num_heads_q=2, num_heads_kv=2, lse_strides=(512, 256), cfg=configs.gluon_ws(64))
-    assert launch.step.constexprs["TRACE"] and launch.trace_slots == 4 * 2 * hopper_fwd.TRACE_SLOTS
+    with knobs.override(trace=True):
+        launch = sm90_fwd.GluonLaunch(q, q, q, q, lse, scale=0.1, causal=False, seqlen_q=256, seqlen_k=256, batch=1,
+                                      num_heads_q=2, num_heads_kv=2, lse_strides=(512, 256), cfg=tables.gluon_ws(64))
+    assert launch.step.constexprs["TRACE"] and launch.trace_slots == 4 * 2 * sm90_fwd.TRACE_SLOTS
     for bad in (q, torch.zeros(launch.trace_slots - 1, dtype=torch.int64),
                 torch.zeros(2 * launch.trace_slots, dtype=torch.int64)[::2]):
         with pytest.raises(ValueError, match="trace buffer"):
             launch.run((q, q, q, q, lse, bad), q.device)
-    secure = hopper_fwd.GluonLaunch(q, q, q, q, lse, scale=0.1, causal=False, seqlen_q=256, seqlen_k=256, batch=1,
-                                    num_heads_q=2, num_heads_kv=2, lse_strides=(512, 256),
-                                    cfg=configs.gluon_ws(64), secure=True)
+        secure = sm90_fwd.GluonLaunch(q, q, q, q, lse, scale=0.1, causal=False, seqlen_q=256, seqlen_k=256,
+                                      batch=1, num_heads_q=2, num_heads_kv=2, lse_strides=(512, 256),
+                                      cfg=tables.gluon_ws(64), secure=True)
     assert not secure.step.constexprs["TRACE"] and secure.trace_slots == 0
 
 
@@ -208,18 +240,18 @@ def test_grid_is_persistent_with_paired_causal_items(monkeypatch):
     Causal: the scheduling unit is a pair of row tiles (heavy + its light mirror), so units cost the
     same; with pairing off, each causal item is its own program."""
     kw = dict(scale=0.1, seqlen_q=4096, seqlen_k=4096, batch=2, num_heads_q=16, num_heads_kv=16,
-              lse_strides=(16 * 4096, 4096), cfg=configs.gluon_ws(128))
+              lse_strides=(16 * 4096, 4096), cfg=tables.gluon_ws(128))
     q, lse = _t(2, 16, 4096, 128), torch.empty(2, 16, 4096)
     items = 2 * 16 * (4096 // 128)
-    flat = hopper_fwd.GluonLaunch(q, q, q, q, lse, causal=False, **kw).step
-    assert flat.grid == (hopper_fwd._sm_count(q.device), 1) and flat.scalars[-2:] == (4096 // 128, items)
-    tri = hopper_fwd.GluonLaunch(q, q, q, q, lse, causal=True, **kw).step
+    flat = sm90_fwd.GluonLaunch(q, q, q, q, lse, causal=False, **kw).step
+    assert flat.grid == (sm90_fwd.sm_count(q.device), 1) and flat.scalars[-2:] == (4096 // 128, items)
+    tri = sm90_fwd.GluonLaunch(q, q, q, q, lse, causal=True, **kw).step
     assert tri.constexprs["PAIRED"] and tri.scalars[-2:] == (4096 // 128, items // 2)
-    assert tri.grid == (hopper_fwd._sm_count(q.device), 1)
-    monkeypatch.setattr(hopper_fwd.GluonLaunch, "causal_pairs", False)
-    own = hopper_fwd.GluonLaunch(q, q, q, q, lse, causal=True, **kw).step
+    assert tri.grid == (sm90_fwd.sm_count(q.device), 1)
+    with knobs.override(causal_pairs=False):
+        own = sm90_fwd.GluonLaunch(q, q, q, q, lse, causal=True, **kw).step
     assert own.grid == (items, 1) and own.scalars[-2:] == (4096 // 128, items) and not own.constexprs["PAIRED"]
-    few = hopper_fwd.GluonLaunch(q[:1, :1, :300], q[:1, :1, :300], q[:1, :1, :300], q[:1, :1, :300], lse,
+    few = sm90_fwd.GluonLaunch(q[:1, :1, :300], q[:1, :1, :300], q[:1, :1, :300], q[:1, :1, :300], lse,
                                  causal=False, **dict(kw, seqlen_q=300, seqlen_k=300, batch=1, num_heads_q=1,
                                                       num_heads_kv=1)).step
     assert few.grid == (3, 1)  # fewer items than SMs: one program each
@@ -262,16 +294,16 @@ def test_gluon_persistent_programs_loop_over_many_items(head_dim, block_m, causa
     B, Hq, Hkv, S = 3, 16, 4, 1000
     tiles = -(-S // block_m)
     units = B * Hq * (-(-tiles // 2) if causal else tiles)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count * hopper_fwd.PROGRAMS_PER_SM[block_m // 64]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count * sm90_fwd.PROGRAMS_PER_SM[block_m // 64]
     assert units > sms and units % sms
     g = torch.Generator(device="cuda").manual_seed(4321 + head_dim + causal)
     q = torch.randn(B, Hq, S, head_dim, device="cuda", generator=g).bfloat16()
     k, v = (torch.randn(B, Hkv, S, head_dim, device="cuda", generator=g).bfloat16() for _ in range(2))
     out = torch.full_like(q, float("nan"))
-    call = ops.dense_call(q, k, v, None, None, causal, head_dim ** -0.5, False, False, True, out=out,
-                          config=replace(configs.gluon_ws(head_dim), block_m=block_m))
-    step = call.plan.main.step
-    assert type(call.plan.main).__name__ == "GluonLaunch" and step.grid[0] < units
+    call = ops.dense_plan(q, k, v, None, None, causal, head_dim ** -0.5, False, False, True, out=out,
+                          config=replace(tables.gluon_ws(head_dim), block_m=block_m))
+    step = call.main.step
+    assert type(call.main).__name__ == "GluonLaunch" and step.grid[0] < units
     assert step.constexprs["NUM_WG"] == block_m // 64 and step.constexprs["PAIRED"] == causal
     _, lse = call(q, k, v, None, None, out)
     ref, ref_lse = flashcore.reference.attention(q, k, v, causal=causal, return_lse=True)
@@ -299,15 +331,15 @@ def test_gluon_item_coordinates_step_across_heads_and_batches(B, Hq, Hkv, S, blo
     per_head = -(-tiles // 2) if causal else tiles
     units = B * Hq * per_head
     grid = min(units, torch.cuda.get_device_properties(0).multi_processor_count
-               * hopper_fwd.PROGRAMS_PER_SM[block_m // 64])
+               * sm90_fwd.PROGRAMS_PER_SM[block_m // 64])
     assert units > grid and (grid // per_head) % Hq, "the step must have a head part that can wrap"
     g = torch.Generator(device="cuda").manual_seed(99 + S + block_m)
     q = torch.randn(B, Hq, S, 64, device="cuda", generator=g).bfloat16()
     k, v = (torch.randn(B, Hkv, S, 64, device="cuda", generator=g).bfloat16() for _ in range(2))
     out = torch.full_like(q, float("nan"))
-    call = ops.dense_call(q, k, v, None, None, causal, 0.125, False, False, True, out=out,
-                          config=replace(configs.gluon_ws(64), block_m=block_m))
-    assert type(call.plan.main).__name__ == "GluonLaunch" and call.plan.main.step.grid[0] == grid
+    call = ops.dense_plan(q, k, v, None, None, causal, 0.125, False, False, True, out=out,
+                          config=replace(tables.gluon_ws(64), block_m=block_m))
+    assert type(call.main).__name__ == "GluonLaunch" and call.main.step.grid[0] == grid
     _, lse = call(q, k, v, None, None, out)
     ref, ref_lse = flashcore.reference.attention(q, k, v, causal=causal, scale=0.125, return_lse=True)
     assert rel_err(out, ref) < 1.2e-2
@@ -328,8 +360,8 @@ def _check_against_reference(case, dtype, cfg, num_wg):
     mk = lambda h, s: torch.randn(B, h, s, D, device="cuda", generator=g).to(dtype)
     q, k, v = mk(Hq, Sq), mk(Hkv, Sk), mk(Hkv, Sk)
     out = torch.full_like(q, float("nan"))
-    call = ops.dense_call(q, k, v, None, None, causal, D ** -0.5, False, False, True, out=out, config=cfg)
-    assert type(call.plan.main).__name__ == "GluonLaunch" and call.plan.main.step.constexprs["NUM_WG"] == num_wg
+    call = ops.dense_plan(q, k, v, None, None, causal, D ** -0.5, False, False, True, out=out, config=cfg)
+    assert type(call.main).__name__ == "GluonLaunch" and call.main.step.constexprs["NUM_WG"] == num_wg
     _, lse = call(q, k, v, None, None, out)
     ref, ref_lse = flashcore.reference.attention(q, k, v, causal=causal, return_lse=True)
     assert not torch.isnan(out).any()
@@ -354,7 +386,7 @@ def test_gluon_entry_loads_and_stagger_change_no_bits(case, block_m, monkeypatch
     """EARLY_LOADS and STAGGER move when the first loads are requested and when each consumer warpgroup starts,
     not what is computed: each setting gives the same bits as both off, which matches the reference."""
     import flashcore
-    from flashcore import kernels, ops
+    from flashcore import ops
 
     from dataclasses import replace
 
@@ -362,21 +394,18 @@ def test_gluon_entry_loads_and_stagger_change_no_bits(case, block_m, monkeypatch
     g = torch.Generator(device="cuda").manual_seed(hash(case) % 2**31)
     q = torch.randn(B, Hq, Sq, D, device="cuda", generator=g).bfloat16()
     k, v = (torch.randn(B, Hkv, Sk, D, device="cuda", generator=g).bfloat16() for _ in range(2))
-    cfg = replace(configs.gluon_ws(D, Sq, causal), block_m=block_m)
+    cfg = replace(tables.gluon_ws(D, Sq, causal), block_m=block_m)
     results = {}
     # (STAGGER 2, an A/B setting only, is checked by gluon_ab's correctness checks; each setting here compiles
     # five kernels, and gpu_check runs this file within one device call)
     for early, stagger in ((False, 0), (True, 0), (True, 1)):
-        monkeypatch.setattr(hopper_fwd.GluonLaunch, "early_loads", early)
-        monkeypatch.setattr(hopper_fwd.GluonLaunch, "stagger", stagger)
-        kernels._PLANS.clear()
         out = torch.full_like(q, float("nan"))
-        call = ops.dense_call(q, k, v, None, None, causal, D ** -0.5, False, False, True, out=out, config=cfg)
-        ce = call.plan.main.step.constexprs
+        with knobs.override(early_loads=early, stagger=stagger):
+            call = ops.dense_plan(q, k, v, None, None, causal, D ** -0.5, False, False, True, out=out, config=cfg)
+        ce = call.main.step.constexprs
         assert (ce["EARLY_LOADS"], ce["STAGGER"], ce["NUM_WG"]) == (early, stagger, block_m // 64)  # D=64
         _, lse = call(q, k, v, None, None, out)
         results[early, stagger] = (out, lse)
-    kernels._PLANS.clear()
     out, lse = results[False, 0]
     ref, ref_lse = flashcore.reference.attention(q, k, v, causal=causal, return_lse=True)
     assert not torch.isnan(out).any() and rel_err(out, ref) < 1.2e-2
@@ -392,7 +421,7 @@ def test_gluon_entry_loads_and_stagger_change_no_bits(case, block_m, monkeypatch
 @pytest.mark.parametrize("case", CASES)
 def test_gluon_matches_reference(case, dtype):
     B, Hq, Hkv, Sq, Sk, D, causal = case
-    cfg = configs.gluon_ws(D, Sq, causal)
+    cfg = tables.gluon_ws(D, Sq, causal)
     _check_against_reference(case, dtype, cfg, cfg.block_m // 64)
 
 
@@ -406,7 +435,7 @@ def test_gluon_matches_reference(case, dtype):
 def test_gluon_one_warpgroup_matches_reference(case, dtype):
     """The one-consumer-warpgroup layout (two programs per SM) on the edge cases of CASES at D=64: odd
     lengths, causal with Sq < Sk and Sq > Sk (rows that see no key), GQA/MQA, one row."""
-    _check_against_reference(case, dtype, configs.gluon_one_wg(), 1)
+    _check_against_reference(case, dtype, tables.gluon_one_wg(), 1)
 
 
 @pytest.mark.gpu
@@ -420,12 +449,12 @@ def test_gluon_k_ring_deeper_than_v_ring(causal):
     import flashcore
     from flashcore import ops
 
-    cfg = replace(configs.gluon_ws(128), num_stages=3)
-    assert hopper_fwd.v_stages(3, 128, 128, 128) == 1
+    cfg = replace(tables.gluon_ws(128), num_stages=3)
+    assert tables.v_stages(3, 128, 128, 128) == 1
     g = torch.Generator(device="cuda").manual_seed(24)
     q, k, v = (torch.randn(2, 4, 1000, 128, device="cuda", generator=g).bfloat16() for _ in range(3))
-    call = ops.dense_call(q, k, v, None, None, causal, 128 ** -0.5, False, False, False, config=cfg)
-    assert type(call.plan.main).__name__ == "GluonLaunch"
+    call = ops.dense_plan(q, k, v, None, None, causal, 128 ** -0.5, False, False, False, config=cfg)
+    assert type(call.main).__name__ == "GluonLaunch"
     out, _ = call(q, k, v, None, None)
     assert rel_err(out, flashcore.reference.attention(q, k, v, causal=causal)) < 1.2e-2
 
@@ -435,7 +464,6 @@ def test_gluon_k_ring_deeper_than_v_ring(causal):
 @pytest.mark.parametrize("layout", ["bshd", "strided"])
 def test_gluon_layouts_and_auto_dispatch(layout):
     import flashcore
-    from flashcore import kernels
 
     B, H, S, D = 2, 16, 2048, 128  # large enough that auto picks the Gluon kernel
     g = torch.Generator(device="cuda").manual_seed(7)
@@ -444,11 +472,9 @@ def test_gluon_layouts_and_auto_dispatch(layout):
     else:
         big = torch.randn(B, S, 3 * H, D, device="cuda", generator=g).bfloat16()
         q, k, v = (big[:, :, i * H:(i + 1) * H].transpose(1, 2) for i in range(3))
-    from flashcore import api
-
-    kernels._PLANS.clear(); api._CALLS.clear()
-    out = flashcore.attention(q, k, v, causal=True, layout="bshd" if layout == "bshd" else "bhsd")
-    assert any(type(p.main).__name__ == "GluonLaunch" for p in kernels._PLANS.values())
+    lay = "bshd" if layout == "bshd" else "bhsd"
+    assert flashcore.plan_attention(q, k, v, causal=True, layout=lay).selection.kernel == "sm90_fwd"
+    out = flashcore.attention(q, k, v, causal=True, layout=lay)
     ref = flashcore.reference.attention(q, k, v, causal=True, layout="bshd" if layout == "bshd" else "bhsd")
     assert rel_err(out, ref) < 1.2e-2
 
@@ -457,20 +483,16 @@ def test_gluon_layouts_and_auto_dispatch(layout):
 @needs_hopper
 def test_misaligned_strides_fall_back_to_triton():
     import flashcore
-    from flashcore import kernels
 
     g = torch.Generator(device="cuda").manual_seed(8)
     # head dim 128 inside rows of 129 elements: not 16-byte aligned, so no TMA
     q, k, v = (torch.randn(2, 16, 2048, 129, device="cuda", generator=g).bfloat16()[..., :128] for _ in range(3))
     # the table asks for the Gluon kernel at this size; only the strides rule it out
-    assert configs.choose((9, 0), head_dim=128, dtype_bytes=2, causal=False, secure=False, seqlen_q=2048,
+    assert select.table_config((9, 0), head_dim=128, dtype_bytes=2, causal=False, secure=False, seqlen_q=2048,
                           seqlen_k=2048, batch_heads=32).kernel == "gluon_ws"
-    from flashcore import api
-
-    kernels._PLANS.clear(); api._CALLS.clear()
+    sel = flashcore.plan_attention(q, k, v).selection
+    assert sel.kernel == "triton_fwd" and "copy engine" in dict(sel.rejected)["sm90_fwd"]
     out = flashcore.attention(q, k, v)
-    assert kernels._PLANS, "nothing was planned"
-    assert all(type(p.main).__name__ != "GluonLaunch" for p in kernels._PLANS.values())
     assert rel_err(out, flashcore.reference.attention(q, k, v)) < 1.2e-2
 
 
@@ -481,6 +503,8 @@ def test_descriptor_fast_path_finds_tritons_raw_launcher():
     from types import SimpleNamespace
     from triton.backends.nvidia.driver import wrap_handle_tensordesc
 
+    from flashcore.runtime.tma import unwrap_tensordesc_launcher
+
     def raw(*args):
         return args
 
@@ -489,14 +513,14 @@ def test_descriptor_fast_path_finds_tritons_raw_launcher():
            "lse_ptr": "*fp32", "qk_scale": "fp32"}
     meta = [{"swizzle": 3, "elem_size": 2, "elem_type": "bf16", "block_size": [1, 1, 64, 128], "fp4_padded": False}] * 4
     run = SimpleNamespace(launch=wrap_handle_tensordesc(raw, sig, meta), global_scratch_size=0, profile_scratch_size=0)
-    found = hopper_fwd._unwrap_tensordesc_launcher(SimpleNamespace(run=run))
+    found = unwrap_tensordesc_launcher(SimpleNamespace(run=run), sm90_fwd.DESC_ARGS)
     assert found is not None and found[0] is raw and found[1] == meta
     for bad in (dict(global_scratch_size=256), dict(profile_scratch_size=64), dict(launch=raw)):
         run2 = SimpleNamespace(**{**vars(run), **bad})
-        assert hopper_fwd._unwrap_tensordesc_launcher(SimpleNamespace(run=run2)) is None, bad
+        assert unwrap_tensordesc_launcher(SimpleNamespace(run=run2), sm90_fwd.DESC_ARGS) is None, bad
     wrong_sig = dict(sig, q_desc="*bf16")  # three descriptors: not this kernel's wrapper
     run3 = SimpleNamespace(**{**vars(run), "launch": wrap_handle_tensordesc(raw, wrong_sig, meta[:3])})
-    assert hopper_fwd._unwrap_tensordesc_launcher(SimpleNamespace(run=run3)) is None
+    assert unwrap_tensordesc_launcher(SimpleNamespace(run=run3), sm90_fwd.DESC_ARGS) is None
 
 
 @pytest.mark.gpu
@@ -510,11 +534,11 @@ def test_gluon_encoded_descriptors_follow_the_pointers():
 
     g = torch.Generator(device="cuda").manual_seed(77)
     mk = lambda: torch.randn(2, 4, 300, 128, device="cuda", generator=g).bfloat16()  # noqa: E731
-    sets = [(mk(), mk(), mk()) for _ in range(hopper_fwd.GluonLaunch.ENCODED_SETS + 2)]
+    sets = [(mk(), mk(), mk()) for _ in range(sm90_fwd.ENCODED_SETS + 2)]
     q0, k0, v0 = sets[0]
-    call = ops.dense_call(q0, k0, v0, None, None, False, 128 ** -0.5, False, False, False,
-                          config=configs.gluon_ws(128))
-    launch = call.plan.main
+    call = ops.dense_plan(q0, k0, v0, None, None, False, 128 ** -0.5, False, False, False,
+                          config=tables.gluon_ws(128))
+    launch = call.main
     assert type(launch).__name__ == "GluonLaunch"
     order = list(range(len(sets))) + [3, 0, len(sets) - 1, 3]
     for i in order:
@@ -523,7 +547,7 @@ def test_gluon_encoded_descriptors_follow_the_pointers():
         call(q, k, v, None, None, out)
         assert rel_err(out, flashcore.reference.attention(q, k, v)) < 1.2e-2, i
     assert launch.fast, "the raw-launcher fast path was not taken on this Triton"
-    assert 0 < len(launch.encoded) <= hopper_fwd.GluonLaunch.ENCODED_SETS
+    assert 0 < len(launch.encoded) <= sm90_fwd.ENCODED_SETS
 
     # a registered launch hook (a profiler's) still sees every launch: those go through Triton's path
     from triton import knobs
@@ -543,34 +567,37 @@ def test_gluon_encoded_descriptors_follow_the_pointers():
 
 def test_launch_hooks_count_only_when_registered():
     from triton import knobs
-    from flashcore import kernels
+    from flashcore.runtime import launch_hooks_active
 
-    assert not kernels._launch_hooks_active()  # Triton's empty hook chains are no hooks
+    assert not launch_hooks_active()  # Triton's empty hook chains are no hooks
     hook = lambda meta: None  # noqa: E731
     knobs.runtime.launch_exit_hook.add(hook)
     try:
-        assert kernels._launch_hooks_active()
+        assert launch_hooks_active()
     finally:
         knobs.runtime.launch_exit_hook.remove(hook)
-    assert not kernels._launch_hooks_active()
+    assert not launch_hooks_active()
 
 
 @pytest.fixture
 def force_gluon(monkeypatch):
-    """Route every eligible fast call to the Gluon kernel, whatever its size (plans are cached by
-    metadata, not by this knob, so both caches are cleared around the test)."""
-    from flashcore import api, kernels
+    """Route every eligible fast call to the Gluon kernel, whatever its size (the knob is part of every plan
+    key: no cache to clear). Yields the plans that existed before, so _gluon_planned looks at new ones only."""
+    from flashcore.plan.cache import PLANS
 
-    monkeypatch.setenv(configs.HOPPER_KERNEL_ENV, "gluon_ws")
-    kernels._PLANS.clear(); api._CALLS.clear()
+    monkeypatch.setenv(knobs.HOPPER_KERNEL_ENV, "gluon_ws")
+    _EARLIER[:] = [id(p) for p in PLANS.plans()]
     yield
-    kernels._PLANS.clear(); api._CALLS.clear()
+
+
+_EARLIER: list = []
 
 
 def _gluon_planned():
-    from flashcore import kernels
+    """Whether a plan made since force_gluon started runs the Gluon kernel."""
+    from flashcore.plan.cache import PLANS
 
-    return any(type(p.main).__name__ == "GluonLaunch" for p in kernels._PLANS.values())
+    return any(p.selection.kernel == "sm90_fwd" for p in PLANS.plans() if id(p) not in _EARLIER)
 
 
 @pytest.mark.gpu
@@ -615,7 +642,7 @@ def test_forced_gluon_still_runs_varlen_and_secure_on_triton(force_gluon, monkey
     Gluon kernel."""
     import flashcore
 
-    monkeypatch.setenv(configs.SECURE_KERNEL_ENV, "triton")
+    monkeypatch.setenv(knobs.SECURE_KERNEL_ENV, "triton")
 
     g = torch.Generator(device="cuda").manual_seed(23)
     lens = [300, 0, 1000]
@@ -634,22 +661,24 @@ def test_forced_gluon_still_runs_varlen_and_secure_on_triton(force_gluon, monkey
 def test_register_cap_reaches_the_compiler(monkeypatch):
     """Config.maxnreg (used by the sweeps) is a compile option of the Triton launch, dropped under the
     interpreter (which has no registers), and part of the SASS audit's compile spec."""
-    from flashcore import kernels
-    from flashcore.kernels.configs import Config
+    from flashcore.audit.specs import _spec_from_launch
+    from flashcore.kernels.triton.fwd import attn_fwd_kernel
+    from flashcore.launch.triton_fwd import build_launch, compile_options
+    from flashcore.plan.tables import Config
 
     capped = Config(128, 128, 8, 2, maxnreg=128)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    assert kernels._compile_options(capped) == {"maxnreg": 128}
-    assert kernels._compile_options(Config(128, 64, 8, 3)) == {}
+    assert compile_options(capped) == {"maxnreg": 128}
+    assert compile_options(Config(128, 64, 8, 3)) == {}
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert kernels._compile_options(capped) == {}
+    assert compile_options(capped) == {}
     q = torch.empty(2, 4, 256, 64, dtype=torch.bfloat16)
-    _, _, args, ce = kernels.build_launch(
+    _, _, args, ce = build_launch(
         q, q, q, q, None, seqlens_q=None, seqlens_k=None, cu_seqlens_q=None, cu_seqlens_k=None, scale=0.125,
         causal=False, secure=False, secure_public_diag=False, seqlen_q=256, seqlen_k=256, batch=2, num_heads_q=4,
         num_heads_kv=4, q_strides=q.stride()[:3], k_strides=q.stride()[:3], v_strides=q.stride()[:3],
-        o_strides=q.stride()[:3], lse_strides=(4 * 256, 256), config=capped, arch=(9, 0))
-    assert kernels._spec_from_launch("x", capped, args, ce, set())["maxnreg"] == 128
+        o_strides=q.stride()[:3], lse_strides=(4 * 256, 256), config=capped)
+    assert _spec_from_launch("x", capped, args, ce, set(), fn=attn_fwd_kernel)["maxnreg"] == 128
 
 
 def test_one_consumer_warpgroup_shares_the_sm_with_a_second_program():
@@ -660,19 +689,19 @@ def test_one_consumer_warpgroup_shares_the_sm_with_a_second_program():
     kw = dict(scale=0.1, causal=False, seqlen_q=1024, seqlen_k=1024, batch=1, num_heads_q=16, num_heads_kv=16,
               lse_strides=(16 * 1024, 1024))
     q, lse = _t(1, 16, 1024, 64), torch.empty(1, 16, 1024)
-    one = hopper_fwd.GluonLaunch(q, q, q, q, lse, cfg=configs.Config(64, 128, 4, 3, kernel="gluon_ws"), **kw).step
-    assert one.constexprs["NUM_WG"] == 1 and one.options["maxnreg"] == hopper_fwd.MAXNREG_1WG
-    assert 2 * 8 * 32 * hopper_fwd.MAXNREG_1WG <= 65536  # two programs' registers at launch
-    assert 128 * hopper_fwd.CONSUMER_REGS_1WG + 128 * hopper_fwd.LOADER_REGS <= 256 * hopper_fwd.MAXNREG_1WG
+    one = sm90_fwd.GluonLaunch(q, q, q, q, lse, cfg=tables.Config(64, 128, 4, 3, kernel="gluon_ws"), **kw).step
+    assert one.constexprs["NUM_WG"] == 1 and one.options["maxnreg"] == sm90_fwd.MAXNREG_1WG
+    assert 2 * 8 * 32 * sm90_fwd.MAXNREG_1WG <= 65536  # two programs' registers at launch
+    assert 128 * sm90_fwd.CONSUMER_REGS_1WG + 128 * sm90_fwd.LOADER_REGS <= 256 * sm90_fwd.MAXNREG_1WG
     items = 16 * 1024 // 64
-    assert one.grid == (min(items, 2 * hopper_fwd._sm_count(q.device)), 1) and one.scalars[-2:] == (16, items)
-    big = hopper_fwd.GluonLaunch(*(_t(4, 16, 4096, 64), ) * 4, torch.empty(4, 16, 4096), cfg=configs.Config(
+    assert one.grid == (min(items, 2 * sm90_fwd.sm_count(q.device)), 1) and one.scalars[-2:] == (16, items)
+    big = sm90_fwd.GluonLaunch(*(_t(4, 16, 4096, 64), ) * 4, torch.empty(4, 16, 4096), cfg=tables.Config(
         64, 128, 4, 3, kernel="gluon_ws"), **dict(kw, seqlen_q=4096, seqlen_k=4096, batch=4,
                                                   lse_strides=(16 * 4096, 4096))).step
-    assert big.grid == (2 * hopper_fwd._sm_count(q.device), 1)  # persistent, two per SM
-    assert hopper_fwd.v_stages(3, 64, 128, 64) == 3
-    assert hopper_fwd.smem_bytes(3, 3, 64, 128, 64) <= hopper_fwd.RING_BYTES_HALF_SM
-    assert 2 * (hopper_fwd.RING_BYTES_HALF_SM + 512 + 1024) <= 228 * 1024  # + barriers, + per-block reserve
-    assert hopper_fwd.v_stages(4, 64, 128, 64) == 2  # a fourth K stage leaves room for two V stages only
+    assert big.grid == (2 * sm90_fwd.sm_count(q.device), 1)  # persistent, two per SM
+    assert tables.v_stages(3, 64, 128, 64) == 3
+    assert tables.smem_bytes(3, 3, 64, 128, 64) <= tables.RING_BYTES_HALF_SM
+    assert 2 * (tables.RING_BYTES_HALF_SM + 512 + 1024) <= 228 * 1024  # + barriers, + per-block reserve
+    assert tables.v_stages(4, 64, 128, 64) == 2  # a fourth K stage leaves room for two V stages only
     sass = gluon_sass(64, False, block_m=64)
     assert "USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xe8" in sass  # the consumer's 232 registers

@@ -203,7 +203,7 @@ def test_secure_v_zeroing_prepass_and_in_loop_agree_bitwise(causal):
     arithmetic, so they must give the same bits, and both must match the reference."""
     from dataclasses import replace
     from flashcore import ops
-    from flashcore.kernels.configs import INTERPRETER
+    from flashcore.plan.tables import INTERPRETER
 
     gen = torch.Generator().manual_seed(31 + causal)
     B, H, S, D = 3, 2, 37, 24
@@ -221,8 +221,8 @@ def test_secure_v_zeroing_prepass_and_in_loop_agree_bitwise(causal):
 
 
 def test_secure_prepass_replaces_exactly_the_padding():
-    from flashcore.kernels import build_prepass, PREPASS_WARPS
-    from flashcore.kernels.secure_prepass import attn_secure_zero_v_padding_kernel
+    from flashcore.launch.secure_prepass import PREPASS_WARPS, build_prepass
+    from flashcore.kernels.secure.prepass import attn_secure_zero_v_padding_kernel
 
     gen = torch.Generator().manual_seed(41)
     B, S, Hkv, D = 3, 70, 2, 40                       # S not a block multiple, D not a power of two
@@ -258,8 +258,9 @@ def test_secure_kv_prepass_makes_padding_keys_copies_and_weights_them_zero():
     sequence's first key (so its score equals a valid one), padding V rows cancel in pairs, and the
     key weights are 1 exactly on the valid keys, in all W_ROWS rows; with no valid key, K's rows are
     a finite public pattern. Nothing of the padding's contents survives."""
-    from flashcore.kernels import PREPASS_WARPS, build_prepass_kv
-    from flashcore.kernels.secure_prepass import W_ROWS, attn_secure_sanitize_kv_kernel, key_weights_shape
+    from flashcore.launch.secure_prepass import PREPASS_WARPS, build_prepass_kv
+    from flashcore.kernels.secure.prepass import W_ROWS, attn_secure_sanitize_kv_kernel
+    from flashcore.launch.secure_prepass import key_weights_shape
 
     gen = torch.Generator().manual_seed(43)
     B, S, Hkv, D = 3, 70, 2, 40                       # S not a block multiple, D not a power of two
@@ -303,8 +304,8 @@ def test_secure_kv_prepass_makes_padding_keys_copies_and_weights_them_zero():
         assert torch.equal(w[b], expect.expand(W_ROWS, -1))
     # the audit knob's zero padding (for timing comparisons): same K and weights, V's padding exactly zero
     with pytest.MonkeyPatch.context() as mp:
-        from flashcore.kernels import configs
-        mp.setenv(configs.SECURE_V_PAD_ENV, "zeros")
+        from flashcore.plan import knobs
+        mp.setenv(knobs.SECURE_V_PAD_ENV, "zeros")
         ks0, vs0, w0 = run(k, v)
     assert torch.equal(ks0, ks) and torch.equal(w0, w)
     for b in range(B):

@@ -1,17 +1,36 @@
-"""CPU checks of the GPU scripts' pure parts (the GPU parts run only on the device)."""
-import importlib.util
+"""CPU checks of the GPU tools' pure parts: ``flashcore.bench.experiments`` and what is left in scripts/ (the GPU
+parts run only on the device). The ``flashcore bench`` tools are checked in test_bench_cli.py."""
+import importlib
+import json
 import os
+import pkgutil
+import re
 
 import pytest
 
+from flashcore.bench import experiments
+from flashcore.bench.experiments import audit_gpu, cost_fit, gluon_ab, ncu_compare
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXPERIMENTS = sorted(m.name for m in pkgutil.iter_modules(experiments.__path__))
 
 
-def load_script(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "scripts", f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def test_scripts_holds_only_what_is_not_part_of_the_library():
+    assert sorted(os.listdir(os.path.join(ROOT, "scripts"))) == ["demo.sh", "l2_control.py"]
+
+
+def test_the_experiments_docstring_lists_every_experiment():
+    listed = re.findall(r"^\* ``(\w+)``", experiments.__doc__, re.M)
+    assert sorted(listed) == EXPERIMENTS and len(EXPERIMENTS) == 7
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_experiment_runs_as_a_module_with_help(name, capsys):
+    mod = importlib.import_module(f"flashcore.bench.experiments.{name}")
+    with pytest.raises(SystemExit) as info:
+        mod.main(["--help"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: python -m flashcore.bench.experiments.{name} [-h] [--out OUT]")
 
 
 @pytest.mark.parametrize("attrs", [["fast_sum_mma"], ["fast_sum_mma", "causal_pairs"],
@@ -20,7 +39,7 @@ def load_script(name):
 def test_gluon_ab_variants_are_distinct(attrs):
     """Every on/off combination of the switches gets its own variant name (two switches with the same first
     letter once collided, and one combination silently went unmeasured)."""
-    ab = load_script("gluon_ab")
+    ab = gluon_ab
     ab.set_variants(attrs)
     n = 2 ** len(attrs)
     assert len(ab.VARIANTS) == 2 * n
@@ -30,24 +49,34 @@ def test_gluon_ab_variants_are_distinct(attrs):
     assert ab.VARIANTS["auto_-"][1] == {a: False for a in attrs}
 
 
-def test_gluon_ab_integer_settings(monkeypatch):
-    """``name=v1,v2`` compares an integer setting at those values; a boolean switch keeps off/on; a name that is
-    neither, or values of the wrong type, is refused."""
-    ab = load_script("gluon_ab")
-    monkeypatch.setattr(ab.hopper_fwd.GluonLaunch, "probe_depth", 0, raising=False)
-    assert ab.parse_attr("probe_depth=0,1,2") == ("probe_depth", (0, 1, 2))
+def test_gluon_ab_integer_settings():
+    """``name=v1,v2`` compares an integer switch (``stagger``) at those values; a boolean switch keeps off/on; a
+    name that is neither, or values of the wrong type, is refused."""
+    ab = gluon_ab
+    assert ab.parse_attr("stagger=0,1,2") == ("stagger", (0, 1, 2))
     assert ab.parse_attr("fast_sum_mma") == ("fast_sum_mma", (False, True))
-    for bad in ("probe_depth", "probe_depth=a", "fast_sum_mma=1", "no_such_switch", "no_such=1"):
+    for bad in ("stagger", "stagger=a", "fast_sum_mma=1", "no_such_switch", "no_such=1", "probe_depth=0,1"):
         with pytest.raises(ValueError):
             ab.parse_attr(bad)
-    ab.set_variants([ab.parse_attr("probe_depth=0,2"), ab.parse_attr("fast_sum_mma")])
-    assert list(ab.VARIANTS)[:4] == ["auto_pd0", "auto_pd0.fsm", "auto_pd2", "auto_pd2.fsm"]
-    assert ab.VARIANTS["auto_pd2.fsm"][1] == {"probe_depth": 2, "fast_sum_mma": True}
-    assert ab.resolve("gluon") == "gluon_pd2.fsm"
+    ab.set_variants([ab.parse_attr("stagger=0,2"), ab.parse_attr("fast_sum_mma")])
+    assert list(ab.VARIANTS)[:4] == ["auto_s0", "auto_s0.fsm", "auto_s2", "auto_s2.fsm"]
+    assert ab.VARIANTS["auto_s2.fsm"][1] == {"stagger": 2, "fast_sum_mma": True}
+    assert ab.resolve("gluon") == "gluon_s2.fsm"
+
+
+def test_gluon_ab_variants_are_valid_knob_overrides():
+    """A variant's switches are what ``knobs.override`` takes (an unknown name would raise TypeError there)."""
+    from flashcore.plan import knobs
+
+    gluon_ab.set_variants([gluon_ab.parse_attr(a) for a in ("stagger=0,2", "fast_sum_mma", "early_loads")])
+    for _, ons in gluon_ab.VARIANTS.values():
+        with knobs.override(**ons) as sw:
+            assert all(getattr(sw, a) == v for a, v in ons.items())
+    assert knobs.gluon_switches() == knobs.GluonSwitches()  # restored
 
 
 def test_ncu_compare_parses_sweep_config_names():
-    nc = load_script("ncu_compare")
+    nc = ncu_compare
     assert nc.parse_config("auto") is None
     cfg = nc.parse_config("gluon_ws_192x128s3")
     assert (cfg.block_m, cfg.block_n, cfg.num_stages, cfg.kernel) == (192, 128, 3, "gluon_ws")
@@ -60,14 +89,14 @@ def test_ncu_compare_parses_sweep_config_names():
 @pytest.mark.parametrize("text", ["auto", "gluon_ws_64x128s3", "gluon_ws_192x128s3", "128x64w8s3", "64x128w4s2_r168",
                                   "128x64w8s3_inloop", "128x64w8s3_tma"])
 def test_config_names_round_trip(text):
-    from flashcore.kernels.configs import config_name, parse_config_name
+    from flashcore.plan.tables import config_name, parse_config_name
 
     assert config_name(parse_config_name(text)) == text
 
 
 def test_gluon_ab_config_families():
     """--config adds a family per config; with no switches each family is one variant, named by its config."""
-    ab = load_script("gluon_ab")
+    ab = gluon_ab
     ab.set_variants([], ["gluon_ws_64x128s3", "gluon_ws_64x128s2"])
     assert list(ab.VARIANTS) == ["auto_-", "gluon_-", "gluon_ws_64x128s3_-", "gluon_ws_64x128s2_-"]
     cfg, ons = ab.VARIANTS["gluon_ws_64x128s3_-"]
@@ -77,7 +106,7 @@ def test_gluon_ab_config_families():
 
 
 def test_gluon_ab_parses_shapes_and_maps_config_families_to_variants():
-    ab = load_script("gluon_ab")
+    ab = gluon_ab
     assert ab.parse_shapes("1x16x1024x64,4x16x1024x64c") == [((1, 16, 1024, 64), False), ((4, 16, 1024, 64), True)]
     with pytest.raises(ValueError, match="BxHxSxD"):
         ab.parse_shapes("1x16x1024")
@@ -89,9 +118,9 @@ def test_gluon_ab_parses_shapes_and_maps_config_families_to_variants():
 
 
 def test_cost_fit_series_vary_one_count_each(monkeypatch):
-    """cost_fit.py fits time against x per series, so x must be the count that series varies and everything else
+    """cost_fit fits time against x per series, so x must be the count that series varies and everything else
     fixed: key tiles per 128-row item at 4 items per program (132 SMs), or items per program at 8 key tiles each."""
-    mod = load_script("cost_fit")
+    mod = cost_fit
     keys = [s for s in mod.SERIES if s[0] == "keys"]
     items = [s for s in mod.SERIES if s[0] == "items"]
     assert len(keys) >= 3 and len(items) >= 3
@@ -102,6 +131,34 @@ def test_cost_fit_series_vary_one_count_each(monkeypatch):
     monkeypatch.setattr(mod.torch.cuda, "is_available", lambda: False)
     for argv, message in ((["--config", "bogus"], "--config: cannot parse"), (["--rounds", "0"], "--rounds must be"),
                           ([], "needs a CUDA device")):
-        monkeypatch.setattr("sys.argv", ["cost_fit.py", *argv])
         with pytest.raises(SystemExit, match=message):
-            mod.main()
+            mod.main(argv)
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_audit_gpu_gate_arguments_parse_with_the_gates_own_parsers(quick, tmp_path):
+    """audit_gpu drives the gates through flashcore.audit.cli: every option it passes (its --quick plan, and the
+    timing gate's budget) must still be one the gate takes, and arrive."""
+    plan = audit_gpu._plan(quick)
+    assert sorted(plan) == ["counters", "repro", "timing"]
+    for gate, extra in plan.items():
+        extra = extra + (["--budget-s", "45"] if gate == "timing" else [])
+        ns = audit_gpu._gate_args(gate, str(tmp_path), extra)
+        assert ns.out == str(tmp_path) and not hasattr(ns, "_import_error")
+        if quick:
+            assert ns.seqlen == int(extra[extra.index("--seqlen") + 1])
+        if gate == "timing":
+            assert ns.budget_s == 45
+
+
+def test_audit_gpu_summary_rows(tmp_path):
+    """The summary table's key numbers come from each gate's JSON report; a missing report is an empty cell."""
+    (tmp_path / "repro.json").write_text(json.dumps({"modes": {"a": {"distinct_outputs": 1}, "b": {}},
+                                                     "cross_process": {"x": {"identical": True}}}))
+    assert audit_gpu._summary_row("repro", tmp_path) == "distinct outputs per mode a:1 b:err; cross-process identical"
+    (tmp_path / "timing.json").write_text(json.dumps({"tests": [
+        {"scope": "in_scope", "test": "t1", "max_abs_t": 1.5, "mean_diff_ns": -2.0},
+        {"scope": "in_scope", "test": "t2", "max_abs_t": 3.25, "mean_diff_ns": 4.0},
+        {"scope": "contrast", "max_abs_t": 40.0}]}))
+    assert audit_gpu._summary_row("timing", tmp_path) == "secure max|t| 3.25 (t2, +4.0 ns); fast contrast max|t| 40.0"
+    assert audit_gpu._summary_row("counters", tmp_path) == ""

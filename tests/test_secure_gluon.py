@@ -1,4 +1,4 @@
-"""The secure (constant-time) mode on the warp-specialised Gluon kernel (hopper_fwd.py,
+"""The secure (constant-time) mode on the warp-specialised Gluon kernel (kernels/sm90/fwd.py,
 ``attn_fwd_hopper_kernel`` with ``SECURE``; secure mode's kernel on Hopper): dispatch and the machine code on the CPU;
 the secure contract against float64 on the GPU."""
 import warnings
@@ -8,7 +8,8 @@ import torch
 
 import flashcore
 from conftest import rel_err
-from flashcore.kernels import configs, hopper_fwd
+from flashcore.launch import sm90_fwd
+from flashcore.plan import knobs, select, tables
 
 H100 = (9, 0)
 
@@ -22,27 +23,27 @@ def test_secure_mode_runs_the_gluon_kernel_where_it_can(monkeypatch):
     """On Hopper, secure mode takes the Gluon kernel in secure form (the fast path's configuration) for
     16-bit inputs at D=64/128 from the fast path's size thresholds, causal D=64 included; the Triton
     kernel otherwise. FLASHCORE_SECURE_KERNEL forces either."""
-    for var in (configs.SECURE_KERNEL_ENV, configs.SECURE_V_ZEROING_ENV):
+    for var in (knobs.SECURE_KERNEL_ENV, knobs.SECURE_V_ZEROING_ENV):
         monkeypatch.delenv(var, raising=False)
     for d, causal, S in ((128, False, 4096), (64, False, 4096), (128, True, 4096), (64, True, 4096),
                          (64, False, 1024)):
-        cfg = configs.choose(H100, **_facts(d, causal, S))
-        assert cfg == configs.gluon_secure(d, S, causal) == configs.gluon_ws(d, S, causal)
-    assert configs.choose(H100, **_facts(64, False, 4096)).block_m == 192  # three consumer warpgroups
-    assert configs.choose(H100, **_facts(128, False, 64, bh=1)).kernel == "triton"  # below the size threshold
-    assert configs.choose(H100, **_facts(128, False, dtype_bytes=4)).kernel == "triton"
-    assert configs.choose(H100, **_facts(96, False)).kernel == "triton"
-    assert configs.choose((8, 0), **_facts(128, False)).kernel == "triton"
-    monkeypatch.setenv(configs.SECURE_KERNEL_ENV, "triton")
-    assert configs.choose(H100, **_facts(128)).kernel == "triton"
-    monkeypatch.setenv(configs.SECURE_KERNEL_ENV, "gluon_ws")
-    assert configs.choose(H100, **_facts(128, False, 64, bh=1)) == configs.gluon_secure(128, 64, False)
-    monkeypatch.setenv(configs.SECURE_V_ZEROING_ENV, "in_loop")  # the Gluon kernel has no in-loop select
-    cfg = configs.choose(H100, **_facts(128))
+        cfg = select.table_config(H100, **_facts(d, causal, S))
+        assert cfg == tables.gluon_secure(d, S, causal) == tables.gluon_ws(d, S, causal)
+    assert select.table_config(H100, **_facts(64, False, 4096)).block_m == 192  # three consumer warpgroups
+    assert select.table_config(H100, **_facts(128, False, 64, bh=1)).kernel == "triton"  # below the size threshold
+    assert select.table_config(H100, **_facts(128, False, dtype_bytes=4)).kernel == "triton"
+    assert select.table_config(H100, **_facts(96, False)).kernel == "triton"
+    assert select.table_config((8, 0), **_facts(128, False)).kernel == "triton"
+    monkeypatch.setenv(knobs.SECURE_KERNEL_ENV, "triton")
+    assert select.table_config(H100, **_facts(128)).kernel == "triton"
+    monkeypatch.setenv(knobs.SECURE_KERNEL_ENV, "gluon_ws")
+    assert select.table_config(H100, **_facts(128, False, 64, bh=1)) == tables.gluon_secure(128, 64, False)
+    monkeypatch.setenv(knobs.SECURE_V_ZEROING_ENV, "in_loop")  # the Gluon kernel has no in-loop select
+    cfg = select.table_config(H100, **_facts(128))
     assert cfg.kernel == "triton" and not cfg.v_prepass
-    monkeypatch.setenv(configs.SECURE_KERNEL_ENV, "nope")
-    with pytest.raises(ValueError, match=configs.SECURE_KERNEL_ENV):
-        configs.choose(H100, **_facts(128))
+    monkeypatch.setenv(knobs.SECURE_KERNEL_ENV, "nope")
+    with pytest.raises(ValueError, match=knobs.SECURE_KERNEL_ENV):
+        select.table_config(H100, **_facts(128))
 
 
 def test_secure_launch_passes_the_lengths_key_weights_and_the_fast_register_split():
@@ -50,14 +51,14 @@ def test_secure_launch_passes_the_lengths_key_weights_and_the_fast_register_spli
     kw = dict(scale=0.1, seqlen_q=500, seqlen_k=500, batch=2, num_heads_q=4, num_heads_kv=4,
               lse_strides=(4 * 500, 500), secure=True)
     for causal in (False, True):
-        launch = hopper_fwd.GluonLaunch(q, q, q, q, None, cfg=configs.gluon_secure(128, 500, causal), causal=causal, **kw)
+        launch = sm90_fwd.GluonLaunch(q, q, q, q, None, cfg=tables.gluon_secure(128, 500, causal), causal=causal, **kw)
         step = launch.step
         assert step.constexprs["SECURE"] and step.n_ptrs == 7
         assert (step.constexprs["CONSUMER_WG_REGS"], step.constexprs["LOADER_WG_REGS"]) == (
-            hopper_fwd.CONSUMER_REGS, hopper_fwd.LOADER_REGS)
+            sm90_fwd.CONSUMER_REGS, sm90_fwd.LOADER_REGS)
         # non-causal: the row sums come from the pre-pass's key weights, [B, 8, Sk rounded up to 8]
         assert launch.key_weights_shape == (None if causal else (2, 8, 504))
-        descs = launch._descs(q, q, q, q, torch.empty(2, 8, 504, dtype=q.dtype) if not causal else None)
+        descs = launch.descriptors(q, q, q, q, torch.empty(2, 8, 504, dtype=q.dtype) if not causal else None)
         assert len(descs) == 5 and (descs[4] is None) == causal
         if not causal:
             assert descs[4].block_shape == [1, 8, 128]
@@ -107,7 +108,7 @@ TOL = {torch.bfloat16: 1.2e-2, torch.float16: 2e-3}
 
 @pytest.fixture
 def force_secure_gluon(monkeypatch):
-    monkeypatch.setenv(configs.SECURE_KERNEL_ENV, "gluon_ws")
+    monkeypatch.setenv(knobs.SECURE_KERNEL_ENV, "gluon_ws")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         yield
@@ -123,8 +124,8 @@ def _runs_secure_gluon(q, k, v, causal, lens) -> bool:
     """Whether the secure call's plan launches the Gluon kernel in secure mode."""
     from flashcore import ops
 
-    main = ops.dense_call(q, k, v, None, lens, causal, q.shape[-1] ** -0.5, False, True, False).plan.main
-    return isinstance(main, hopper_fwd.GluonLaunch) and main.step.constexprs["SECURE"]
+    main = ops.dense_plan(q, k, v, None, lens, causal, q.shape[-1] ** -0.5, False, True, False).main
+    return isinstance(main, sm90_fwd.GluonLaunch) and main.step.constexprs["SECURE"]
 
 
 SECURE_CASES = [
@@ -183,8 +184,8 @@ def test_secure_gluon_cross_lengths_and_cuda_graph(force_secure_gluon):
     refc = flashcore.reference.attention(q, k, v, causal=True, seqlens_q=lq, seqlens_k=lk)
     assert rel_err(outc, refc) < TOL[torch.bfloat16]
     from flashcore import ops
-    plan = ops.dense_call(q, k, v, lq, lk, True, D ** -0.5, False, True, False).plan
-    assert plan.cfg.kernel == "triton"
+    plan = ops.dense_plan(q, k, v, lq, lk, True, D ** -0.5, False, True, False)
+    assert plan.selection.kernel == "triton_fwd" and plan.selection.config.kernel == "triton"
     lens = torch.tensor([777, 100], dtype=torch.int32, device="cuda")
     flashcore.attention(q, k, v, causal=True, secure=True, seqlens_k=lens)  # warm-up outside the graph
     g, out_g = capture_cuda_graph(lambda: flashcore.attention(q, k, v, causal=True, secure=True, seqlens_k=lens))
@@ -206,11 +207,11 @@ def test_static_gate_certifies_the_secure_kernel_and_still_sees_a_length_leak():
 
     code = """
 import json
-from flashcore import kernels
+from flashcore.audit import specs
 from flashcore.audit.sass import sass_taint
 out = []
 for secure, secret in ((True, None), (False, {"seqlen_k", "q_desc", "k_desc", "v_desc"})):
-    spec = kernels.gluon_spec(128, False, secure=secure)
+    spec = specs.gluon_spec(128, False, secure=secure)
     r = sass_taint(spec["fn"], spec["signature"], spec["constexprs"], secret or spec["secret"], attrs=spec["attrs"],
                    maxnreg=spec["maxnreg"])
     out.append((len(r.violations), sum(v.kind == "branch" for v in r.violations),

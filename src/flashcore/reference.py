@@ -90,22 +90,6 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, scale: O
     return (out, lse) if return_lse else out
 
 
-def check_cu_seqlens(cu_q: Tensor, cu_k: Tensor, total_q: int, total_k: int, max_q: int, max_k: int) -> None:
-    """Host-side validation of cumulative lengths (reads them: a sync on GPU tensors)."""
-    for name, cu, total, mx, mname in (("cu_seqlens_q", cu_q, total_q, max_q, "max_seqlen_q"),
-                                       ("cu_seqlens_k", cu_k, total_k, max_k, "max_seqlen_k")):
-        c = cu.detach().to("cpu", torch.int64)
-        if int(c[0]) != 0:
-            raise ValueError(f"{name} must start at 0, got {int(c[0])}")
-        lens = c[1:] - c[:-1]
-        if bool((lens < 0).any()):
-            raise ValueError(f"{name} must be non-decreasing, got {c.tolist()}")
-        if int(c[-1]) > total:
-            raise ValueError(f"{name} ends at {int(c[-1])} but the packed tensor has only {total} tokens")
-        if lens.numel() and int(lens.max()) > mx:
-            raise ValueError(f"{mname}={mx} is smaller than a real sequence length ({int(lens.max())})")
-
-
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                      causal: bool = False, scale: Optional[float] = None, return_lse: bool = False, backend: str = "reference"):
     """Float64 reference for packed sequences: out ``[total_q, Hq, D]``, lse ``[Hq, total_q]``."""

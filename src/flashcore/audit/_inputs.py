@@ -410,8 +410,8 @@ def environment() -> dict:
     try:
         import flashcore
         info["flashcore"] = getattr(flashcore, "__version__", None)
-        from flashcore.kernels import configs
-        info["secure_v_zeroing"] = os.environ.get(configs.SECURE_V_ZEROING_ENV, "auto")
+        from flashcore.plan import knobs
+        info["secure_v_zeroing"] = os.environ.get(knobs.SECURE_V_ZEROING_ENV, "auto")
     except Exception:
         pass
     if torch.cuda.is_available():

@@ -1,6 +1,6 @@
 """``flashcore audit``: the constant-time gates.
 
-    flashcore audit sass      static SASS/PTX audit of every compiled secure configuration (audit/sass.py)
+    flashcore audit sass      static SASS/PTX audit of every compiled secure configuration (audit/sass/)
     flashcore audit counters  Nsight Compute counters identical across secret input classes
     flashcore audit repro     bit-identical outputs over 1000 runs and across processes
     flashcore audit timing    dudect-style timing tests (Welch t with cropping, paired t)
@@ -61,7 +61,7 @@ def _run_sass(args) -> int:
               file=sys.stderr)
         return 2
     rest = list(getattr(args, "sass_args", []) or [])
-    # sass.py has its own '--json PATH' (where to write its report). Unless given, the report goes to
+    # the sass gate has its own '--json PATH' (where to write its report). Unless given, the report goes to
     # <out>/sass.json like the other gates' reports; --out is accepted for symmetry.
     out = getattr(args, "out", None) or DEFAULT_OUT
     if "--out" in rest:
@@ -95,9 +95,9 @@ def _gpu_handler(name: str):
 def apply_secure_v_zeroing(mode) -> None:
     """Set the variant for this process and its children (they inherit the environment)."""
     if mode:
-        from ..kernels import configs
+        from ..plan import knobs
 
-        os.environ[configs.SECURE_V_ZEROING_ENV] = mode
+        os.environ[knobs.SECURE_V_ZEROING_ENV] = mode
 
 
 def _add_gate_args(name: str, p: argparse.ArgumentParser) -> None:
@@ -149,7 +149,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     gates = audit.add_subparsers(dest="audit_gate", metavar="GATE")
     gates.required = True
 
-    # sass: its options belong to audit/sass.py, imported only when the gate runs; everything after
+    # sass: its options belong to audit/sass/cli.py, imported only when the gate runs; everything after
     # 'sass' is handed to that module's own parser (prefix_chars trick: argparse takes it verbatim).
     ps = gates.add_parser("sass", help="static SASS/PTX audit of the compiled secure kernels (no GPU needed)",
                           add_help=False, prefix_chars="\x00")
@@ -170,13 +170,3 @@ def register(subparsers) -> argparse.ArgumentParser:
     pa.set_defaults(func=_all)
     return audit
 
-
-def main(argv=None) -> int:
-    """``python -m flashcore.audit.cli ...``: the same as the ``flashcore`` command."""
-    from ..cli import main as flashcore_main
-
-    return flashcore_main(argv)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -48,6 +48,8 @@ from pathlib import Path
 from typing import Optional
 
 from . import _inputs as I
+from .pc_counts import compare_launches, parse_source_csv
+from .stats import class_effect_pvalue
 
 # ----------------------------------------------------------------------------------------------
 # Metrics (names checked against `ncu --query-metrics --chip gh100`, Nsight Compute 2025.3).
@@ -268,36 +270,6 @@ def _comparable(cell: Optional[dict]):
     if cell.get("value") is not None:
         return cell["value"]
     return cell.get("raw")
-
-
-def class_effect_pvalue(groups: list) -> Optional[float]:
-    """One-way ANOVA F-test of "the class changes the value" for a noisy counter.
-
-    groups: one list of repetitions per class. Returns the F-test p-value (F distribution with
-    G-1 and N-G degrees of freedom, through flashcore.audit.stats.betainc), 1.0 when every value is
-    equal, 0.0 when the classes differ but no class varies within itself, and None when there is no
-    repetition to measure the within-class noise (N == G)."""
-    import numpy as np
-
-    from .stats import betainc
-
-    groups = [np.asarray([float(x) for x in g], dtype=np.float64) for g in groups if len(g) > 0]
-    G = len(groups)
-    N = sum(g.size for g in groups)
-    if G < 2 or N <= G:
-        return None
-    allv = np.concatenate(groups)
-    grand = allv.mean()
-    ssb = float(sum(g.size * (g.mean() - grand) ** 2 for g in groups))
-    ssw = float(sum(((g - g.mean()) ** 2).sum() for g in groups))
-    if ssb == 0.0:
-        return 1.0
-    if ssw == 0.0:
-        return 0.0
-    d1, d2 = G - 1, N - G
-    F = (ssb / d1) / (ssw / d2)
-    x = d2 / (d2 + d1 * F)  # P(F' > F) = I_x(d2/2, d1/2)
-    return float(betainc(d2 / 2.0, d1 / 2.0, x, d1 * F / (d2 + d1 * F)))
 
 
 def compare_metric(values: dict, policy: str, *, strict_memory: bool = False, alpha: float = 1e-3) -> dict:
@@ -616,8 +588,6 @@ def profile_kernel(a, ncu: str, kernel: str, workdir: Path) -> dict:
         return info
     rows = parse_ncu_csv(text)
     if getattr(a, "per_pc", False):
-        from .pc_counts import parse_source_csv
-
         r = subprocess.run([ncu, "--import", str(rep.with_suffix(".ncu-rep")), "--csv", "--page", "source",
                             "--print-source", "sass"], capture_output=True, text=True, timeout=600)
         try:
@@ -691,8 +661,6 @@ def apply_per_pc(res: dict, per_kernel: list, *, alpha: float = 1e-3) -> dict:
     {class: [source block per rep]} per kernel of the call). The aggregate instruction and branch
     counters become information ("per_pc"): they must still agree outside retry loops, which the
     per-address comparison checks address by address, across every class and repetition."""
-    from .pc_counts import compare_launches
-
     res["per_pc"] = [compare_launches(pk, alpha=alpha) for pk in per_kernel]
     for name, r in res["metrics"].items():
         if r.get("group") in PER_PC_SUPERSEDES and r["status"] == "DIFFERS":

@@ -24,6 +24,8 @@ import io
 import re
 from typing import Optional
 
+from .stats import class_effect_pvalue
+
 # Instrumented, per-address counters that must not depend on the class. (The page's sampling columns,
 # "Warp Stall Sampling", "# Samples", stall_*, are statistical and ignored.)
 COUNTED_COLUMNS = (
@@ -133,8 +135,6 @@ def compare_launches(per_class: dict, *, alpha: float = 1e-3) -> dict:
     whose count the class explains (p < alpha and a spread across classes beyond the largest spread
     within one class) fails too. ``predicated_on_differs``: the predicated instructions whose
     predicated-on thread count differs (information, see INFO_COLUMNS)."""
-    from .counters import class_effect_pvalue
-
     launches = [(c, b) for c, bs in per_class.items() for b in bs]
     if not launches:
         raise ValueError("no launches to compare")

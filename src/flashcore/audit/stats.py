@@ -1,4 +1,5 @@
-"""Statistics for the timing gate (numpy only): Welch's t, dudect's percentile cropping, paired t.
+"""Statistics for the audit gates (numpy only): Welch's t, dudect's percentile cropping, paired t
+(timing gate); a one-way ANOVA class-effect test (:func:`class_effect_pvalue`, counters gate).
 
 dudect (Reparaz, Balasch, Verbauwhede, "Dude, is my code constant time?", DATE 2017) runs Welch's
 t-test between two classes of timings, plus the same test on measurements cropped at a ladder of
@@ -249,3 +250,30 @@ def summarize(x: Sequence[float]) -> dict:
 def detectable_difference(sd_a: float, sd_b: float, n_a: int, n_b: int, threshold: float = T_THRESHOLD) -> float:
     """Smallest mean difference whose expected |t| reaches ``threshold`` with these sample sizes."""
     return threshold * math.sqrt(sd_a ** 2 / max(n_a, 1) + sd_b ** 2 / max(n_b, 1))
+
+
+def class_effect_pvalue(groups: list) -> Optional[float]:
+    """One-way ANOVA F-test of "the class changes the value" for a noisy counter.
+
+    groups: one list of repetitions per class. Returns the F-test p-value (F distribution with
+    G-1 and N-G degrees of freedom, through :func:`betainc`), 1.0 when every value is equal, 0.0
+    when the classes differ but no class varies within itself, and None when there is no repetition
+    to measure the within-class noise (N == G). Used by the counters gate and its per-instruction
+    comparison (:mod:`.counters`, :mod:`.pc_counts`)."""
+    groups = [np.asarray([float(x) for x in g], dtype=np.float64) for g in groups if len(g) > 0]
+    G = len(groups)
+    N = sum(g.size for g in groups)
+    if G < 2 or N <= G:
+        return None
+    allv = np.concatenate(groups)
+    grand = allv.mean()
+    ssb = float(sum(g.size * (g.mean() - grand) ** 2 for g in groups))
+    ssw = float(sum(((g - g.mean()) ** 2).sum() for g in groups))
+    if ssb == 0.0:
+        return 1.0
+    if ssw == 0.0:
+        return 0.0
+    d1, d2 = G - 1, N - G
+    F = (ssb / d1) / (ssw / d2)
+    x = d2 / (d2 + d1 * F)  # P(F' > F) = I_x(d2/2, d1/2)
+    return float(betainc(d2 / 2.0, d1 / 2.0, x, d1 * F / (d2 + d1 * F)))

@@ -1,16 +1,21 @@
 """`flashcore bench` and `flashcore info`.
 
+``flashcore bench [--suite ...]`` runs the benchmark; ``flashcore bench TOOL ...`` runs one of the GPU tools
+(``gpu-check``, ``sweep``, ``timeline``; each module's ``register(tools)`` adds it). A tool's options go after
+its name (``flashcore bench gpu-check --suite seed``); the benchmark's own options apply to the benchmark only.
+
 Exit codes of ``bench``: 0 the run completed (and flashcore was correct wherever it ran);
 1 flashcore was wrong, failed or could not be imported on a shape, or the CUDA context was lost; 2 usage errors (bad
-suite, unknown backend, missing file) and no CUDA device.
+suite, unknown backend, missing file) and no CUDA device. The tools document their own.
 """
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from rich.console import Console
+
+from . import gpu_check, sweep, timeline_run
 
 DEFAULT_OUT = os.path.join("bench", "results")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -22,7 +27,8 @@ def register(sub) -> None:
 
 
 def _register_bench(sub) -> None:
-    p = sub.add_parser("bench", help="benchmark attention backends (needs a CUDA GPU)",
+    p = sub.add_parser("bench", help="benchmark attention backends; GPU tools (needs a CUDA GPU)",
+                       usage="flashcore bench [options]\n       flashcore bench TOOL [tool options]",
                        description="Check every available attention backend against the float64 reference, "
                                    "then time it (median of CUDA events, cold L2). Writes one JSON file per run.")
     p.add_argument("--suite", default="seed", metavar="SUITE",
@@ -45,6 +51,11 @@ def _register_bench(sub) -> None:
                    help="start no new shape after this many seconds (the table, JSON and plot cover what ran)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
     p.set_defaults(func=run_bench)
+    tools = p.add_subparsers(dest="bench_tool", metavar="TOOL", title="tools (flashcore bench TOOL --help)",
+                             description="instead of the benchmark, run one of these (options after the tool's name)")
+    gpu_check.register(tools, DEFAULT_OUT)
+    sweep.register(tools)
+    timeline_run.register(tools)
 
 
 def _register_info(sub) -> None:
@@ -182,13 +193,3 @@ def run_info(args) -> int:
         console.print(table)
     return EXIT_OK
 
-
-def main(argv=None) -> int:
-    """Stand-alone entry (``python -m flashcore.bench.cli``): the same as the ``flashcore`` command."""
-    from ..cli import main as flashcore_main
-
-    return flashcore_main(argv)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+import sys
 import time
 import traceback
 import warnings
@@ -15,7 +16,7 @@ from . import check, timing
 from .backends import FLASHCORE_NAMES, SDPA_DEFAULT, Backend, make_inputs, make_registry, parse_backend_names
 from .results import collect_environment, empty_backend_result, fill_derived, new_document
 from .stats import summarize_ms
-from .suites import Shape, as_shapes
+from .suites import Shape, SuiteError, as_shapes, resolve_suite
 
 DTYPE_NAMES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 FATAL_CUDA_ERRORS = ("illegal memory access", "unspecified launch failure", "device-side assert",
@@ -24,6 +25,20 @@ FATAL_CUDA_ERRORS = ("illegal memory access", "unspecified launch failure", "dev
 
 class NoCudaDevice(RuntimeError):
     """The benchmark needs a CUDA device."""
+
+
+def tool_shapes(tool: str, suite: str) -> Optional[list]:
+    """The shapes of ``flashcore bench TOOL --suite SUITE``, or None after saying on stderr why the tool cannot
+    run: a bad suite (checked first, so a typo is caught on any machine) or no CUDA device."""
+    try:
+        shapes = resolve_suite(suite)
+    except SuiteError as e:
+        print(f"flashcore bench {tool}: error: {e}", file=sys.stderr)
+        return None
+    if not torch.cuda.is_available():
+        print(f"flashcore bench {tool}: no CUDA device; nothing to do (the CPU tests are `pytest`)", file=sys.stderr)
+        return None
+    return shapes
 
 
 class FatalDeviceError(RuntimeError):

@@ -122,7 +122,7 @@ def _short_digest(lengths) -> str:
     return hashlib.sha1(",".join(map(str, lengths)).encode()).hexdigest()[:6]
 
 
-# The built-in suites (issue 3). A GPU script can import these directly.
+# The built-in suites (issue 3); the GPU tools (``flashcore bench gpu-check|sweep``) run them too.
 SEED: tuple = (
     Shape.dense(1, 8, 512, 64),
     Shape.dense(1, 16, 1024, 64),
@@ -216,6 +216,23 @@ def parse_suite(data, source: str = "suite") -> list:
 
 def load_suite_file(path: str) -> list:
     return parse_suite(read_json_file(path, "suite file", SuiteError), path)
+
+
+def parse_shapes(text: str) -> list:
+    """``1x16x1024x64,4x16x1024x64c`` -> dense :class:`Shape` objects (a trailing ``c``: causal): how the GPU
+    tools (``flashcore bench timeline``, ``bench/experiments``) take shapes on the command line."""
+    out = []
+    for item in text.split(","):
+        item = item.strip()
+        causal = item.endswith("c")
+        try:
+            B, H, S, D = (int(x) for x in (item[:-1] if causal else item).split("x"))
+        except ValueError:
+            raise SuiteError(f"a shape is BxHxSxD, with a trailing c for causal: got {item!r}") from None
+        if min(B, H, S, D) < 1:
+            raise SuiteError(f"a shape's sizes must be positive: got {item!r}")
+        out.append(Shape.dense(B, H, S, D, causal))
+    return out
 
 
 def resolve_suite(name_or_path: str) -> list:

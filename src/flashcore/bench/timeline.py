@@ -1,7 +1,7 @@
-"""Per-warpgroup timelines of the Hopper Gluon kernel, from its TRACE stamps (hopper_fwd.GluonLaunch.trace).
+"""Per-warpgroup timelines of the Hopper Gluon kernel, from its TRACE stamps (the ``trace`` switch of ``plan.knobs.GluonSwitches``).
 
 A traced launch writes SM clock readings at fixed points of each consumer warpgroup's work items
-(hopper_fwd's TRACE_* slot layout). This module turns one such buffer into phase durations, so that
+(``kernels/sm90/trace.py``'s TRACE_* slot layout). This module turns one such buffer into phase durations, so that
 "where does the time of a 10 us work item go" is a measurement, not a guess (perf-notes v15):
 
 * ``startup``: consumer start to its first Q in shared memory;
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import statistics
 
-from ..kernels.hopper_fwd import TRACE_ITEM0, TRACE_ITEM_SLOTS, TRACE_MAX_ITEMS, TRACE_MAX_STEPS, TRACE_SLOTS
+from ..kernels.sm90.trace import TRACE_ITEM0, TRACE_ITEM_SLOTS, TRACE_MAX_ITEMS, TRACE_MAX_STEPS, TRACE_SLOTS
 
 PHASES = ("startup", "q_to_s0", "first_step", "step", "last_step", "o_math", "o_store", "o_wait", "gap", "span")
 

@@ -1,0 +1,6 @@
+"""``python -m flashcore ...``: the ``flashcore`` command."""
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,141 @@
+"""Entry points: :func:`analyze_listing` (a parsed listing + parameter table), :func:`analyze_cubin`
+(a cubin), :func:`sass_taint` (compile a kernel, then analyse it) and :func:`audit_kernels` (many launch
+specs, optionally in forked worker processes)."""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Iterable
+
+from .compile import _unwrap_jit, compile_cubin, disassemble
+from .elf import kernel_info, kernel_names
+from .isa import Listing, parse_nvdisasm
+from .params import _expand_params, map_params
+from .report import ParamInfo, Report
+from .taint import _Analyzer
+
+
+def analyze_listing(listing: Listing, params: list[ParamInfo], kernel: str, notes: list[str] | None = None,
+                    smem_control_from: int | None = None) -> Report:
+    """Run the taint analysis on a parsed listing with an explicit parameter table. ``smem_control_from``:
+    where shared memory's control area starts (:class:`SmemLayout`); None models shared memory as one region."""
+    notes = notes if notes is not None else []
+    entry_off = listing.functions.get(kernel, listing.instrs[0].offset if listing.instrs else 0)
+    an = _Analyzer(listing, params, entry_off, notes, smem_control_from)
+    rep = an.run()
+    rep.kernel = kernel
+    rep.params = params
+    rep.notes = notes
+    return rep
+
+
+def analyze_cubin(cubin: bytes, kernel: str | None, expected_params: list[tuple[str, str, str]] | None,
+                  secret: Iterable[str], smem_control_from: int | None = None) -> Report:
+    """Analyse a cubin.  ``expected_params``: (name, role, arg) per ordinal, or None = all unmapped."""
+    secret = set(secret)
+    t0 = time.perf_counter()
+    names = kernel_names(cubin)
+    if kernel is None:
+        if len(names) != 1:
+            raise ValueError(f"cubin has several functions, name the kernel: {names}")
+        kernel = names[0]
+    kinfo = kernel_info(cubin, kernel)
+    notes: list[str] = []
+    if expected_params is None:
+        expected_params = [(f"<param{i}>", "unmapped", f"<param{i}>") for i in range(len(kinfo.params))]
+    params = map_params(kinfo, expected_params, secret, notes)
+    text = disassemble(cubin)
+    t1 = time.perf_counter()
+    listing = parse_nvdisasm(text)
+    if not listing.instrs:
+        raise RuntimeError("nvdisasm produced no instructions")
+    rep = analyze_listing(listing, params, kernel, notes, smem_control_from)
+    rep.secret = sorted(secret)
+    rep.timings = {"disassemble_s": round(t1 - t0, 4), "analyse_s": round(time.perf_counter() - t1, 4)}
+    return rep
+
+
+def sass_taint(fn, signature: dict, constexprs: dict | None, secret: Iterable[str], target=(9, 0),
+               num_warps: int = 4, num_stages: int = 3, attrs: dict | None = None,
+               maxnreg: int | None = None) -> Report:
+    """Compile ``fn`` for ``sm_90a`` (no GPU needed) and prove/disprove secret independence of its SASS.
+
+    ``secret``: argument names whose *pointee data* (pointers / tensor descriptors) or *value*
+    (scalars) is secret.  Returns a :class:`Report`; ``report.ok`` means no violation.
+    """
+    secret = set(secret or ())
+    jfn = _unwrap_jit(fn)
+    missing = [s for s in secret if s not in jfn.arg_names]
+    if missing:
+        raise ValueError(f"secret names are not arguments of {jfn.__name__}: {missing}")
+    comp = compile_cubin(jfn, signature, constexprs, target, num_warps, num_stages, attrs, maxnreg)
+    expected = _expand_params(jfn, signature, comp.constant_keys, comp.tensordesc_meta)
+    layout = comp.smem
+    rep = analyze_cubin(comp.cubin, comp.kernel, expected, secret, layout.control_from if layout else None)
+    if layout is not None and (layout.control_from is not None or layout.control):
+        rep.notes.append(layout.describe())  # the split in use, or why a kernel with barriers has none
+    cap = target if isinstance(target, int) else int(target[0]) * 10 + int(target[1])
+    rep.target = f"sm_{cap}" + ("a" if cap == 90 else "")
+    rep.num_warps, rep.num_stages = num_warps, num_stages
+    rep.timings = {"compile_s": round(comp.seconds, 4), **rep.timings}
+    return rep
+
+
+def _audit_one(spec: dict, on_error: str) -> Report:
+    fn = spec["fn"]
+    name = spec.get("name") or getattr(_safe_unwrap(fn), "__name__", str(fn))
+    nw, ns = int(spec.get("num_warps", 4)), int(spec.get("num_stages", 3))
+    try:
+        rep = sass_taint(fn, spec["signature"], spec.get("constexprs") or {}, spec.get("secret") or (),
+                         target=spec.get("target", (9, 0)), num_warps=nw, num_stages=ns,
+                         attrs=spec.get("attrs"), maxnreg=spec.get("maxnreg"))
+    except Exception as e:  # noqa: BLE001 - a kernel we cannot audit fails the gate
+        if on_error == "raise":
+            raise
+        rep = Report(kernel=getattr(_safe_unwrap(fn), "__name__", "?"), error=f"{type(e).__name__}: {e}",
+                     num_warps=nw, num_stages=ns, secret=sorted(spec.get("secret") or ()))
+    rep.name = name
+    return rep
+
+
+_POOL_SPECS: list[dict] = []
+
+
+def _pool_worker(i: int) -> Report:
+    return _audit_one(_POOL_SPECS[i], "report")
+
+
+def audit_kernels(specs: Iterable[dict], on_error: str = "report", jobs: int = 1) -> list[Report]:
+    """Run :func:`sass_taint` over launch specs ``{name, fn, signature, constexprs, secret, num_warps, num_stages}``.
+
+    ``on_error="report"`` turns a failure to compile/analyse into a failed :class:`Report` (``error``
+    set, ``ok`` False); ``"raise"`` re-raises.  ``jobs > 1`` compiles/analyses in forked worker
+    processes (POSIX only; falls back to serial); results keep the order of ``specs``.
+    """
+    specs = list(specs)
+    if jobs > 1 and len(specs) > 1 and on_error != "raise":
+        import multiprocessing as mp
+
+        global _POOL_SPECS
+        try:
+            ctx = mp.get_context("fork")
+        except ValueError:
+            ctx = None
+        if ctx is not None:
+            _POOL_SPECS = specs
+            try:
+                with ctx.Pool(min(jobs, len(specs))) as pool:
+                    return pool.map(_pool_worker, range(len(specs)), chunksize=1)
+            except Exception as e:  # noqa: BLE001 - e.g. unpicklable results: do it serially
+                print(f"flashcore audit sass: parallel audit failed ({type(e).__name__}: {e}); running serially",
+                      file=sys.stderr)
+            finally:
+                _POOL_SPECS = []
+    return [_audit_one(spec, on_error) for spec in specs]
+
+
+def _safe_unwrap(fn):
+    try:
+        return _unwrap_jit(fn)
+    except Exception:
+        return fn

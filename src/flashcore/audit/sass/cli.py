@@ -1,0 +1,127 @@
+"""``flashcore audit sass [--json PATH] [--include-fast] [--jobs N] [--show N]``: audit every configuration
+that ``flashcore.audit.specs.audit_specs`` lists and print the results (the secure configurations gate,
+the fast ones, with ``--include-fast``, are information)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from .analyze import audit_kernels
+from .report import Report
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--json", metavar="PATH", default=None, help="write the full reports as JSON to PATH")
+    parser.add_argument("--include-fast", action="store_true",
+                        help="also audit the fast (non-DHP) kernels; their findings are reported, never fatal")
+    parser.add_argument("--jobs", "-j", type=int, default=min(8, os.cpu_count() or 1), metavar="N",
+                        help="parallel compile/analysis processes (default: CPU count, at most 8)")
+    parser.add_argument("--show", type=int, default=8, metavar="N",
+                        help="violations to print per kernel (default 8; 0 = none)")
+    return parser
+
+
+def _table(title: str, reports: list[Report], console, informational: bool = False) -> None:
+    if console is not None:
+        from rich.table import Table
+
+        t = Table(title=title, show_lines=False, pad_edge=False, box=None, header_style="bold")
+        t.add_column("config", no_wrap=True)
+        t.add_column("w/s", no_wrap=True)
+        t.add_column("instrs", justify="right", no_wrap=True)
+        t.add_column("blocks", justify="right", no_wrap=True)
+        t.add_column("violations", no_wrap=True)
+        t.add_column("unk", justify="right", no_wrap=True)
+        t.add_column("status", no_wrap=True)
+        for r in reports:
+            status = "[green]OK[/]" if r.ok else ("[red]ERROR[/]" if r.error else
+                                                  ("[yellow]findings[/]" if informational else "[red]FAIL[/]"))
+            viol = ", ".join(f"{k}={v}" for k, v in r.counts().items()) or "-"
+            label = r.name or r.kernel
+            if r.name and r.kernel and r.kernel not in r.name:
+                label += f" ({r.kernel})"
+            t.add_row(label, f"{r.num_warps}/{r.num_stages}", str(r.n_instructions), str(r.n_blocks), viol,
+                      str(sum(r.unknown_opcodes.values())), status)
+        console.print(t)
+    else:
+        print(title)
+        for r in reports:
+            status = "OK" if r.ok else ("ERROR" if r.error else ("findings" if informational else "FAIL"))
+            viol = ", ".join(f"{k}={v}" for k, v in r.counts().items()) or "-"
+            print(f"  {status:<5} {(r.name or r.kernel):<40} w{r.num_warps}/s{r.num_stages} "
+                  f"{r.n_instructions:>6} instrs {r.n_blocks:>4} blocks  {viol}")
+
+
+def _details(reports: list[Report], show: int, out) -> None:
+    for r in reports:
+        if r.error:
+            print(f"{r.name or r.kernel}: ERROR {r.error}", file=out)
+            continue
+        if not r.violations or show <= 0:
+            continue
+        print(f"{r.name or r.kernel}: {len(r.violations)} violation(s)", file=out)
+        for k, v in enumerate(r.violations[:show]):
+            print(f"    {v}", file=out)
+            if k == 0:
+                for t in v.trace:
+                    print(f"        {t}", file=out)
+        if len(r.violations) > show:
+            print(f"    ... {len(r.violations) - show} more (see --json)", file=out)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        from flashcore.audit.specs import audit_specs  # lazy: imports the kernels
+    except Exception as e:  # noqa: BLE001
+        print(f"flashcore audit sass: cannot import flashcore.audit.specs.audit_specs: {e}", file=sys.stderr)
+        return 2
+    try:
+        from rich.console import Console
+
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=200)
+    except Exception:  # pragma: no cover
+        console = None
+    t0 = time.perf_counter()
+    try:
+        secure_specs = list(audit_specs(secure=True))
+        fast_specs = list(audit_specs(secure=False)) if getattr(args, "include_fast", False) else []
+    except Exception as e:  # noqa: BLE001
+        print(f"flashcore audit sass: audit_specs() failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    jobs = max(1, int(getattr(args, "jobs", 1) or 1))
+    secure = audit_kernels(secure_specs, jobs=jobs)
+    fast: list[Report] = audit_kernels(fast_specs, jobs=jobs) if fast_specs else []
+    show = getattr(args, "show", 8)
+    _table("DHP-safe (secure) kernels - must be violation-free", secure, console)
+    _details(secure, show, sys.stdout)
+    if fast:
+        _table("fast kernels - informational (secret-dependent behaviour expected)", fast, console, informational=True)
+        _details(fast, min(show, 3), sys.stdout)
+    gate_ok = bool(secure) and all(r.ok for r in secure)
+    if not secure:
+        print("flashcore audit sass: audit_specs(secure=True) returned no kernels - refusing to pass an empty gate",
+              file=sys.stderr)
+    elapsed = time.perf_counter() - t0
+    summary = (f"secure: {sum(r.ok for r in secure)}/{len(secure)} clean"
+               + (f"; fast: {sum(not r.ok for r in fast)}/{len(fast)} with findings" if fast else "")
+               + f" ({elapsed:.1f}s)")
+    print(("PASS " if gate_ok else "FAIL ") + summary)
+    if getattr(args, "json", None):
+        doc = {"ok": gate_ok, "secure": [r.to_dict() for r in secure], "fast": [r.to_dict() for r in fast],
+               "elapsed_s": round(elapsed, 3)}
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=2)
+    return 0 if gate_ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="flashcore audit sass",
+                                     description="Static SASS taint audit of the DHP-safe kernels (sm_90a, no GPU).")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+

@@ -1,0 +1,330 @@
+"""Compile a ``@triton.jit`` / ``@gluon.jit`` function for ``sm_90a`` without a GPU (:func:`compile_cubin`,
+cached per process), read its shared-memory layout (:func:`smem_layout`) and disassemble the cubin with
+Triton's ``nvdisasm`` (:func:`disassemble`, cached by content). Kernels decorated under
+``TRITON_INTERPRET=1`` are rebuilt as JIT functions and compiled with the interpreter switched off
+(:func:`_compiler_mode`)."""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+_CUBIN_CACHE: dict[Any, "_Compiled"] = {}
+_DISASM_CACHE: dict[str, str] = {}
+
+
+@dataclass
+class _Compiled:
+    cubin: bytes
+    kernel: str
+    tensordesc_meta: list | None
+    constant_keys: set
+    seconds: float
+    smem: "SmemLayout | None" = None
+
+
+@dataclass
+class SmemLayout:
+    """How a compiled kernel's shared memory splits into a data area and a control area, from the
+    compiler's own allocation (Triton's shared-memory allocation pass, re-run on the kernel's TTGIR).
+
+    Control: the mbarriers (``i64`` allocations) and, in a warp-specialised kernel, the buffer through
+    which ``warp_specialize`` hands its captures to the partitions and the per-warp dispatch flags.
+    Data: every other allocation (tiles). With ``control_from`` set, the analysis keeps two summaries:
+    a shared access whose address immediate is at or above ``control_from`` touches the control area,
+    any other the data area. So a secret tile written anywhere in the data area no longer reaches the
+    partitions' dispatch flag (the one-region model reported that branch, and everything after it).
+
+    Assumed, as for the mbarrier words themselves (module docstring): the register part of a shared
+    address is a non-negative offset that keeps an access inside its allocation (Triton's buffer
+    indices, e.g. ring slots, are in range by construction). Nothing is assumed about what is stored:
+    a secret value stored to the control area taints it, and every read of it. ``control_from`` is None
+    (one region) where the split cannot be read off safely: no control allocation, a data allocation
+    reaching past the control area's start, or an allocation of unknown size (compiler scratch)."""
+    control_from: int | None
+    data: list  # (name, offset, bytes)
+    control: list  # (what, offset)
+    reason: str = ""
+
+    def describe(self) -> str:
+        if self.control_from is None:
+            return f"shared memory modelled as one region ({self.reason})"
+        names = ", ".join(n for n, _, _ in self.data)
+        return (f"shared memory: data area [0, 0x{self.control_from:x}) ({names}); control area from "
+                f"0x{self.control_from:x} ({', '.join(w for w, _ in self.control)})")
+
+
+_ELT_BYTES = {"i1": 1, "i8": 1, "i16": 2, "i32": 4, "i64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8,
+              "f8E4M3FN": 1, "f8E5M2": 1}
+
+
+def _ptx_version(meta, cap: int) -> int:
+    """The PTX version Triton's NVIDIA backend compiled with (its make_llir computes it the same way)."""
+    from triton.backends.nvidia.compiler import get_ptx_version_from_options
+
+    return get_ptx_version_from_options(meta, cap)
+
+
+def smem_layout(ttgir: str | None, cap: int, ptx_version: int) -> SmemLayout | None:
+    """The shared-memory allocation of a compiled kernel (see :class:`SmemLayout`), or None when there
+    is no TTGIR. Re-runs the first passes of Triton 3.6's ``make_llir`` (NVIDIA backend) up to and
+    including shared-memory allocation and reads the ``allocation.offset`` attributes."""
+    if not ttgir:
+        return None
+    import tempfile
+
+    from triton._C.libtriton import ir, nvidia, passes
+
+    ctx = ir.context()
+    ir.load_dialects(ctx)
+    nvidia.load_dialects(ctx)
+    with tempfile.NamedTemporaryFile("w", suffix=".ttgir", delete=False) as f:
+        f.write(ttgir)
+        path = f.name
+    try:
+        mod = ir.parse_mlir_module(path, ctx)
+    finally:
+        os.unlink(path)
+    pm = ir.pass_manager(ctx)
+    passes.ttgpuir.add_combine_tensor_select_and_if(pm)
+    passes.ttgpuir.add_allocate_warp_groups(pm)
+    passes.convert.add_scf_to_cf(pm)
+    passes.gluon.add_inliner(pm)
+    nvidia.passes.ttgpuir.add_allocate_shared_memory_nv(pm, cap, ptx_version)
+    pm.run(mod, "flashcore_smem_layout")
+    data, control, unknown = [], [], []
+    has_ws = False
+    for line in str(mod).splitlines():
+        m = re.search(r"allocation\.offset = (\d+)", line)
+        if not m:
+            continue
+        off = int(m.group(1))
+        t = line.strip()
+        if "ttg.local_alloc" in t:
+            mt = re.search(r"!ttg\.memdesc<([0-9x]+)x(\w+),", t)
+            name = t.split("=", 1)[0].strip() if t.startswith("%") else "?"
+            if mt is None or mt.group(2) not in _ELT_BYTES:
+                unknown.append(name)
+                continue
+            n = 1
+            for d in mt.group(1).split("x"):
+                n *= int(d)
+            if mt.group(2) == "i64":  # Triton's mbarriers are i64 memdescs
+                control.append((f"mbarriers {name}", off))
+            else:
+                data.append((name, off, n * _ELT_BYTES[mt.group(2)]))
+        elif "ttg.warp_specialize" in t:
+            has_ws = True
+            control.append(("warp_specialize captures", off))
+        elif t.startswith("tt.func"):
+            control.append(("warp_specialize dispatch flags", off))
+        else:
+            unknown.append(t.split("=", 1)[-1].strip().split(" ")[0])
+    if any(w.startswith("warp_specialize dispatch") for w, _ in control) and not has_ws:
+        return SmemLayout(None, data, control, "a function-level allocation without warp_specialize")
+    if unknown:
+        return SmemLayout(None, data, control, f"allocations of unknown size: {', '.join(unknown)}")
+    if not control:
+        return SmemLayout(None, data, control, "no control allocations")
+    start = min(o for _, o in control)
+    if any(o + n > start for _, o, n in data):
+        return SmemLayout(None, data, control, "a data allocation reaches past the control area's start")
+    return SmemLayout(start, sorted(data, key=lambda d: d[1]), sorted(control, key=lambda c: c[1]))
+
+
+_JIT_FROM_INTERP: dict[int, tuple[Any, Any]] = {}
+_GLOBALS_FROM_INTERP: dict[int, dict] = {}
+
+
+def _interp_to_jit(ifn):
+    """A compilable ``JITFunction`` for a kernel decorated while ``TRITON_INTERPRET=1``.
+
+    Under the interpreter ``@triton.jit`` returns ``InterpretedFunction`` objects (the kernel *and*
+    the helpers it calls through module globals).  We rebuild the Python functions over a copy of
+    their module globals in which every interpreted function is replaced by its JIT twin.
+    """
+    import types
+
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    hit = _JIT_FROM_INTERP.get(id(ifn))
+    if hit is not None and hit[0] is ifn:
+        return hit[1]
+    pyfn = ifn.fn
+    gid = id(pyfn.__globals__)
+    g = _GLOBALS_FROM_INTERP.get(gid)
+    if g is None:
+        g = dict(pyfn.__globals__)
+        _GLOBALS_FROM_INTERP[gid] = g
+        for name, v in list(g.items()):
+            if isinstance(v, InterpretedFunction):
+                g[name] = _interp_to_jit(v)
+    nf = types.FunctionType(pyfn.__code__, g, pyfn.__name__, pyfn.__defaults__, pyfn.__closure__)
+    for attr in ("__qualname__", "__module__", "__doc__", "__annotations__", "__kwdefaults__"):
+        setattr(nf, attr, getattr(pyfn, attr, None))
+    jit = JITFunction(nf, **dict(getattr(ifn, "kwargs", {}) or {}))
+    _JIT_FROM_INTERP[id(ifn)] = (ifn, jit)
+    return jit
+
+
+def _unwrap_jit(fn):
+    from triton.runtime.jit import JITFunction
+
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except Exception:  # pragma: no cover
+        InterpretedFunction = ()  # type: ignore[assignment]
+    seen = 0
+    while not isinstance(fn, JITFunction) and seen < 8:
+        if InterpretedFunction and isinstance(fn, InterpretedFunction):
+            return _interp_to_jit(fn)
+        if not hasattr(fn, "fn"):
+            break
+        fn = fn.fn  # autotuner / heuristics wrappers
+        seen += 1
+    if not isinstance(fn, JITFunction):
+        raise TypeError(f"expected a @triton.jit function, got {type(fn).__name__}")
+    return fn
+
+
+def _freeze(x):
+    if isinstance(x, dict):
+        return tuple(sorted((repr(k), _freeze(v)) for k, v in x.items()))
+    if isinstance(x, (list, tuple)):
+        return tuple(_freeze(v) for v in x)
+    try:
+        hash(x)
+        return (type(x).__name__, x)
+    except TypeError:
+        return repr(x)
+
+
+@contextlib.contextmanager
+def _compiler_mode():
+    """Compile as on a GPU machine even when ``TRITON_INTERPRET=1`` (CPU test suites set it).
+
+    Under the interpreter every ``@triton.jit`` function - the kernel, its helpers and Triton's own
+    standard library (``tl.sum``, ``tl.max``, tensor member functions...) - was created as an
+    ``InterpretedFunction``.  For the duration of the compile we switch the knob off and swap the
+    standard-library objects for JIT twins, restoring everything afterwards.
+    """
+    try:
+        from triton import knobs
+        from triton.runtime.interpreter import InterpretedFunction
+    except Exception:  # pragma: no cover - older Triton
+        yield
+        return
+    if not knobs.runtime.interpret:
+        yield
+        return
+    patches: list[tuple[Any, str, Any]] = []
+    try:
+        for modname, mod in list(sys.modules.items()):
+            if mod is None or not (modname == "triton.language" or modname.startswith("triton.language.")):
+                continue
+            for name, v in list(vars(mod).items()):
+                if isinstance(v, InterpretedFunction):
+                    patches.append((mod, name, v))
+                elif isinstance(v, type) and getattr(v, "__module__", "").startswith("triton.language"):
+                    for cname, cv in list(vars(v).items()):
+                        if isinstance(cv, InterpretedFunction):
+                            patches.append((v, cname, cv))
+        seen = set()
+        for owner, name, v in patches:
+            if (id(owner), name) in seen:
+                continue
+            seen.add((id(owner), name))
+            setattr(owner, name, _interp_to_jit(v))
+        with knobs.runtime.scope():
+            knobs.runtime.interpret = False
+            yield
+    finally:
+        for owner, name, v in patches:
+            setattr(owner, name, v)
+
+
+def compile_cubin(fn, signature: dict, constexprs: dict | None = None, target=(9, 0), num_warps: int = 4,
+                  num_stages: int = 3, attrs: dict | None = None, maxnreg: int | None = None) -> _Compiled:
+    """Compile ``fn`` for ``sm_<target>`` (``a`` variant on 9.0) without a GPU; cached per process.
+
+    ``attrs``: per-argument attributes as Triton's launcher attaches them (``{(i,): [["tt.divisibility",
+    16]]}``). Without them pointers are assumed unaligned and the compiler emits a different kernel
+    (scalar loads, no cp.async) from the one that runs. Gluon kernels (``@gluon.jit``) compile
+    through Gluon's front end; ``maxnreg`` is the register cap a warp-specialised one launches with."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    jfn = _unwrap_jit(fn)
+    cap = target if isinstance(target, int) else int(target[0]) * 10 + int(target[1])
+    key = (id(jfn), jfn.cache_key, _freeze(signature), _freeze(constexprs or {}), cap, num_warps, num_stages,
+           _freeze(attrs or {}), maxnreg)
+    hit = _CUBIN_CACHE.get(key)
+    if hit is not None:
+        return hit
+    t0 = time.perf_counter()
+    source = ASTSource
+    if getattr(jfn, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource as source
+    src = source(jfn, signature=dict(signature), constexprs=dict(constexprs or {}), attrs=dict(attrs or {}))
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    if maxnreg is not None:
+        options["maxnreg"] = maxnreg
+    with _compiler_mode():
+        compiled = triton.compile(src, target=GPUTarget("cuda", cap, 32), options=options)
+    meta = compiled.metadata
+    out = _Compiled(
+        cubin=compiled.asm["cubin"],
+        kernel=getattr(meta, "name", jfn.__name__),
+        tensordesc_meta=getattr(meta, "tensordesc_meta", None),
+        constant_keys=set(src.constants.keys()),
+        seconds=time.perf_counter() - t0,
+        smem=smem_layout(compiled.asm.get("ttgir"), cap, _ptx_version(meta, cap)),
+    )
+    _CUBIN_CACHE[key] = out
+    return out
+
+
+def _tool(name: str) -> str:
+    env = os.environ.get(f"TRITON_{name.upper()}_PATH")
+    if env and os.path.exists(env):
+        return env
+    try:
+        import triton
+
+        p = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+        if os.path.exists(p):
+            return p
+    except Exception:  # pragma: no cover
+        pass
+    p = shutil.which(name)
+    if p:
+        return p
+    raise FileNotFoundError(f"{name} not found (looked in triton/backends/nvidia/bin, $TRITON_{name.upper()}_PATH, PATH)")
+
+
+def disassemble(cubin: bytes) -> str:
+    """``nvdisasm -c`` text of a cubin (cached by content)."""
+    h = hashlib.sha256(cubin).hexdigest()
+    if h in _DISASM_CACHE:
+        return _DISASM_CACHE[h]
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+        path = f.name
+    try:
+        res = subprocess.run([_tool("nvdisasm"), "-c", path], capture_output=True, text=True, timeout=300)
+    finally:
+        os.unlink(path)
+    if res.returncode != 0:
+        raise RuntimeError(f"nvdisasm failed: {res.stderr.strip()[:500]}")
+    _DISASM_CACHE[h] = res.stdout
+    return res.stdout

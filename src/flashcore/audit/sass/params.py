@@ -1,0 +1,68 @@
+"""Kernel parameters -> constant bank 0: the parameter list Triton's launcher passes
+(:func:`_expand_params`) matched against the cubin's ``EIATTR_KPARAM_INFO`` records (:func:`map_params`)."""
+from __future__ import annotations
+
+import re
+
+from .elf import KernelInfo
+from .report import ParamInfo
+
+
+def _expand_params(jfn, signature: dict, constant_keys: set, tensordesc_meta: list | None) -> list[tuple[str, str, str]]:
+    """Kernel-parameter list in ordinal order as (name, role, arg) - mirrors Triton's launcher."""
+    out: list[tuple[str, str, str]] = []
+    td_idx = 0
+    for i, arg in enumerate(jfn.arg_names):
+        ty = signature.get(arg)
+        if ty is None or ty == "constexpr" or (i,) in constant_keys:
+            continue
+        if isinstance(ty, str) and ty.startswith("tensordesc"):
+            meta = tensordesc_meta[td_idx] if tensordesc_meta and td_idx < len(tensordesc_meta) else None
+            td_idx += 1
+            m = re.match(r"tensordesc<([^[>]*)\[([^]]*)\]", ty)
+            ndim = m.group(2).count(",") + 1 if m else 2
+            if meta is None:
+                out.append((arg, "pointer", arg))
+                out += [(f"{arg}.host_shape_stride{k}", "scalar", arg) for k in range(2 * ndim)]
+                out.append((f"{arg}.padding", "scalar", arg))
+            else:
+                out.append((arg, "tensordesc", arg))
+            out += [(f"{arg}.shape{k}", "scalar", arg) for k in range(ndim)]
+            out += [(f"{arg}.stride{k}", "scalar", arg) for k in range(ndim)]
+        elif isinstance(ty, str) and ty.startswith("**"):
+            out.append((arg, "pointer-to-pointer", arg))
+        elif isinstance(ty, str) and (ty.startswith("*") or ty == "nvTmaDesc"):
+            out.append((arg, "pointer" if ty.startswith("*") else "tensordesc", arg))
+        elif isinstance(ty, str):
+            out.append((arg, "scalar", arg))
+        else:  # tuples etc.: let the count check catch it
+            out.append((arg, "unmapped", arg))
+    return out
+
+
+def map_params(kinfo: KernelInfo, expected: list[tuple[str, str, str]], secret: set[str],
+               notes: list[str]) -> list[ParamInfo]:
+    params: list[ParamInfo] = []
+    n_exp = len(expected)
+    hidden_names = ["<global_scratch>", "<profile_scratch>"]
+    mismatch = len(kinfo.params) < n_exp or any(r == "unmapped" for _, r, _ in expected)
+    if mismatch:
+        notes.append(f"parameter mapping uncertain: cubin has {len(kinfo.params)} parameters, signature implies "
+                     f"{n_exp} (+hidden); unmapped parameters are treated as secret")
+    for kp in kinfo.params:
+        off = kinfo.param_base + kp.offset
+        if kp.ordinal < n_exp and not mismatch:
+            name, role, arg = expected[kp.ordinal]
+            is_secret = arg in secret and (role in ("pointer", "tensordesc", "pointer-to-pointer") or name == arg)
+            params.append(ParamInfo(kp.ordinal, name, off, kp.size, role, is_secret))
+        elif kp.ordinal >= n_exp and not mismatch:
+            k = kp.ordinal - n_exp
+            name = hidden_names[k] if k < len(hidden_names) else f"<hidden{k}>"
+            params.append(ParamInfo(kp.ordinal, name, off, kp.size, "hidden", False))
+        else:
+            name = expected[kp.ordinal][0] if kp.ordinal < n_exp else f"<param{kp.ordinal}>"
+            params.append(ParamInfo(kp.ordinal, name, off, kp.size, "unmapped", True))
+    unknown = secret - {p.name for p in params} - {a for _, _, a in expected}
+    if unknown:
+        notes.append(f"secret names not among the kernel's runtime arguments (constexpr or misspelt?): {sorted(unknown)}")
+    return params

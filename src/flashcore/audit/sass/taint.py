@@ -1,0 +1,826 @@
+"""The abstract interpreter: a flow-sensitive forward taint / provenance analysis of a SASS listing to a
+fixpoint over its CFG (:class:`_Analyzer`; static facts and memory summary :class:`_Env`, per-program-point
+state :class:`_State`). The abstract domain and modelling choices are described in the package docstring."""
+from __future__ import annotations
+
+import heapq
+import re
+from collections import Counter
+from typing import Iterable
+
+from .cfg import _build_cfg
+from .isa import Instr, Listing, Sem, _inner_regs, decode, parse_operand
+from .report import ParamInfo, Report, Violation
+
+_EMPTY: frozenset = frozenset()
+_UNKNOWN = "?"
+
+
+class _Env:
+    """Static facts: parameters, secrets, and the flow-insensitive memory summary."""
+
+    def __init__(self, params: list[ParamInfo], smem_control_from: int | None = None):
+        self.params = params
+        # shared memory: one region ("S"), or with ``smem_control_from`` two: the data area ("S") and the
+        # control area ("S:ctl", accesses whose address immediate is at or above it; see SmemLayout)
+        self.smem_control_from = smem_control_from
+        self.slots: list[tuple[int, int, ParamInfo]] = [(p.cbank_offset, p.cbank_offset + p.size, p) for p in params]
+        self.ptr_names = frozenset(p.name for p in params
+                                   if p.role in ("pointer", "tensordesc", "pointer-to-pointer", "hidden", "unmapped"))
+        self.secret_ptrs = frozenset(p.name for p in params if p.secret and
+                                     p.role in ("pointer", "tensordesc", "pointer-to-pointer", "unmapped"))
+        self.secret_scalars = [p for p in params if p.secret and p.role in ("scalar", "unmapped")]
+        self.any_secret = bool(self.secret_ptrs or self.secret_scalars)
+        # memory summary: region -> (taint, provenance)
+        self.mem: dict[str, tuple[bool, frozenset]] = {}
+        for name in self.secret_ptrs:
+            self.mem[f"G:{name}"] = (True, _EMPTY)
+        for p in params:
+            if p.role == "pointer-to-pointer":
+                t, pr = self.mem.get(f"G:{p.name}", (False, _EMPTY))
+                self.mem[f"G:{p.name}"] = (t, pr | {_UNKNOWN})
+        self.mem_version = 0
+        self._const_cache: dict[tuple[int, int], tuple[bool, frozenset]] = {}
+
+    # ---- constant bank
+    def const(self, bank: int, off: int, nbytes: int) -> tuple[bool, frozenset]:
+        if bank != 0:
+            return False, _EMPTY
+        key = (off, nbytes)
+        hit = self._const_cache.get(key)
+        if hit is not None:
+            return hit
+        t, prov = False, set()
+        for lo, hi, p in self.slots:
+            if off < hi and off + nbytes > lo:
+                if p.secret and p.role in ("scalar", "unmapped"):
+                    t = True
+                if p.role in ("pointer", "tensordesc", "pointer-to-pointer", "hidden", "unmapped"):
+                    prov.add(p.name)
+        res = (t, frozenset(prov))
+        self._const_cache[key] = res
+        return res
+
+    def const_secret_name(self, bank: int, off: int, nbytes: int) -> str | None:
+        if bank != 0:
+            return None
+        for lo, hi, p in self.slots:
+            if off < hi and off + nbytes > lo and p.secret and p.role in ("scalar", "unmapped"):
+                return p.name
+        return None
+
+    # ---- memory summary
+    def smem_region(self, spec: tuple) -> str:
+        imm = spec[1] if len(spec) > 1 else None
+        if self.smem_control_from is not None and imm is not None and imm >= self.smem_control_from:
+            return "S:ctl"
+        return "S"
+
+    def mem_get(self, region: str) -> tuple[bool, frozenset]:
+        return self.mem.get(region, (False, _EMPTY))
+
+    def mem_join(self, region: str, t: bool, p: frozenset) -> None:
+        ot, op = self.mem.get(region, (False, _EMPTY))
+        nt, np_ = ot or t, op | p
+        if nt != ot or len(np_) != len(op):
+            self.mem[region] = (nt, np_)
+            self.mem_version += 1
+
+    def everything(self, state_t: set | None = None) -> tuple[bool, frozenset]:
+        """Join over every memory region (an access with unknown address)."""
+        t = self.any_secret or any(v[0] for v in self.mem.values())
+        if state_t is not None and not t:
+            t = any(k.startswith("L") for k in state_t)
+        prov = set(self.ptr_names) | {_UNKNOWN}
+        for v in self.mem.values():
+            prov |= v[1]
+        return t, frozenset(prov)
+
+    def global_regions(self, prov: frozenset) -> list[str] | None:
+        """Regions an address with provenance ``prov`` may point to; None = unknown."""
+        if not prov or _UNKNOWN in prov:
+            return None
+        return [f"G:{p}" for p in sorted(prov)] + ["G?"]
+
+    def read_global(self, prov: frozenset) -> tuple[bool, frozenset]:
+        regions = self.global_regions(prov)
+        if regions is None:
+            return self.everything()
+        t, p = False, set()
+        for r in regions:
+            rt, rp = self.mem_get(r)
+            t = t or rt
+            p |= rp
+        return t, frozenset(p)
+
+    def write_global(self, prov: frozenset, t: bool, p: frozenset, generic: bool) -> None:
+        regions = self.global_regions(prov)
+        if regions is None:
+            self.mem_join("G?", t, p)
+            if generic:
+                self.mem_join("S", t, p)
+                if self.smem_control_from is not None:
+                    self.mem_join("S:ctl", t, p)
+            return
+        for r in regions[:-1]:
+            self.mem_join(r, t, p)
+
+
+FULL = 0xFFFFFFFF
+
+
+def _smear_up(m: int) -> int:
+    """Bits an addition/multiplication result may take from operand bits ``m`` (carries go up)."""
+    if not m:
+        return 0
+    return FULL & ~((m & -m) - 1)
+
+
+_LOP3_CACHE: dict[tuple, tuple[bool, bool]] = {}
+
+
+def _lop3_bit(lut: int, states: tuple, alias: int | None) -> tuple[bool, bool]:
+    """(output depends on a tainted input, output may differ from the aliased input) for one bit.
+
+    ``states[i]``: "0"/"1" known constant bit, "t" tainted unknown bit, "f" untainted unknown bit.
+    """
+    key = (lut, states, alias)
+    hit = _LOP3_CACHE.get(key)
+    if hit is not None:
+        return hit
+    free = [i for i, st in enumerate(states) if st in "tf"]
+    tainted = [i for i in free if states[i] == "t"]
+    clean = [i for i in free if states[i] == "f"]
+    depends = False
+    may_change = alias is None
+    for cu in range(1 << len(clean)):
+        outs = set()
+        for ct in range(1 << len(tainted)):
+            v = [0, 0, 0]
+            for i, st in enumerate(states):
+                if st in "01":
+                    v[i] = int(st)
+            for k, i in enumerate(clean):
+                v[i] = (cu >> k) & 1
+            for k, i in enumerate(tainted):
+                v[i] = (ct >> k) & 1
+            out = (lut >> ((v[0] << 2) | (v[1] << 1) | v[2])) & 1
+            outs.add(out)
+            if alias is not None and out != v[alias]:
+                may_change = True
+        if len(outs) > 1:
+            depends = True
+    _LOP3_CACHE[key] = (depends, may_change)
+    return depends, may_change
+
+
+class _State:
+    """Flow-sensitive abstract state.
+
+    ``T``: taint per location as a bit mask (32-bit registers and local slots are tracked per bit,
+    predicates and everything else use ``FULL``); ``P``: provenance per location (absent = empty);
+    ``G``: guarded values, ``loc -> (guard_key, mask, prov)`` = "the last write to ``loc`` happened
+    under ``guard_key`` (predicate, negated) and, whenever that predicate still holds, ``loc`` has
+    this value".  ``G`` makes ``@!P5 MOV R2, 0x4000 ... @!P5 SYNCS.ARRIVE ..., R2`` precise: reads
+    under the same guard see the guarded value instead of the join with the old one.  Entries die
+    when the location is rewritten or the predicate register is redefined; joins keep only entries
+    with the same guard on both sides.  ``W`` (witness: which instruction tainted a location) only
+    feeds the explanatory traces of violations.
+    """
+
+    __slots__ = ("T", "P", "G", "W", "key", "pc", "D", "C")
+
+    def __init__(self, T=None, P=None, G=None, W=None):
+        self.T: dict = T if T is not None else {}
+        self.P: dict = P if P is not None else {}
+        self.G: dict = G if G is not None else {}
+        self.W: dict = W if W is not None else {}
+        self.key = None  # guard key of the instruction being executed
+        self.pc = -1  # offset of the instruction being executed
+        # Predicate aliases, within one basic block only (never copied or joined): ``D`` = predicate ->
+        # (its defining instruction's opcode and sources, the registers it read); ``C`` = predicate -> an
+        # earlier predicate defined by the same instruction from the same, unchanged sources. A guard is
+        # keyed by its alias, so ``@UP1 UMOV UR9, URZ`` then ``@UP0 UTMASTG [UR8]`` (UP0 and UP1 both
+        # ``VOTEU.ANY`` of P1) reads the guarded UR9. Block-local because a vote's result also depends
+        # on which threads are active, which only a branch changes.
+        self.D: dict = {}
+        self.C: dict = {}
+
+    def canon(self, pred: str) -> str:
+        return self.C.get(pred, pred)
+
+    def kill(self, loc: str) -> None:
+        """``loc`` is written: aliases that read it or name it are no longer valid."""
+        if self.D:
+            for k in [k for k, (_, regs) in self.D.items() if k == loc or loc in regs]:
+                del self.D[k]
+        if self.C:
+            for k in [k for k, v in self.C.items() if k == loc or v == loc]:
+                del self.C[k]
+
+    def define_pred(self, pred: str, sig: tuple, regs: frozenset) -> None:
+        for other, (osig, _) in self.D.items():
+            if osig == sig and other != pred:
+                self.C[pred] = self.C.get(other, other)
+                break
+        self.D[pred] = (sig, regs)
+
+    def copy(self) -> "_State":
+        return _State(dict(self.T), dict(self.P), dict(self.G), dict(self.W))
+
+    def m(self, r: str) -> int:
+        if self.key is not None and self.G:
+            e = self.G.get(r)
+            if e is not None and e[0] == self.key:
+                return e[1]
+        return self.T.get(r, 0)
+
+    def t(self, r: str) -> bool:
+        return self.m(r) != 0
+
+    def p(self, r: str) -> frozenset:
+        if self.key is not None and self.G:
+            e = self.G.get(r)
+            if e is not None and e[0] == self.key:
+                return e[2]
+        return self.P.get(r, _EMPTY)
+
+    def any_t(self, regs: Iterable[str]) -> bool:
+        for r in regs:
+            if self.m(r):
+                return True
+        return False
+
+    def which_t(self, regs: Iterable[str]) -> list[str]:
+        return [r for r in regs if self.m(r)]
+
+    def prov(self, regs: Iterable[str]) -> frozenset:
+        out = _EMPTY
+        for r in regs:
+            v = self.p(r)
+            if v:
+                out = out | v
+        return out
+
+    def set(self, loc: str, mask: int, p: frozenset, guard_key, extra: int = 0) -> None:
+        """Write ``loc``: value taint ``mask``; ``extra`` = bits tainted only through a tainted guard."""
+        T, P, G = self.T, self.P, self.G
+        self.kill(loc)
+        total = mask | extra
+        if total:
+            self.W[loc] = self.pc
+        if guard_key is None:
+            if total:
+                T[loc] = total
+            else:
+                T.pop(loc, None)
+            if p:
+                P[loc] = p
+            else:
+                P.pop(loc, None)
+            if G:
+                G.pop(loc, None)
+        else:
+            if total:
+                T[loc] = T.get(loc, 0) | total
+            if p:
+                P[loc] = P.get(loc, _EMPTY) | p
+            G[loc] = (guard_key, mask, p)
+        if G and (loc[0] == "P" or loc.startswith("UP")):
+            dead = [k for k, e in G.items() if e[0][0] == loc]
+            for k in dead:
+                del G[k]
+
+    def weak(self, loc: str, mask: int, p: frozenset) -> None:
+        self.kill(loc)
+        if mask:
+            self.W[loc] = self.pc
+            self.T[loc] = self.T.get(loc, 0) | mask
+        if p:
+            self.P[loc] = self.P.get(loc, _EMPTY) | p
+        if self.G:
+            self.G.pop(loc, None)
+
+    def join_into(self, other: "_State") -> bool:
+        """other := other |_| self; returns True if other changed."""
+        changed = False
+        ot = other.T
+        for k, v in self.T.items():
+            ov = ot.get(k, 0)
+            if v & ~ov:
+                if not ov:
+                    other.W[k] = self.W.get(k, -1)
+                ot[k] = ov | v
+                changed = True
+        op = other.P
+        for k, v in self.P.items():
+            ov = op.get(k)
+            if ov is None:
+                op[k] = v
+                changed = True
+            elif not v <= ov:
+                op[k] = ov | v
+                changed = True
+        og = other.G
+        if og:
+            sg = self.G
+            for k in list(og):
+                e = og[k]
+                f = sg.get(k)
+                if f is None or f[0] != e[0]:
+                    del og[k]
+                    changed = True
+                elif (f[1] & ~e[1]) or not f[2] <= e[2]:
+                    og[k] = (e[0], e[1] | f[1], e[2] | f[2])
+                    changed = True
+        return changed
+
+
+class _Analyzer:
+    def __init__(self, listing: Listing, params: list[ParamInfo], entry_off: int, notes: list[str],
+                 smem_control_from: int | None = None):
+        self.listing = listing
+        self.ins = listing.instrs
+        self.sems: list[Sem] = [decode(x) for x in self.ins]
+        self.env = _Env(params, smem_control_from)
+        self.notes = notes
+        self.unresolved: set[int] = set()
+        self.blocks, self.entry = _build_cfg(listing, entry_off, notes, self.unresolved)
+        self.iterations = 0
+        self.why: dict[int, list[tuple]] = {}
+        self.by_offset = {x.offset: x for x in self.ins}
+        self.pred_defs = [self._pred_def(x) for x in self.ins]  # decoded once, not on every fixpoint visit
+
+    def _read(self, spec: tuple, S: _State) -> tuple[bool, frozenset]:
+        env = self.env
+        kind = spec[0]
+        if kind == "S":
+            return env.mem_get(env.smem_region(spec))
+        if kind in ("G", "GEN"):
+            prov = S.prov(spec[1])
+            if kind == "GEN" and env.global_regions(prov) is None:
+                return env.everything(S.T)
+            return env.read_global(prov)
+        if kind == "L":
+            slots = spec[1]
+            t = S.t("L*")
+            p = S.p("L*")
+            if slots is None:
+                t = t or any(k.startswith("L:") for k in S.T)
+                for k, v in S.P.items():
+                    if k.startswith("L:"):
+                        p = p | v
+            else:
+                for s in slots:
+                    key = f"L:{s}"
+                    t = t or S.t(key)
+                    p = p | S.p(key)
+            return t, p
+        if kind == "TMA":
+            prov = S.prov(spec[1])
+            if env.global_regions(prov) is None:
+                return env.everything()
+            dt, dp = env.read_global(prov)  # the descriptor's memory
+            if not dp or _UNKNOWN in dp:
+                return env.everything()
+            t = dt or bool(dp & env.secret_ptrs)
+            data_t, data_p = env.read_global(dp)
+            return t or data_t, data_p
+        raise AssertionError(kind)
+
+    def _write(self, spec: tuple, S: _State, t: bool, p: frozenset, guard_key) -> None:
+        env = self.env
+        kind = spec[0]
+        if kind == "S":
+            env.mem_join(env.smem_region(spec), t, p)
+        elif kind in ("G", "GEN"):
+            prov = S.prov(spec[1])
+            env.write_global(prov, t, p, kind == "GEN")
+            if kind == "GEN" and env.global_regions(prov) is None:
+                S.weak("L*", FULL if t else 0, p)
+        elif kind == "L":
+            slots = spec[1]
+            if slots is None:
+                S.weak("L*", FULL if t else 0, p)
+            else:
+                for s in slots:
+                    S.set(f"L:{s}", FULL if t else 0, p, guard_key)
+        elif kind == "TMA":
+            prov = S.prov(spec[1])
+            if env.global_regions(prov) is None:
+                dp = frozenset({_UNKNOWN})
+            else:
+                dp = env.read_global(prov)[1] or frozenset({_UNKNOWN})
+            env.write_global(dp, t, p, False)
+
+    _PRED_DEFS = ("ISETP", "UISETP", "FSETP", "PLOP3", "UPLOP3", "VOTEU", "VOTE")
+
+    @classmethod
+    def _pred_def(cls, x: Instr):
+        """(predicate, signature, registers read) of an unguarded predicate definition whose result is a
+        function of its operands alone (see _State.D), else None."""
+        if x.guard is not None or x.base not in cls._PRED_DEFS or not x.operands:
+            return None
+        dest = parse_operand(x.operands[0])
+        if dest.kind != "pred" or dest.negated or dest.reg in ("PT", "UPT"):
+            return None
+        regs = frozenset(r for o in x.operands[1:] for r, _ in _inner_regs(o))
+        return dest.reg, (x.opcode, tuple(o.replace(".reuse", "") for o in x.operands[1:])), regs
+
+    def _step(self, i: int, S: _State, sink: list | None) -> None:
+        self._step_effects(i, S, sink)
+        d = self.pred_defs[i]
+        if d is not None:
+            S.define_pred(*d)
+
+    def _step_effects(self, i: int, S: _State, sink: list | None) -> None:
+        x = self.ins[i]
+        s = self.sems[i]
+        env = self.env
+        key = (S.canon(x.guard), x.guard_neg) if x.guard is not None else None
+        S.pc = x.offset
+        S.key = None
+        gt = x.guard is not None and S.t(x.guard)
+        S.key = key
+        at_regs = S.which_t(s.addr) if s.addr else []
+        at = bool(at_regs)
+
+        if sink is not None:
+            self._check(x, s, S, gt, at_regs, sink)
+            self._record_why(x, s, S, gt, at_regs)
+
+        fam = s.family
+        if fam in ("branch", "nop") or (fam == "timing" and not s.dests):
+            S.key = None
+            return
+        if s.local is not None:
+            self._local(s, S, key, gt, at)
+            S.key = None
+            return
+        if s.bitop is not None:
+            self._bitop_step(s, S, key, gt)
+            S.key = None
+            return
+        vt = S.any_t(s.srcs)
+        vp = S.prov(s.srcs)
+        for bank, off, nb in s.consts:
+            ct, cp = env.const(bank, off, nb)
+            vt = vt or ct
+            if cp:
+                vp = vp | cp
+        if s.const_indexed:
+            vt = vt or bool(env.secret_scalars)
+            vp = vp | env.ptr_names
+        for spec in s.reads:
+            rt, rp = self._read(spec, S)
+            vt = vt or rt
+            if rp:
+                vp = vp | rp
+        if s.is_memory:
+            vt = vt or at
+        if s.public_dests:
+            dt, dp = gt, _EMPTY
+        else:
+            dt, dp = vt or gt, vp
+        wt = vt or gt or at
+        writes = s.writes
+        S.key = None
+        mask = FULL if (dt and not s.public_dests) else 0
+        extra = FULL if gt else 0
+        for d in s.dests:
+            S.set(d, mask, _EMPTY if (d[0] == "P" or d.startswith("UP")) else dp, key, extra)
+        for spec in writes:
+            self._write(spec, S, wt, vp, key)
+
+    def _local(self, s: Sem, S: _State, key, gt: bool, at: bool) -> None:
+        """LDL/STL with known [R1+imm] slots: per-slot, bit-precise (predicate words get spilled)."""
+        op, slots, regs = s.local
+        extra = FULL if gt else 0
+        if op == "ld":
+            star_m, star_p = S.m("L*"), S.p("L*")
+            vals = []
+            for off, r in zip(slots, regs):
+                loc = f"L:{off}"
+                m = S.m(loc) | star_m | (FULL if at else 0)
+                vals.append((r, m, S.p(loc) | star_p))
+            S.key = None
+            for r, m, p in vals:
+                S.set(r, m, p, key, extra)
+        else:
+            vals = [(f"L:{off}", S.m(r) | (FULL if at else 0), S.p(r)) for off, r in zip(slots, regs)]
+            S.key = None
+            for loc, m, p in vals:
+                S.set(loc, m, p, key, extra)
+
+    def _opmask(self, S: _State, op: tuple) -> tuple[int, int | None]:
+        kind = op[0]
+        if kind == "r":
+            return S.m(op[1]), None
+        if kind == "k":
+            return 0, op[1]
+        if kind == "c":
+            return (FULL if self.env.const(op[1], op[2], op[3])[0] else 0), None
+        return 0, None
+
+    def _bitop_step(self, s: Sem, S: _State, key, gt: bool) -> None:
+        bop = s.bitop
+        kind = bop[0]
+        prov = S.prov(s.srcs)
+        for bank, off, nb in s.consts:
+            prov = prov | self.env.const(bank, off, nb)[1]
+        change = FULL
+        pred_t = False
+        r2p = None
+        if kind == "lop3":
+            _, dest, ops, lut, pins = bop
+            ms = [self._opmask(S, o) for o in ops]
+            alias = next((i for i, o in enumerate(ops) if o[0] == "r" and o[1] == dest), None)
+            mask = 0
+            change = 0
+            for bit in range(32):
+                b = 1 << bit
+                states = tuple(("1" if (c >> bit) & 1 else "0") if c is not None else ("t" if m & b else "f")
+                               for m, c in ms)
+                dep, chg = _lop3_bit(lut, states, alias)
+                if dep:
+                    mask |= b
+                if chg:
+                    change |= b
+            pred_t = bool(mask) or S.any_t(pins)
+        elif kind == "copy":
+            mask = self._opmask(S, bop[2])[0]
+        elif kind == "shf":
+            _, dest, a, b, sh, left, hi, signed = bop
+            ma, mb = self._opmask(S, a)[0], self._opmask(S, b)[0]
+            if sh == 0:
+                mask = mb if (hi and not left) else ma
+            elif sh >= 32:
+                mask = FULL if (ma or mb) else 0
+            elif left and not hi:
+                mask = (ma << sh) & FULL
+            elif left and hi:
+                mask = ((mb << sh) | (ma >> (32 - sh))) & FULL
+            elif hi:  # right, high word: b >> sh
+                mask = mb >> sh
+                if signed and mb & 0x80000000:
+                    mask |= FULL & ~(FULL >> sh)
+            else:  # right, low word of {b:a} >> sh
+                mask = ((ma >> sh) | (mb << (32 - sh))) & FULL
+        elif kind == "sel":
+            _, dest, a, b, p = bop
+            mask = self._opmask(S, a)[0] | self._opmask(S, b)[0] | (FULL if S.t(p) else 0)
+        elif kind == "prmt":
+            _, dest, a, sel, b = bop
+            src = self._opmask(S, a)[0] | (self._opmask(S, b)[0] << 32)
+            mask = 0
+            for j in range(4):
+                nib = (sel >> (4 * j)) & 0xF
+                byte = (src >> (8 * (nib & 7))) & 0xFF
+                if nib & 8:
+                    byte = 0xFF if byte & 0x80 else 0
+                mask |= byte << (8 * j)
+        elif kind == "p2r":
+            _, dest, a, m, shift, pfx = bop
+            ma = self._opmask(S, a)[0]
+            mask = ma & ~((m << shift) & FULL)
+            for i in range(7):
+                if (m >> i) & 1 and S.t(f"{pfx}{i}"):
+                    mask |= 1 << (i + shift)
+            mask &= FULL
+        elif kind == "r2p":
+            _, a, m, shift = bop
+            ma = self._opmask(S, a)[0]
+            r2p = {}
+            for d in s.dests:
+                i = int(d.lstrip("UP"))
+                r2p[d] = bool((ma >> (i + shift)) & 1)
+            mask = 0
+        elif kind == "arith":
+            _, dest, ops, shift, pins = bop
+            m = 0
+            for i, o in enumerate(ops):
+                om = self._opmask(S, o)[0]
+                m |= ((om << shift) & FULL) if (i == 0 and shift) else om
+            mask = FULL if S.any_t(pins) else _smear_up(m)
+            pred_t = bool(mask)
+        else:  # pragma: no cover
+            mask = FULL
+        S.key = None
+        for d in s.dests:
+            if d[0] == "P" or d.startswith("UP"):
+                t = r2p[d] if r2p is not None else pred_t
+                S.set(d, FULL if t else 0, _EMPTY, key, FULL if gt else 0)
+            else:
+                S.set(d, mask, prov, key, change if gt else 0)
+
+    def _record_why(self, x: Instr, s: Sem, S: _State, gt: bool, at_regs: list[str]) -> None:
+        """Final pass only: remember why this instruction's results are tainted (for traces)."""
+        env = self.env
+        why: list[tuple] = []
+        key = S.key
+        if gt:
+            S.key = None
+            why.append(("loc", x.guard, S.W.get(x.guard, -1)))
+            S.key = key
+        for r in s.srcs:
+            if S.t(r):
+                why.append(("loc", r, S.W.get(r, -1)))
+        for bank, off, nb in s.consts:
+            name = env.const_secret_name(bank, off, nb)
+            if name:
+                why.append(("src", f"c[0x{bank:x}][0x{off:x}] = secret scalar {name}"))
+        if s.const_indexed and env.secret_scalars:
+            why.append(("src", "indexed constant-bank read (secret scalars present)"))
+        if s.local is not None and s.local[0] == "ld":
+            for off in s.local[1]:
+                if S.t(f"L:{off}"):
+                    why.append(("loc", f"L:{off}", S.W.get(f"L:{off}", -1)))
+        elif s.local is not None:
+            for r in s.local[2]:
+                if S.t(r):
+                    why.append(("loc", r, S.W.get(r, -1)))
+        for spec in s.reads:
+            if self._read(spec, S)[0] and not (s.local is not None and spec[0] == "L" and not S.t("L*")):
+                why.append(("src", self._read_reason(spec, S)))
+        if s.is_memory:
+            for r in at_regs:
+                why.append(("loc", r, S.W.get(r, -1)))
+        S.key = key
+        self.why[x.offset] = why
+
+    def _read_reason(self, spec: tuple, S: _State) -> str:
+        env = self.env
+        kind = spec[0]
+        if kind == "S":
+            if env.smem_region(spec) == "S:ctl":
+                return "shared memory, control area (received secret data)"
+            if env.smem_control_from is not None:
+                return "shared memory, data area (holds secret data)"
+            return "shared memory (holds secret data: coarse model)"
+        if kind == "L":
+            return "local memory (spilled secret)"
+        prov = S.prov(spec[1])
+        if kind == "TMA":
+            if env.global_regions(prov) is None:
+                return "TMA load through a descriptor of unknown provenance (secret arguments present)"
+            dp = env.read_global(prov)[1]
+            names = sorted(dp & env.secret_ptrs)
+            return f"TMA load through a descriptor built from secret {', '.join(names) or 'data'}"
+        regions = env.global_regions(prov)
+        if regions is None:
+            return "global/generic load from an address of unknown provenance (secret arguments present)"
+        secret = sorted(p for p in prov if p in env.secret_ptrs)
+        if secret:
+            return f"global load of data behind secret pointer {', '.join(secret)}"
+        return "global load from a region that received secret data (" + ", ".join(
+            r[2:] if r != "G?" else "<unknown>" for r in regions if env.mem_get(r)[0]) + ")"
+
+    def trace(self, loc: str, w: int, limit: int = 10) -> list[str]:
+        """Follow witnesses back from a tainted location to a secret source."""
+        out: list[str] = []
+        seen = set()
+        by_off = self.by_offset
+        while len(out) < limit:
+            if w is None or w < 0 or (loc, w) in seen:
+                out.append(f"{loc} (tainted on entry to a block; origin not recorded)" if w is not None and w < 0
+                           else f"{loc}")
+                break
+            seen.add((loc, w))
+            ins = by_off.get(w)
+            why = self.why.get(w, [])
+            shown = f"local[0x{int(loc[2:]):x}]" if loc.startswith("L:") else loc
+            out.append(f"{shown} <- /*{w:04x}*/ {ins.text if ins else '?'}")
+            srcs = [r for r in why if r[0] == "src"]
+            if srcs:
+                out.append("   " + srcs[0][1])
+                break
+            locs = [r for r in why if r[0] == "loc"]
+            if not locs:
+                break
+            _, loc, w = locs[0]
+        return out
+
+    def _check(self, x: Instr, s: Sem, S: _State, gt: bool, at_regs: list[str], sink: list) -> None:
+        def add(kind: str, detail: str) -> None:
+            v = Violation(x.offset, x.opcode, kind, x.text, detail)
+            key = S.key
+            S.key = None
+            first = x.guard if gt else None
+            S.key = key
+            if first is None:
+                cand = (at_regs if kind == "address" else
+                        S.which_t(s.branch_srcs) if kind == "branch" else
+                        S.which_t(s.mem_preds) if kind == "predicated-memory" else S.which_t(s.timing_srcs))
+                first = cand[0] if cand else None
+            if first is not None:
+                v._seed = (first, S.W.get(first, -1))
+            sink.append(v)
+
+        g = f"guard {'!' if x.guard_neg else ''}{x.guard} tainted" if gt else ""
+        fam = s.family
+        if fam == "branch":
+            if x.offset in self.unresolved:
+                add("coverage", "call into code outside the disassembly: callee not analysed")
+            regs = S.which_t(s.branch_srcs)
+            if gt or regs:
+                add("branch", "; ".join(filter(None, [g, f"operand {','.join(regs)} tainted" if regs else ""])))
+            return
+        if fam == "timing":
+            regs = S.which_t(s.timing_srcs)
+            if gt or regs:
+                add("timing", "; ".join(filter(None, [g, f"operand {','.join(regs)} tainted" if regs else ""])))
+            return
+        if s.is_memory:
+            if gt:
+                add("predicated-memory", g)
+            mp = S.which_t(s.mem_preds)
+            if mp:
+                add("predicated-memory", f"predicate operand {','.join(mp)} tainted")
+            if at_regs:
+                add("address", f"address register {','.join(at_regs)} tainted")
+            tr = S.which_t(s.timing_srcs)
+            if tr:
+                add("timing", f"synchronisation operand {','.join(tr)} tainted")
+
+    # ---- fixpoint
+    def run(self) -> Report:
+        blocks = self.blocks
+        nb = len(blocks)
+        ins_state: list[_State | None] = [None] * nb
+        ins_state[self.entry] = _State()
+        visits = 0
+        limit = 500 * max(nb, 1) + 10000
+        while True:
+            version = self.env.mem_version
+            heap = [b for b in range(nb) if ins_state[b] is not None]
+            heapq.heapify(heap)
+            queued = set(heap)
+            while heap:
+                b = heapq.heappop(heap)
+                queued.discard(b)
+                visits += 1
+                if visits > limit:  # pragma: no cover - the lattice is finite; this is a safety net
+                    raise RuntimeError("SASS taint fixpoint did not converge")
+                S = ins_state[b].copy()
+                blk = blocks[b]
+                for i in range(blk.start, blk.end):
+                    self._step(i, S, None)
+                for sb in blk.succs:
+                    if ins_state[sb] is None:
+                        ins_state[sb] = S.copy()
+                        changed = True
+                    else:
+                        changed = S.join_into(ins_state[sb])
+                    if changed and sb not in queued:
+                        heapq.heappush(heap, sb)
+                        queued.add(sb)
+            if self.env.mem_version == version:
+                break
+        self.iterations = visits
+
+        # final pass: collect violations and the tainted-location summary
+        sink: list[Violation] = []
+        tainted: set[str] = set()
+        n_ins = 0
+        reachable = [b for b in range(nb) if ins_state[b] is not None]
+        for b in reachable:
+            S = ins_state[b].copy()
+            tainted.update(S.T)
+            blk = blocks[b]
+            n_ins += blk.end - blk.start
+            for i in range(blk.start, blk.end):
+                self._step(i, S, sink)
+                tainted.update(S.T)
+        seen = set()
+        violations = []
+        for v in sorted(sink, key=lambda v: (v.offset, v.kind)):
+            k = (v.offset, v.kind)
+            if k not in seen:
+                seen.add(k)
+                seed = v.__dict__.pop("_seed", None)
+                if seed is not None and len(violations) < 50:  # keep reports small: traces for the first 50
+                    v.trace = self.trace(*seed)
+                violations.append(v)
+        unknown: Counter = Counter()
+        for b in reachable:
+            blk = blocks[b]
+            for i in range(blk.start, blk.end):
+                if not self.sems[i].known:
+                    unknown[self.ins[i].opcode] += 1
+        regs = sorted((t for t in tainted if not t.startswith("L")), key=_reg_sort_key)
+        mem = sorted(k for k, v in self.env.mem.items() if v[0])
+        names = {"S": "shared", "S:ctl": "shared:control", "G?": "global:<unknown>"}
+        mem = [names.get(m) or "global:" + m[2:] for m in mem]
+        mem += sorted({"local" + (f"[0x{int(t[2:]):x}]" if t.startswith("L:") else "[*]") for t in tainted
+                       if t.startswith("L")})
+        return Report(kernel="", violations=violations, n_instructions=n_ins, n_blocks=len(reachable),
+                      total_instructions=len(self.ins), iterations=visits, tainted_registers=regs,
+                      tainted_memory=mem, unknown_opcodes=dict(sorted(unknown.items())))
+
+
+def _reg_sort_key(r: str):
+    m = re.fullmatch(r"([A-Z]+?)(\d+)", r)
+    order = {"R": 0, "UR": 1, "P": 2, "UP": 3, "B": 4}
+    if m:
+        return (order.get(m.group(1), 9), int(m.group(2)), r)
+    return (9, 0, r)

@@ -1,0 +1,180 @@
+"""The static audit's kernel list: every configuration flashcore launches, as compile specs built from the
+kernels' own launch builders (``flashcore.launch``), so the audit compiles exactly what runs.
+
+A spec is ``{name, fn, signature, constexprs, attrs, secret, num_warps, num_stages, maxnreg}``; its secret
+parameters come from the kernel's declaration (``flashcore.kernels``, ``Capabilities.secrets``)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from ..kernels import KERNELS, SM90_FWD, TRITON_FWD
+from ..kernels.secure.prepass import attn_secure_sanitize_kv_kernel, attn_secure_zero_v_padding_kernel
+from ..kernels.triton.fwd import attn_fwd_kernel
+from ..launch.secure_prepass import PREPASS_BLOCK_S, PREPASS_WARPS, build_prepass, build_prepass_kv, key_weights_shape
+from ..launch.sm90_fwd import GluonLaunch
+from ..launch.triton_fwd import build_launch
+from ..plan import tables
+from ..plan.select import triton_config
+from ..plan.tables import Config
+from ..problem import Problem
+
+_ELT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+# Public facts that select a different compiled kernel. The default audit covers each code path
+# (dtype families, every BLOCK_D with even and masked head dims, head dims whose row stride is
+# not a multiple of 16 bytes, GQA vs not, seqlen even/odd/not divisible by 16, each causal mode);
+# ``full=True`` enumerates every supported head dim and all three dtypes.
+_AUDIT_HEAD_DIMS = (8, 64, 72, 128, 256)
+_AUDIT_SEQLENS = ((4096, 8, 8), (1000, 8, 2))  # (S, Hq, Hkv)
+# The Gluon kernel's audited forms: (S, Hq, Hkv, return_lse). S=4096 takes three consumer warpgroups at
+# D=64 non-causal (tables.gluon_ws); 1000 has a partial edge tile and two.
+_AUDIT_GLUON = ((4096, 8, 8, False), (1000, 8, 2, True))
+
+
+def _spec_from_launch(name, cfg, args, constexprs, secret, fn):
+    """Specialise the runtime arguments exactly as Triton's launcher does (ints equal to 1 become
+    constexprs; pointers and ints divisible by 16 get ``tt.divisibility``)."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    names = list(fn.arg_names)  # also set on the interpreter's function object
+    signature, attrs, consts = {}, {}, dict(constexprs)
+    for i, (pname, val) in enumerate(zip(names, args)):
+        ty, attr = native_specialize_impl(BaseBackend, val, False, True, True)
+        if ty == "constexpr":
+            signature[pname] = "constexpr"
+            consts[pname] = attr
+        else:
+            signature[pname] = ty
+            if attr == "D":
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    for pname in constexprs:
+        signature[pname] = "constexpr"
+    return dict(name=name, fn=fn, signature=signature, constexprs=consts, attrs=attrs,
+                secret=set(secret), num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg)
+
+
+def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0), full: bool = False) -> list[dict]:
+    """Every kernel configuration flashcore launches in this mode on ``arch`` (see above), for the SASS
+    audit. On sm_90 the warp-specialised Gluon kernel (:func:`gluon_spec`) is listed too, in every
+    form it launches in this mode (:data:`_AUDIT_GLUON`).
+
+    Secrets (each kernel's declaration): the data behind q/k/v and, in secure mode, the true lengths; for
+    the fast path the cumulative lengths of a varlen launch (its loop bounds depend on them)."""
+    dtypes = (torch.bfloat16, torch.float16, torch.float32) if full else (torch.bfloat16, torch.float32)
+    head_dims = tuple(range(8, 257, 8)) if full else _AUDIT_HEAD_DIMS
+    modes = [(False, False), (True, False), (True, True)] if secure else [(False, False), (True, False)]
+    specs = []
+    for dtype in dtypes:
+        for hd in head_dims:
+            for causal, public_diag in modes:
+                for S, Hq, Hkv in _AUDIT_SEQLENS:
+                    for varlen in ((False,) if secure else (False, True)):
+                        specs.append(_audit_spec(dtype, hd, causal, public_diag, S, Hq, Hkv, secure, varlen, arch))
+            if secure:
+                for S, _, Hkv in _AUDIT_SEQLENS:
+                    specs.append(_audit_prepass_spec(dtype, hd, S, Hkv))
+                    if dtype != torch.float32 and hd in (64, 128):  # the secure Gluon kernel's (non-causal)
+                        specs.append(_audit_prepass_kv_spec(dtype, hd, S, Hkv))
+    if tables.is_hopper(arch):
+        for dtype in (torch.bfloat16, torch.float16):
+            for hd in SM90_FWD.head_dims:
+                for causal in (False, True):
+                    for S, Hq, Hkv, lse in _AUDIT_GLUON:
+                        cfg = (tables.gluon_secure if secure else tables.gluon_ws)(hd, S, causal)
+                        specs.append(gluon_spec(hd, causal, dtype, S, Hq, Hkv, lse, cfg=cfg, secure=secure))
+    return specs
+
+
+def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096, Hq: int = 8, Hkv: int = 8,
+               return_lse: bool = False, cfg=None, secure: bool = False, switches=None) -> dict:
+    """The Gluon Hopper kernel as launched for these public facts, as a compile spec like
+    :func:`audit_specs`' (plus ``maxnreg``); built from CPU tensors, no GPU needed. ``secure``: the
+    constant-time kernel (secret: the data behind the descriptors and the lengths). ``switches``: the
+    kernel's switches (``plan.knobs.GluonSwitches``; default: the current ones)."""
+    B = 2
+    q, k = torch.empty(B, Hq, S, head_dim, dtype=dtype), torch.empty(B, Hkv, S, head_dim, dtype=dtype)
+    lse = torch.empty(B, Hq, S, dtype=torch.float32) if return_lse else None
+    cfg = cfg or (tables.gluon_secure if secure else tables.gluon_ws)(head_dim, S, causal)
+    launch = GluonLaunch(q, k, k, q, lse, scale=head_dim ** -0.5, causal=causal, seqlen_q=S, seqlen_k=S, batch=B,
+                         num_heads_q=Hq, num_heads_kv=Hkv, lse_strides=(Hq * S, S), cfg=cfg, secure=secure,
+                         switches=switches)
+    step = launch.step
+    lens = torch.full((B,), S, dtype=torch.int32)
+    w = torch.empty(launch.key_weights_shape, dtype=dtype) if launch.key_weights_shape else None
+    args = [*launch.descriptors(q, k, k, q, w), lse if lse is not None else q, lens, *step.scalars]
+    # secure: the key weights and the query lengths are secret too (the key lengths enter the pre-pass only)
+    mode = "secure" if secure else "fast"
+    name = (f"{mode}_gluon_ws_{_ELT[dtype]}_d{head_dim}_{'causal' if causal else 'full'}_s{S}_gqa{Hq // Hkv}"
+            f"{'_lse' if return_lse else ''}_{cfg.block_m // 64}wg")
+    spec = _spec_from_launch(name, cfg, args, step.constexprs, SM90_FWD.secrets(secure), fn=step.fn)
+    spec["num_stages"] = 1
+    spec["maxnreg"] = step.options["maxnreg"]
+    return spec
+
+
+def _audit_prepass_spec(dtype, hd, S, Hkv):
+    B = 2
+    v = torch.empty(B, Hkv, S, hd, dtype=dtype)
+    vs = torch.empty_like(v)
+    lens = torch.full((B,), S, dtype=torch.int32)
+    _, args, ce = build_prepass(v, vs, lens, seqlen_k=S, batch=B, num_heads_kv=Hkv, v_strides=v.stride()[:3])
+    cfg = Config(PREPASS_BLOCK_S, PREPASS_BLOCK_S, PREPASS_WARPS, 1)
+    return _spec_from_launch(f"secure_prepass_{_ELT[dtype]}_d{hd}_s{S}_hkv{Hkv}", cfg, args, ce,
+                             KERNELS["secure_prepass_v"].secrets(), fn=attn_secure_zero_v_padding_kernel)
+
+
+def _audit_prepass_kv_spec(dtype, hd, S, Hkv):
+    B = 2
+    k = torch.empty(B, Hkv, S, hd, dtype=dtype)
+    ks, vs = torch.empty_like(k), torch.empty_like(k)
+    w = torch.empty(key_weights_shape(B, S), dtype=dtype)
+    lens = torch.full((B,), S, dtype=torch.int32)
+    _, args, ce = build_prepass_kv(k, k, ks, vs, w, lens, seqlen_k=S, batch=B, num_heads_kv=Hkv,
+                                   k_strides=k.stride()[:3], v_strides=k.stride()[:3])
+    cfg = Config(PREPASS_BLOCK_S, PREPASS_BLOCK_S, PREPASS_WARPS, 1)
+    return _spec_from_launch(f"secure_prepass_kv_{_ELT[dtype]}_d{hd}_s{S}_hkv{Hkv}", cfg, args, ce,
+                             KERNELS["secure_prepass_kv"].secrets(), fn=attn_secure_sanitize_kv_kernel)
+
+
+def _audit_spec(dtype, hd, causal, public_diag, S, Hq, Hkv, secure, varlen, arch):
+    B = 2
+    # Representative tensors: only dtype, alignment and strides matter to specialisation.
+    def like(h, s):
+        return torch.empty(B, h, s, hd, dtype=dtype).as_strided((B, h, s, hd), (h * s * hd, s * hd, hd, 1))
+    q, k, v, o = like(Hq, S), like(Hkv, S), like(Hkv, S), like(Hq, S)
+    lse = torch.empty(B, Hq, S, dtype=torch.float32)
+    lens = torch.full((B,), S, dtype=torch.int32)
+    problem = Problem.dense(q, k, v, o, causal=causal, scale=hd ** -0.5, layout="bhsd", secure=secure,
+                            self_attention=public_diag, return_lse=True)
+    # the Triton kernel's own table configuration for these facts on ``arch`` (where the table prefers the
+    # Gluon kernel, this is the form that runs when the Gluon kernel cannot)
+    cfg = triton_config(_on_arch(problem, arch))
+    if varlen:
+        cu = torch.tensor([0, S, 2 * S], dtype=torch.int32)
+        qv, kv, vv, ov = (t.transpose(1, 2).contiguous().reshape(B * S, -1, hd) for t in (q, k, v, o))
+        cfg, _, args, ce = build_launch(
+            qv, kv, vv, ov, lse, seqlens_q=None, seqlens_k=None, cu_seqlens_q=cu, cu_seqlens_k=cu,
+            scale=hd ** -0.5, causal=causal, secure=False, secure_public_diag=False, seqlen_q=S, seqlen_k=S,
+            batch=B, num_heads_q=Hq, num_heads_kv=Hkv,
+            q_strides=(0, qv.stride(1), qv.stride(0)), k_strides=(0, kv.stride(1), kv.stride(0)),
+            v_strides=(0, vv.stride(1), vv.stride(0)), o_strides=(0, ov.stride(1), ov.stride(0)),
+            lse_strides=(0, B * S), config=cfg)
+    else:
+        cfg, _, args, ce = build_launch(
+            q, k, v, o, lse, seqlens_q=lens if secure else None, seqlens_k=lens if secure else None,
+            cu_seqlens_q=None, cu_seqlens_k=None, scale=hd ** -0.5, causal=causal, secure=secure,
+            secure_public_diag=public_diag, seqlen_q=S, seqlen_k=S, batch=B, num_heads_q=Hq, num_heads_kv=Hkv,
+            q_strides=q.stride()[:3], k_strides=k.stride()[:3], v_strides=v.stride()[:3], o_strides=o.stride()[:3],
+            lse_strides=(Hq * S, S), config=cfg)
+    secret = TRITON_FWD.secrets(secure=secure, varlen=varlen and not secure)
+    mode = ("causal_pubdiag" if public_diag else "causal") if causal else "full"
+    name = (f"{'secure' if secure else 'fast'}_{_ELT[dtype]}_d{hd}_{mode}_s{S}_gqa{Hq // Hkv}"
+            f"{'_varlen' if varlen else ''}_{cfg.block_m}x{cfg.block_n}w{cfg.num_warps}s{cfg.num_stages}")
+    return _spec_from_launch(name, cfg, args, ce, secret, fn=attn_fwd_kernel)
+
+
+def _on_arch(problem: Problem, arch) -> Problem:
+    return replace(problem, arch=tuple(arch) if arch is not None else None)

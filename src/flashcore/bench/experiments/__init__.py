@@ -1,0 +1,29 @@
+"""Device-side A/B and investigation tools: not part of the library's API and not run routinely (the routine
+GPU runs are ``flashcore bench``, ``flashcore bench gpu-check|sweep|timeline`` and ``flashcore audit``). Each is
+a module run on a GPU machine as ``python -m flashcore.bench.experiments.<name> [--help]``; each writes its JSON
+to ``--out`` (default ``$OUT`` or ``.``). docs/perf-notes.md says which version used which tool, and what it found.
+
+* ``gluon_ab``: A/B of the Gluon kernel's switches (``plan.knobs.GluonSwitches``) and of configs, with
+  correctness checks against float64, timed in the bench harness's way and with ``do_bench``;
+* ``cost_fit``: fixed and per-unit costs beside SDPA's, fitted over shape series (key tiles, items per program);
+* ``host_latency``: host cost of one eager call per kernel (with and without the Gluon launch's descriptor
+  cache) beside SDPA; ``--dispatch`` for the small-shape kernel threshold;
+* ``ncu_compare``: Nsight Compute, one flashcore config beside SDPA's kernel on one shape;
+* ``kernel_trace``: kernel time versus launch gap from the profiler's kernel timestamps;
+* ``launch_overhead``: what ``do_bench``'s per-call window holds besides the kernel (primers, tiny problems);
+* ``audit_gpu``: the GPU audit gates (counters, repro, timing; sass if time is left) in one device call,
+  with a time budget, a ``--quick`` smoke mode and a summary table (docs/security.md §4).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def parser(module: str, doc: str, out_default: str = ".") -> argparse.ArgumentParser:
+    """The command line of ``python -m <module>``: its docstring as the description, and ``--out`` (default
+    ``$OUT``, else ``out_default``)."""
+    ap = argparse.ArgumentParser(prog=f"python -m {module}", description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.environ.get("OUT") or out_default, help=f"where the files go (default: $OUT, else {out_default})")
+    return ap

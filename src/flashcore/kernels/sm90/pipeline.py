@@ -1,0 +1,146 @@
+"""The loader side of the sm_90 forward kernel's pipeline: TMA copies of Q and of the K/V tiles into
+shared-memory rings, each slot guarded by a ready/empty mbarrier pair. Device code only."""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+)
+
+from .tile_scheduler import _head_coords, _kv_blocks, _tile_coords
+from .trace import _stamp
+
+
+@gluon.jit
+def _loader(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready,
+            v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group,
+            lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
+            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
+            V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr,
+            PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, TRACE: gl.constexpr,
+            EARLY_LOADS: gl.constexpr, STAGGER: gl.constexpr, WG: gl.constexpr):
+    kc = 0  # K/V tiles loaded so far, over all work items: ring slot and phase
+    it = 0  # work items so far: Q slot and phase
+    _stamp(seqlens_q_ptr, 4, TRACE, WG, NUM_WG)
+    for unit in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        for half in gl.static_range(2 if PAIRED else 1):
+            pid_m, bh, valid = _tile_coords(unit, half, num_m_tiles, CAUSAL, PAIRED)
+            if valid:
+                n = _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem, v_smem, w_smem,
+                               q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, seqlen_q, seqlen_k, num_heads,
+                               group, BLOCK_M, BLOCK_N, K_STAGES, V_STAGES, CAUSAL, NUM_WG, SUM_MMA,
+                               EARLY_LOADS, seqlens_q_ptr, TRACE)
+                kc += n
+                it += 1
+
+
+@gluon.jit
+def _issue_q(q_desc, q_smem, q_ready, qs, b, h, m0, BLOCK_M: gl.constexpr, NUM_WG: gl.constexpr):
+    """One work item's Q tiles (one per consumer warpgroup) into Q slot ``qs``."""
+    mbarrier.expect(q_ready.index(qs), NUM_WG * q_desc.block_type.nbytes)
+    for w in gl.static_range(NUM_WG):
+        tma.async_copy_global_to_shared(q_desc, [b, h, m0 + w * BLOCK_M, 0], q_ready.index(qs),
+                                        q_smem.index(NUM_WG * qs + w))
+
+
+@gluon.jit
+def _issue_k(k_desc, k_smem, k_ready, ks, b, hk, j, BLOCK_N: gl.constexpr):
+    mbarrier.expect(k_ready.index(ks), k_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [b, hk, j * BLOCK_N, 0], k_ready.index(ks), k_smem.index(ks))
+
+
+@gluon.jit
+def _issue_v(v_desc, w_desc, v_smem, w_smem, v_ready, vs, b, hk, j, BLOCK_N: gl.constexpr, SUM_MMA: gl.constexpr):
+    """V tile ``j`` (with SUM_MMA also its key weights) into V slot ``vs``."""
+    if SUM_MMA:
+        mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes + w_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(w_desc, [b, 0, j * BLOCK_N], v_ready.index(vs), w_smem.index(vs))
+    else:
+        mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(v_desc, [b, hk, j * BLOCK_N, 0], v_ready.index(vs), v_smem.index(vs))
+
+
+@gluon.jit
+def _load_q(q_desc, q_smem, q_ready, q_empty, it, b, h, m0, BLOCK_M: gl.constexpr, NUM_WG: gl.constexpr):
+    """Item ``it``'s Q, once its slot is free. Q is double-buffered: the next item's Q arrives while the
+    consumers finish this one."""
+    qs = it % 2
+    mbarrier.wait(q_empty.index(qs), ((it // 2) & 1) ^ 1)
+    _issue_q(q_desc, q_smem, q_ready, qs, b, h, m0, BLOCK_M, NUM_WG)
+
+
+@gluon.jit
+def _load_k(k_desc, k_smem, k_ready, k_empty, c, b, hk, j, BLOCK_N: gl.constexpr, K_STAGES: gl.constexpr):
+    """The program's ``c``-th K tile (tile ``j`` of its item), once its ring slot is free."""
+    ks = c % K_STAGES
+    mbarrier.wait(k_empty.index(ks), ((c // K_STAGES) & 1) ^ 1)
+    _issue_k(k_desc, k_smem, k_ready, ks, b, hk, j, BLOCK_N)
+
+
+@gluon.jit
+def _load_v(v_desc, w_desc, v_smem, w_smem, v_ready, v_empty, c, b, hk, j, BLOCK_N: gl.constexpr,
+            V_STAGES: gl.constexpr, SUM_MMA: gl.constexpr):
+    vs = c % V_STAGES
+    mbarrier.wait(v_empty.index(vs), ((c // V_STAGES) & 1) ^ 1)
+    _issue_v(v_desc, w_desc, v_smem, w_smem, v_ready, vs, b, hk, j, BLOCK_N, SUM_MMA)
+
+
+@gluon.jit
+def _issue_first_loads(q_desc, k_desc, v_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, k_ready, v_ready,
+                       num_heads, group, num_m_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                       NUM_WG: gl.constexpr, CAUSAL: gl.constexpr, PAIRED: gl.constexpr, SUM_MMA: gl.constexpr):
+    """EARLY_LOADS: the program's first work item's Q, K_0 and V_0, requested at kernel entry by the
+    default warps instead of by the loader once the partitions have started (~1.1 us later: perf-notes
+    v16). The first item is unit program_id's half 0, which always exists and has >= 1 key tile; the
+    loader skips exactly these loads (Q of item 0, K/V tile 0 of the program)."""
+    pid_m, bh, valid = _tile_coords(gl.program_id(0), 0, num_m_tiles, CAUSAL, PAIRED)
+    b, h, hk = _head_coords(bh, num_heads, group)
+    fence_async_shared()  # the barriers' initialisation, before the copy engine signals them
+    _issue_q(q_desc, q_smem, q_ready, 0, b, h, pid_m * NUM_WG * BLOCK_M, BLOCK_M, NUM_WG)
+    _issue_k(k_desc, k_smem, k_ready, 0, b, hk, 0, BLOCK_N)
+    _issue_v(v_desc, w_desc, v_smem, w_smem, v_ready, 0, b, hk, 0, BLOCK_N, SUM_MMA)
+
+
+@gluon.jit
+def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
+               k_ready, v_ready, k_empty, v_empty, seqlen_q, seqlen_k, num_heads, group, BLOCK_M: gl.constexpr,
+               BLOCK_N: gl.constexpr, K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+               NUM_WG: gl.constexpr, SUM_MMA: gl.constexpr, EARLY_LOADS: gl.constexpr, trace_ptr,
+               TRACE: gl.constexpr):
+    """The loader's side of one work item: its Q tiles, then its K/V tiles through the rings (with
+    SUM_MMA each V tile brings its key weights along). Returns the number of K/V tiles loaded. With
+    EARLY_LOADS the program's first Q and K/V tile 0 were requested at kernel entry (_issue_first_loads)."""
+    b, h, hk = _head_coords(bh, num_heads, group)
+    m0 = pid_m * NUM_WG * BLOCK_M
+    if EARLY_LOADS:  # (constexpr branches: without EARLY_LOADS the code is the form the secure gate passed)
+        if it > 0:
+            _load_q(q_desc, q_smem, q_ready, q_empty, it, b, h, m0, BLOCK_M, NUM_WG)
+    else:
+        _load_q(q_desc, q_smem, q_ready, q_empty, it, b, h, m0, BLOCK_M, NUM_WG)
+        if it == 0:
+            _stamp(trace_ptr, 5, TRACE, 0, NUM_WG)
+
+    n_blocks = _kv_blocks(pid_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, NUM_WG)
+    for j in range(n_blocks):
+        # K and V have separate rings: K_j is free once both S_j = Q K_j^T are done (early in step
+        # j), V_j only after both P_j V_j (step j+1), so K can run further ahead.
+        c = kc + j
+        if EARLY_LOADS:
+            if c > 0:
+                _load_k(k_desc, k_smem, k_ready, k_empty, c, b, hk, j, BLOCK_N, K_STAGES)
+        else:
+            _load_k(k_desc, k_smem, k_ready, k_empty, c, b, hk, j, BLOCK_N, K_STAGES)
+        if NUM_WG == 1:
+            if c == 0:
+                # the program's first tiles: with two programs per SM, letting Q and K_0 land before the rest of
+                # the rings are requested starts the first S earlier (perf-notes v15.3: +1-2% at 1-2 x 16 x 1024 x 64)
+                mbarrier.wait(k_ready.index(0), 0)
+        if EARLY_LOADS:
+            if c > 0:
+                _load_v(v_desc, w_desc, v_smem, w_smem, v_ready, v_empty, c, b, hk, j, BLOCK_N, V_STAGES, SUM_MMA)
+        else:
+            _load_v(v_desc, w_desc, v_smem, w_smem, v_ready, v_empty, c, b, hk, j, BLOCK_N, V_STAGES, SUM_MMA)
+    return n_blocks

@@ -1,0 +1,1 @@
+"""Portable Triton kernels (every CUDA GPU, and the CPU interpreter)."""

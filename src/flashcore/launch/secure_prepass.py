@@ -1,0 +1,94 @@
+"""Launch builders of the secure pre-passes (``kernels/secure/prepass.py``) and the plan step that runs them."""
+from __future__ import annotations
+
+import torch
+
+from ..kernels.secure.prepass import (
+    W_ROWS,
+    attn_secure_sanitize_kv_kernel,
+    attn_secure_zero_v_padding_kernel,
+)
+from ..plan.knobs import secure_v_pad_pairs
+from ..plan.tables import block_d
+from ..runtime import KernelStep, cdiv
+
+PREPASS_BLOCK_S = 64
+PREPASS_WARPS = 4
+
+
+def key_weights_shape(batch: int, seqlen_k: int) -> tuple[int, int, int]:
+    """``[B, W_ROWS, w_len]``: w_len is seqlen_k rounded up to 8 elements, so each row starts 16-byte
+    aligned, as the copy engine (TMA) needs; tiles past w_len read zeros."""
+    return batch, W_ROWS, -(-seqlen_k // 8) * 8
+
+
+def build_prepass(v, vs, seqlens_k, *, seqlen_k: int, batch: int, num_heads_kv: int, v_strides):
+    """(grid, positional args, constexprs) of the secure V pre-pass."""
+    head_dim = v.shape[-1]
+    args = [v, vs, seqlens_k, *v_strides, seqlen_k, num_heads_kv]
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_S=PREPASS_BLOCK_S)
+    return (cdiv(seqlen_k, PREPASS_BLOCK_S), batch * num_heads_kv), args, constexprs
+
+
+def build_prepass_kv(k, v, ks, vs, w, seqlens_k, *, seqlen_k: int, batch: int, num_heads_kv: int, k_strides,
+                     v_strides):
+    """(grid, positional args, constexprs) of the secure K/V pre-pass with key weights
+    (``attn_secure_sanitize_kv_kernel``); ``w`` is ``key_weights_shape(batch, seqlen_k)``."""
+    head_dim = v.shape[-1]
+    args = [k, v, ks, vs, w, seqlens_k, *k_strides, *v_strides, seqlen_k, num_heads_kv, w.shape[-1]]
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_S=PREPASS_BLOCK_S, W_ROWS=W_ROWS,
+                      V_PAD_PAIRS=secure_v_pad_pairs())
+    # w_len <= seqlen_k rounded up to 8 <= the rows this grid covers
+    return (cdiv(seqlen_k, PREPASS_BLOCK_S), batch * num_heads_kv), args, constexprs
+
+
+class SecurePrepass:
+    """A plan's secure pre-pass step: ``run`` returns the (k, v, key weights) the main kernel reads.
+
+    * V only (``key_weights_shape`` None; the Triton kernel and the Gluon kernel's causal form): a copy
+      of V with its padding replaced, K as given, no weights.
+    * K and V (the Gluon kernel's non-causal form): sanitised copies of both plus the 0/1 key weights.
+    Its outputs are the plan's workspace (:attr:`workspace`): new tensors from PyTorch's caching allocator on
+    every call, so CUDA-graph capture works (the graph's private pool keeps them)."""
+    __slots__ = ("step", "kv_shape", "key_weights_shape")
+
+    def __init__(self, step, kv_shape, key_weights_shape=None):
+        self.step, self.kv_shape, self.key_weights_shape = step, kv_shape, key_weights_shape
+
+    @property
+    def workspace(self) -> tuple:
+        """(name, shape) of each buffer this step writes (the input's dtype)."""
+        if self.key_weights_shape is None:
+            return (("v_clean", self.kv_shape),)
+        return (("k_clean", self.kv_shape), ("v_clean", self.kv_shape), ("key_weights", self.key_weights_shape))
+
+    def run(self, k, v, seqlens_k):
+        vs = torch.empty(self.kv_shape, dtype=v.dtype, device=v.device)
+        if self.key_weights_shape is None:
+            self.step.run((v, vs, seqlens_k), v.device)
+            return k, vs, None
+        ks = torch.empty(self.kv_shape, dtype=k.dtype, device=k.device)
+        w = torch.empty(self.key_weights_shape, dtype=k.dtype, device=k.device)
+        self.step.run((k, v, ks, vs, w, seqlens_k), v.device)
+        return ks, vs, w
+
+
+def prepass_v(v, seqlens_k, *, batch, num_heads_kv, seqlen_k, v_strides):
+    """(V pre-pass step, a representative sanitised copy of V) for secure mode."""
+    B, Hkv, Sk, D = batch, num_heads_kv, seqlen_k, v.shape[-1]
+    vs = torch.empty((B, Hkv, Sk, D), dtype=v.dtype, device=v.device)
+    grid, args, ce = build_prepass(v, vs, seqlens_k, seqlen_k=Sk, batch=B, num_heads_kv=Hkv, v_strides=v_strides)
+    step = KernelStep(attn_secure_zero_v_padding_kernel, grid, args, 3, ce, PREPASS_WARPS, 1)
+    return SecurePrepass(step, vs.shape), vs
+
+
+def prepass_kv(k, v, seqlens_k, *, batch, num_heads_kv, seqlen_k, k_strides, v_strides):
+    """(K/V pre-pass step with key weights, representative sanitised copies of K and V) for the secure Gluon
+    kernel's non-causal form."""
+    B, Hkv, Sk, D = batch, num_heads_kv, seqlen_k, v.shape[-1]
+    ks, vs = (torch.empty((B, Hkv, Sk, D), dtype=v.dtype, device=v.device) for _ in range(2))
+    w = torch.empty(key_weights_shape(B, Sk), dtype=v.dtype, device=v.device)
+    grid, args, ce = build_prepass_kv(k, v, ks, vs, w, seqlens_k, seqlen_k=Sk, batch=B, num_heads_kv=Hkv,
+                                      k_strides=k_strides, v_strides=v_strides)
+    step = KernelStep(attn_secure_sanitize_kv_kernel, grid, args, 6, ce, PREPASS_WARPS, 1)
+    return SecurePrepass(step, vs.shape, w.shape), ks, vs

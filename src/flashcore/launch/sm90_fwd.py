@@ -1,0 +1,156 @@
+"""Launch builder of the sm_90 warp-specialised Gluon forward kernel (``kernels/sm90/fwd.py``).
+
+Descriptors are rebuilt from the call's pointers (they hold the base pointer); everything else is planned
+once per plan key. The kernel's switches (``flashcore.plan.knobs.GluonSwitches``) are read when the launch
+is planned, and are part of the plan key."""
+from __future__ import annotations
+
+import torch
+from triton.experimental.gluon import language as gl
+
+from ..kernels.secure.prepass import W_ROWS
+from ..kernels.sm90.fwd import attn_fwd_hopper_kernel
+from ..kernels.sm90.trace import TRACE_SLOTS
+from ..kernels.triton.fwd import LOG2E
+from ..plan.knobs import GluonSwitches, gluon_switches
+from .secure_prepass import key_weights_shape
+from ..plan.tables import gluon_config_error, v_stages
+from ..runtime import KernelStep, cdiv, current_stream, launch_hooks_active
+from ..runtime.tma import EncodedDescriptors, encode, make_descriptors, unwrap_tensordesc_launcher
+
+# Register budgets per partition (setmaxnreg): the loader needs almost nothing, the consumers get
+# the rest. 12 warps x MAXNREG must fit the 64K-register file.
+LOADER_REGS = 24
+CONSUMER_REGS = 240
+MAXNREG = 168
+# Three consumer warpgroups (16 warps with the padded loader group): 3 x 128 x 160 + 128 x 24 fits.
+CONSUMER_REGS_3WG = 160
+MAXNREG_3WG = 128
+# One consumer warpgroup (8 warps with the padded loader group) at 128 registers: two programs fit an
+# SM's 64K registers; the loader gives 104 of its 128 back, which the consumer takes (128 + 104 = 232).
+CONSUMER_REGS_1WG = 232
+MAXNREG_1WG = 128
+# consumer warpgroups -> (worker consumer registers, launch register cap); programs resident per SM
+REGISTERS = {1: (CONSUMER_REGS_1WG, MAXNREG_1WG), 2: (CONSUMER_REGS, MAXNREG), 3: (CONSUMER_REGS_3WG, MAXNREG_3WG)}
+PROGRAMS_PER_SM = {1: 2, 2: 1, 3: 1}
+DESC_ARGS = 5  # the kernel's descriptor arguments: q, k, v, o and the key weights (None where unused)
+ENCODED_SETS = 16  # encoded descriptor sets kept per plan
+
+
+def sm_count(device) -> int:
+    """SMs of the device (an H100 SXM's 132 for CPU tensors: the audit compiles without a GPU)."""
+    if device.type != "cuda":
+        return 132
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+class GluonLaunch:
+    """A planned launch of :func:`attn_fwd_hopper_kernel`; ``run`` takes (q, k, v, o, lse, ...)
+    in [B, H, S, D] views with the planned shapes/strides and builds the four TMA descriptors (five in
+    secure non-causal form: also the pre-pass's key weights, ``[B, 8, w_len]``).
+
+    Host cost: the descriptors depend on the plan (fixed) and the four data pointers, so once the
+    kernel is compiled the encoded descriptors are kept per pointer set (``ENCODED_SETS`` of them, the
+    oldest dropped first) and the launch goes straight to Triton's compiled launcher. A pointer set
+    seen before costs a dict lookup instead of four descriptor encodings."""
+    __slots__ = ("step", "geom", "fast", "encoded", "key_weights_shape", "ones", "trace_slots", "switches")
+
+    def __init__(self, q, k, v, o, lse, *, scale: float, causal: bool, seqlen_q: int, seqlen_k: int,
+                 batch: int, num_heads_q: int, num_heads_kv: int, lse_strides, cfg, secure: bool = False,
+                 sum_mma: bool | None = None, switches: GluonSwitches | None = None):
+        sw = self.switches = switches if switches is not None else gluon_switches()
+        D = q.shape[-1]
+        err = gluon_config_error(cfg, D)
+        if err is not None:
+            raise ValueError(err)
+        v_depth = v_stages(cfg.num_stages, cfg.block_m, cfg.block_n, D)
+        num_wg = cfg.block_m // 64
+
+        gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+        bm, bn = 64, cfg.block_n
+        lay_m = gl.NVMMASharedLayout.get_default_for([1, 1, bm, D], gdt)
+        lay_n = gl.NVMMASharedLayout.get_default_for([1, 1, bn, D], gdt)
+        self.geom = tuple((list(t.shape), list(t.stride()), [1, 1, rows, D], lay)
+                          for t, rows, lay in ((q, bm, lay_m), (k, bn, lay_n), (v, bn, lay_n), (o, bm, lay_m)))
+        # the row sums by MMA against key weights: the secure pre-pass's (non-causal: no key mask), or
+        # where asked for on the fast path, all ones (masked probabilities are zero there)
+        if sum_mma is None:
+            sum_mma = (secure and not causal) or (not secure and sw.fast_sum_mma)
+        sum_mma = bool(sum_mma)
+        self.key_weights_shape, self.ones = None, None
+        if sum_mma:
+            ws = key_weights_shape(batch, seqlen_k)
+            lay_w = gl.NVMMASharedLayout.get_default_for([1, W_ROWS, bn], gdt)
+            self.geom += ((list(ws), [ws[1] * ws[2], ws[2], 1], [1, W_ROWS, bn], lay_w), )
+            self.key_weights_shape = ws
+        num_m_tiles = cdiv(seqlen_q, cfg.block_m)
+        num_tiles = num_m_tiles * batch * num_heads_q
+        # Persistent: one program per SM (one fits per SM) loops over scheduling units. Non-causal, a
+        # unit is one work item (all cost the same). Causal items range from 1 to n key tiles, and a
+        # static round-robin over them left SMs idle (4x32x4096x128: 1067 vs 1004 us non-persistent),
+        # so a causal unit pairs a heavy row tile with its light mirror (causal_pairs); without
+        # pairing each causal item is its own program and the hardware balances them.
+        # (one row tile per head has nothing to pair with; Triton also specialises num_m_tiles == 1 to a
+        # constant, which folds the pairing arithmetic into a branch its lowering rejects)
+        paired = bool(causal) and sw.causal_pairs and num_m_tiles > 1
+        units = batch * num_heads_q * -(-num_m_tiles // 2) if paired else num_tiles
+        grid = (num_tiles if causal and not paired else min(units, PROGRAMS_PER_SM[num_wg] * sm_count(q.device)), 1)
+        dummy = lse if lse is not None else q  # the lengths pointer is read only in secure mode
+        w = torch.empty(self.key_weights_shape, dtype=q.dtype) if self.key_weights_shape else None
+        args = [*self.descriptors(q, k, v, o, w), dummy, dummy, scale * LOG2E, seqlen_q, seqlen_k,
+                num_heads_q, num_heads_q // num_heads_kv, *lse_strides, num_m_tiles, units]
+        constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, K_STAGES=cfg.num_stages,
+                          V_STAGES=v_depth, CAUSAL=bool(causal),
+                          RETURN_LSE=lse is not None, NUM_WG=num_wg, PAIRED=paired)
+        consumer_regs, maxnreg = REGISTERS[num_wg]
+        constexprs.update(SECURE=bool(secure), SUM_MMA=sum_mma, CONSUMER_WG_REGS=consumer_regs,
+                          LOADER_WG_REGS=LOADER_REGS, TRACE=bool(sw.trace) and not secure,
+                          EARLY_LOADS=bool(sw.early_loads) and not secure,
+                          STAGGER=0 if secure or D != 64 else int(sw.stagger))
+        self.step = KernelStep(attn_fwd_hopper_kernel, grid, args, 7, constexprs, cfg.num_warps, 1,
+                               options=dict(maxnreg=maxnreg))
+        self.trace_slots = grid[0] * num_wg * TRACE_SLOTS if constexprs["TRACE"] else 0
+        self.fast = None  # (raw launcher, descriptor metadata) once compiled; False: not available
+        self.encoded = EncodedDescriptors(ENCODED_SETS)
+
+    def descriptors(self, q, k, v, o, w=None):
+        """The kernel's five descriptor arguments for these tensors (``w_desc`` None where the plan has no
+        key weights)."""
+        return make_descriptors((q, k, v, o, w), self.geom, DESC_ARGS)
+
+    def run(self, ptrs, device, key_weights=None) -> None:
+        """``ptrs``: q, k, v, o, lse, seqlens_q, ... (unused ones: any tensor); ``key_weights``: the
+        pre-pass's, where the plan has them (secure, non-causal)."""
+        q, k, v, o, lse, sq = ptrs[:6]
+        if self.trace_slots:
+            self._check_trace(q, sq)
+        w = key_weights
+        if w is None and self.key_weights_shape is not None:
+            if self.step.constexprs["SECURE"]:
+                raise ValueError("the secure Gluon launch needs the pre-pass's key weights (key_weights=)")
+            if self.ones is None or self.ones.device != q.device:
+                self.ones = torch.ones(self.key_weights_shape, dtype=q.dtype, device=q.device)
+            w = self.ones
+        fast, step = self.fast, self.step
+        # Triton's own path: until compiled, where its launcher has another shape, and whenever a
+        # profiler's hooks want their launch metadata
+        if not fast or launch_hooks_active():
+            step.run((*self.descriptors(q, k, v, o, w), lse, sq), device)
+            if fast is None and step.compiled is not None:
+                self.fast = unwrap_tensordesc_launcher(step.compiled, DESC_ARGS) or False
+            return
+        key = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), w.data_ptr() if w is not None else 0)
+        enc = self.encoded.get(key, lambda: encode(self.descriptors(q, k, v, o, w), fast[1], DESC_ARGS))
+        c, grid = step.compiled, step.grid
+        fast[0](grid[0], grid[1], 1, current_stream(device), c.function, c.run.launch_cooperative_grid,
+                c.run.launch_pdl, None, None, c.packed_metadata, None, None, None, *enc, lse, sq, *step.scalars,
+                *step.tail)
+
+    def _check_trace(self, q, trace) -> None:
+        """A traced launch writes TRACE_SLOTS int64 per consumer warpgroup through the lengths argument: refuse
+        anything else there (a dummy tensor would be overwritten)."""
+        if not (isinstance(trace, torch.Tensor) and trace.dtype == torch.int64 and trace.is_contiguous()
+                and trace.numel() >= self.trace_slots and trace.device == q.device):
+            raise ValueError(f"a traced Gluon launch takes its trace buffer (int64, contiguous, >= {self.trace_slots} "
+                             f"elements, on {q.device}) in place of the lengths argument; see "
+                             f"`flashcore bench timeline`")

@@ -1,0 +1,100 @@
+"""A :class:`Plan`: the ordered steps of one call and the workspace they need, built once per plan key
+from the :class:`~flashcore.problem.Problem` and the :func:`~flashcore.plan.select.select` choice, and
+replayed on every call with the same key."""
+from __future__ import annotations
+
+import torch
+
+from ..launch.secure_prepass import prepass_kv, prepass_v
+from ..launch.sm90_fwd import GluonLaunch
+from ..launch.triton_fwd import TritonForward, pointer_args
+from ..problem import Problem
+from .select import SM90, Selection, select
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+class Plan:
+    """Replayable on tensors with the metadata of its key: calling it returns ``(out, lse or None)``.
+
+    Steps, in order: the secure pre-pass (secure mode; it writes the plan's :attr:`workspace`), then the
+    main kernel. q/k/v/out are the caller's tensors in the caller's layout (only their pointers are read:
+    strides were fixed when the plan was made)."""
+    __slots__ = ("problem", "selection", "prepass", "main", "out_shape", "lse_shape", "validate", "check_cu")
+
+    def __init__(self, problem: Problem, selection: Selection, prepass, main, out_shape, lse_shape, validate: bool):
+        self.problem, self.selection, self.prepass, self.main = problem, selection, prepass, main
+        self.out_shape, self.lse_shape, self.validate = out_shape, lse_shape, validate
+        self.check_cu = None
+
+    @property
+    def steps(self) -> tuple:
+        return tuple(s for s in (self.prepass, self.main) if s is not None)
+
+    @property
+    def workspace(self) -> tuple:
+        """(name, shape) of each buffer the steps need beside the caller's (q's dtype)."""
+        return self.prepass.workspace if self.prepass is not None else ()
+
+    def __call__(self, q, k, v, seqlens_q=None, seqlens_k=None, out=None, cu_seqlens_q=None, cu_seqlens_k=None):
+        device = q.device
+        if out is None:
+            out = torch.empty(self.out_shape, dtype=q.dtype, device=device)
+        lse = None if self.lse_shape is None else torch.empty(self.lse_shape, dtype=torch.float32, device=device)
+        if self.problem.secure:
+            if seqlens_q is None:
+                seqlens_q = seqlens_k  # self-attention: the query lengths are the key lengths
+            if self.validate and not _capturing(device):
+                # One bit reaches the host: whether every length is in range. Never the lengths.
+                Sq, Sk = self.problem.seqlen_q, self.problem.seqlen_k
+                bad = ((seqlens_q < 0) | (seqlens_q > Sq)).any() | ((seqlens_k < 0) | (seqlens_k > Sk)).any()
+                if bool(bad):
+                    raise ValueError(f"seqlens_q must lie in [0, {Sq}] and seqlens_k in [0, {Sk}] (the padded lengths)")
+        elif self.check_cu is not None and not _capturing(device):
+            self.check_cu(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], self.problem.seqlen_q,
+                          self.problem.seqlen_k)
+        w = None
+        if self.prepass is not None:
+            k, v, w = self.prepass.run(k, v, seqlens_k)
+        self.main.run(pointer_args(q, k, v, out, lse, (seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlens_k), dummy=q),
+                      device, w)
+        return out, lse
+
+
+def build(problem: Problem, q, k, v, o, lse, *, seqlens_q=None, seqlens_k=None, cu_seqlens_q=None,
+          cu_seqlens_k=None, lse_strides, out_shape, validate: bool = True, config=None) -> Plan:
+    """The plan for ``problem``; q/k/v/o are [B, H, S, D] views (varlen: the packed tensors) and ``lse``
+    a representative lse buffer or None. ``config`` (benchmarks, sweeps) replaces the table's choice."""
+    sel = select(problem, config)
+    cfg = sel.config
+    p = problem
+    if p.secure and seqlens_q is None:
+        seqlens_q = seqlens_k
+    kw = dict(scale=p.scale, causal=p.causal, seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k, batch=p.batch,
+              num_heads_q=p.num_heads_q, num_heads_kv=p.num_heads_kv, lse_strides=lse_strides)
+    prepass = None
+    if sel.kernel == SM90:
+        k_in, v_in = k, v
+        if p.secure and not p.causal:  # no key mask in the kernel: K, V and key weights
+            prepass, k_in, v_in = prepass_kv(k, v, seqlens_k, batch=p.batch, num_heads_kv=p.num_heads_kv,
+                                             seqlen_k=p.seqlen_k, k_strides=p.k_strides[:3], v_strides=p.v_strides[:3])
+        elif p.secure:
+            prepass, v_in = prepass_v(v, seqlens_k, batch=p.batch, num_heads_kv=p.num_heads_kv, seqlen_k=p.seqlen_k,
+                                      v_strides=p.v_strides[:3])
+        main = GluonLaunch(q, k_in, v_in, o, lse, cfg=cfg, secure=p.secure, **kw)
+    else:
+        v_strides = p.v_strides[:3]
+        if p.secure and cfg.v_prepass:
+            prepass, v = prepass_v(v, seqlens_k, batch=p.batch, num_heads_kv=p.num_heads_kv, seqlen_k=p.seqlen_k,
+                                   v_strides=v_strides)
+            v_strides = v.stride()[:3]  # the pre-pass's contiguous copy
+        main = TritonForward(q, k, v, o, lse, seqlens_q=seqlens_q, seqlens_k=seqlens_k, cu_seqlens_q=cu_seqlens_q,
+                             cu_seqlens_k=cu_seqlens_k, secure=p.secure, secure_public_diag=p.public_diagonal,
+                             q_strides=p.q_strides[:3], k_strides=p.k_strides[:3], v_strides=v_strides,
+                             o_strides=p.o_strides[:3], config=cfg, **kw)
+    lse_shape = None
+    if p.return_lse:
+        lse_shape = (p.num_heads_q, q.shape[0]) if p.varlen else (p.batch, p.num_heads_q, p.seqlen_q)
+    return Plan(p, sel, prepass, main, out_shape, lse_shape, validate)

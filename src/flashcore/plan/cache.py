@@ -1,0 +1,44 @@
+"""The one plan cache: plan key (``flashcore.problem``) -> :class:`~flashcore.plan.build.Plan`.
+
+A key holds every public fact a plan depends on and every knob (``knobs.snapshot``), so an entry never
+goes stale and nothing needs clearing when a knob changes. Reads are lock-free (a dict lookup under the
+GIL); inserts take a lock, so threads planning the same key concurrently keep one plan."""
+from __future__ import annotations
+
+import threading
+
+
+class PlanCache:
+    def __init__(self, limit: int = 4096):
+        self.limit = limit
+        self._plans: dict = {}
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        return self._plans.get(key)
+
+    def put(self, key, plan):
+        """Keep ``plan`` under ``key`` (the one already there wins); returns the plan to use."""
+        with self._lock:
+            kept = self._plans.get(key)
+            if kept is not None:
+                return kept
+            if len(self._plans) < self.limit:
+                self._plans[key] = plan
+        return plan
+
+    def plans(self) -> list:
+        """The cached plans, oldest first (a snapshot, for inspection)."""
+        with self._lock:
+            return list(self._plans.values())
+
+    def clear(self) -> None:
+        """Forget every plan (their compiled kernels stay in Triton's own cache)."""
+        with self._lock:
+            self._plans.clear()
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+
+PLANS = PlanCache()

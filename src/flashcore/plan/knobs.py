@@ -1,0 +1,93 @@
+"""Every switch that changes what a plan runs, in one place, and all of them in every plan key.
+
+* Environment variables (benchmarking and audit knobs, read at planning time):
+  ``FLASHCORE_HOPPER_KERNEL`` (``triton`` | ``gluon_ws``) forces the Hopper fast path onto one kernel
+  (ineligible inputs still run the Triton kernel); ``FLASHCORE_SECURE_KERNEL`` the same for secure mode;
+  ``FLASHCORE_SECURE_V_ZEROING`` (``prepass`` | ``in_loop``) forces the secure Triton kernel's V zeroing;
+  ``FLASHCORE_SECURE_V_PAD`` (``pairs`` | ``zeros``) the K/V pre-pass's V padding.
+* Switches of the sm_90 Gluon kernel (:class:`GluonSwitches`), for A/B measurements and the debug
+  timeline: set them for a block of code with :func:`override`.
+
+:func:`snapshot` is part of every plan key (``flashcore.problem``), so a changed knob takes effect on
+the next call: no cache needs clearing."""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from dataclasses import dataclass, fields, replace
+
+SECURE_V_ZEROING_ENV = "FLASHCORE_SECURE_V_ZEROING"
+SECURE_V_ZEROING_MODES = ("auto", "prepass", "in_loop")
+HOPPER_KERNEL_ENV = "FLASHCORE_HOPPER_KERNEL"
+HOPPER_KERNEL_MODES = ("auto", "triton", "gluon_ws")
+SECURE_KERNEL_ENV = "FLASHCORE_SECURE_KERNEL"
+SECURE_V_PAD_ENV = "FLASHCORE_SECURE_V_PAD"
+ENV_VARS = (HOPPER_KERNEL_ENV, SECURE_V_ZEROING_ENV, SECURE_KERNEL_ENV, SECURE_V_PAD_ENV)
+
+
+@dataclass(frozen=True)
+class GluonSwitches:
+    """Switches of the sm_90 Gluon forward kernel (``kernels/sm90/fwd.py``); the defaults are what ships."""
+    # Causal: persistent over pairs of row tiles (True), or one program per row tile (False)
+    causal_pairs: bool = True
+    # Fast path: row sums by MMA against a ones tile (True) or by adds (False); see _consume_tile
+    fast_sum_mma: bool = False
+    # Debug: the timeline trace (kernels/sm90/trace.py; fast path only: the buffer takes the secure lengths' argument)
+    trace: bool = False
+    # Fast path: the first work item's Q, K_0 and V_0 requested at kernel entry (EARLY_LOADS)
+    early_loads: bool = True
+    # Fast path, D=64: the consumer warpgroups' first items start staggered (0: off; STAGGER). At D=128 the
+    # same switch measured -1..+2% (noise; perf-notes v16), so it stays off there
+    stagger: int = 1
+
+
+SWITCH_NAMES = tuple(f.name for f in fields(GluonSwitches))
+_lock = threading.Lock()
+_switches = GluonSwitches()
+
+
+def gluon_switches() -> GluonSwitches:
+    return _switches
+
+
+@contextlib.contextmanager
+def override(**switches):
+    """Set Gluon kernel switches for the duration of a ``with`` block (process-wide: a benchmarking and
+    debugging tool, not for concurrent serving). Unknown names raise ``TypeError``."""
+    global _switches
+    unknown = set(switches) - set(SWITCH_NAMES)
+    if unknown:
+        raise TypeError(f"unknown Gluon switch(es) {sorted(unknown)}; known: {SWITCH_NAMES}")
+    with _lock:
+        saved = _switches
+        _switches = replace(saved, **switches)
+    try:
+        yield _switches
+    finally:
+        with _lock:
+            _switches = saved
+
+
+def env(name: str, default: str = "auto") -> str:
+    return os.environ.get(name, default)
+
+
+def env_choice(name: str, modes) -> str:
+    mode = os.environ.get(name, "auto")
+    if mode not in modes:
+        raise ValueError(f"{name} must be one of {modes}, got {mode!r}")
+    return mode
+
+
+def secure_v_pad_pairs() -> bool:
+    mode = os.environ.get(SECURE_V_PAD_ENV, "pairs")
+    if mode not in ("pairs", "zeros"):
+        raise ValueError(f"{SECURE_V_PAD_ENV} must be 'pairs' or 'zeros', got {mode!r}")
+    return mode == "pairs"
+
+
+def snapshot() -> tuple:
+    """Every knob's current value: part of every plan key."""
+    get = os.environ.get
+    return (get(HOPPER_KERNEL_ENV), get(SECURE_V_ZEROING_ENV), get(SECURE_KERNEL_ENV), get(SECURE_V_PAD_ENV), _switches)

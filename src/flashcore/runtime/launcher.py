@@ -1,0 +1,84 @@
+"""One planned kernel launch (:class:`KernelStep`) and the facts a launch needs from the process:
+whether Triton interprets, the device's architecture, the current stream, and Triton's launch hooks."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def interpreting() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def device_arch(device: torch.device):
+    """(major, minor) compute capability of a CUDA device; None on CPU tensors or under the interpreter."""
+    if device.type != "cuda" or interpreting():
+        return None
+    return torch.cuda.get_device_capability(device)
+
+
+def cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def launch_hooks_active() -> bool:
+    """Whether a profiler or user registered a Triton launch hook. Triton 3.6 keeps the hooks as
+    ``HookChain`` objects that are never None, so an empty chain counts as no hook."""
+    from triton import knobs
+
+    for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
+        if hook is not None and getattr(hook, "calls", True):
+            return True
+    return False
+
+
+def current_stream(device: torch.device) -> int:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch._C._cuda_getCurrentRawStream(index)
+
+
+class KernelStep:
+    """One kernel launch whose scalars and constexprs are fixed; only the pointers change.
+
+    The first run goes through Triton's launcher (compiling if needed). On a GPU the compiled
+    kernel is kept and later runs call it directly, skipping Triton's argument binding: the plan
+    key holds every fact Triton specialises on, so this is the kernel Triton would pick. (Two
+    threads racing on the first run both compile through Triton's own cache and keep the same kernel.)"""
+    __slots__ = ("fn", "grid", "n_ptrs", "scalars", "constexprs", "num_warps", "num_stages", "options", "compiled",
+                 "tail")
+
+    def __init__(self, fn, grid, args, n_ptrs, constexprs, num_warps, num_stages, options=None):
+        self.fn, self.grid, self.n_ptrs = fn, grid, n_ptrs
+        self.scalars = tuple(args[n_ptrs:])
+        self.constexprs, self.num_warps, self.num_stages = constexprs, num_warps, num_stages
+        self.options = options or {}
+        self.compiled, self.tail = None, ()
+
+    def run(self, ptrs, device: torch.device) -> None:
+        grid = self.grid
+        if grid[0] == 0 or grid[1] == 0:
+            return
+        compiled = self.compiled
+        if compiled is None:
+            kernel = self.fn[grid](*ptrs, *self.scalars, **self.constexprs, num_warps=self.num_warps,
+                                   num_stages=self.num_stages, **self.options)
+            if hasattr(kernel, "result"):  # asynchronous compilation hands back a future
+                kernel = kernel.result()
+            if device.type == "cuda" and not interpreting() and kernel is not None:
+                names = list(self.fn.arg_names)
+                self.tail = tuple(self.constexprs[n] for n in names[len(ptrs) + len(self.scalars):])
+                self.compiled = kernel
+            return
+        args = (*ptrs, *self.scalars, *self.tail)
+        stream = current_stream(device)
+        if launch_hooks_active():
+            from triton import knobs
+
+            compiled.run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata,
+                         compiled.launch_metadata(grid, stream, *args), knobs.runtime.launch_enter_hook,
+                         knobs.runtime.launch_exit_hook, *args)
+        else:  # no hook to call: skip building launch metadata and calling two empty hook chains
+            compiled.run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
+                         *args)
