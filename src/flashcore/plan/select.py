@@ -88,7 +88,7 @@ def select(problem: Problem, config: Config | None = None) -> Selection:
     if why is None:
         return Selection(SM90, cfg, ((TRITON, "the table prefers the sm_90 kernel here"),))
     if config is not None and why == tables.gluon_config_error(cfg, problem.head_dim):
-        raise ValueError(why)  # an explicit config the Gluon kernel cannot run, on a problem it could: the caller's error
+        raise ValueError(why)  # an explicit config the Gluon kernel cannot run, on a problem it could run
     fallback = tables.triton_table(problem.arch, **problem.table_facts())
     # secure mode keeps the V zeroing of the chosen form (the pre-pass)
     cfg = replace(fallback, v_prepass=cfg.v_prepass) if problem.secure else fallback

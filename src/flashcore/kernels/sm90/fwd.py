@@ -40,6 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..capabilities import Capabilities
+from .partition import Form, Shared
 from .pipeline import _issue_first_loads, _loader
 from .softmax import _softmax_step
 from .tile_scheduler import _kv_blocks, _row_tile, _units_per_head
@@ -47,13 +48,44 @@ from .trace import _TRACE_ITEM0, _TRACE_ITEM_SLOTS, _stamp, _stamp_step
 
 
 @gluon.jit
-def _consumer(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready,
-              v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads,
-              group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
-              V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr,
-              PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, TRACE: gl.constexpr,
-              EARLY_LOADS: gl.constexpr, STAGGER: gl.constexpr, WG: gl.constexpr):
+def _consumer(shared, form, WG: gl.constexpr):
+    """A consumer partition (warpgroup ``WG``): its 64 query rows of each of this program's work items."""
+    BLOCK_M: gl.constexpr = form.BLOCK_M
+    BLOCK_N: gl.constexpr = form.BLOCK_N
+    HEAD_DIM: gl.constexpr = form.HEAD_DIM
+    K_STAGES: gl.constexpr = form.K_STAGES
+    V_STAGES: gl.constexpr = form.V_STAGES
+    CAUSAL: gl.constexpr = form.CAUSAL
+    RETURN_LSE: gl.constexpr = form.RETURN_LSE
+    NUM_WG: gl.constexpr = form.NUM_WG
+    PAIRED: gl.constexpr = form.PAIRED
+    SECURE: gl.constexpr = form.SECURE
+    SUM_MMA: gl.constexpr = form.SUM_MMA
+    TRACE: gl.constexpr = form.TRACE
+    STAGGER: gl.constexpr = form.STAGGER
+    q_desc = shared.q_desc
+    o_desc = shared.o_desc
+    q_smem = shared.q_smem
+    k_smem = shared.k_smem
+    v_smem = shared.v_smem
+    w_smem = shared.w_smem
+    q_ready = shared.q_ready
+    q_empty = shared.q_empty
+    k_ready = shared.k_ready
+    v_ready = shared.v_ready
+    k_empty = shared.k_empty
+    v_empty = shared.v_empty
+    stagger = shared.stagger
+    lse_ptr = shared.lse_ptr
+    seqlens_q_ptr = shared.seqlens_q_ptr
+    qk_scale = shared.qk_scale
+    seqlen_q = shared.seqlen_q
+    seqlen_k = shared.seqlen_k
+    num_heads = shared.num_heads
+    lse_stride_b = shared.lse_stride_b
+    lse_stride_h = shared.lse_stride_h
+    num_m_tiles = shared.num_m_tiles
+    num_tiles = shared.num_tiles
     kc = 0
     it = 0
     _stamp(seqlens_q_ptr, 0, TRACE, WG, NUM_WG)
@@ -347,62 +379,32 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
                            num_heads, group, num_m_tiles, BLOCK_M, BLOCK_N, NUM_WG, CAUSAL, PAIRED, SUM_MMA)
         _stamp(seqlens_q_ptr, 5, TRACE, 0, NUM_WG)
 
-    # (constexprs are spelled out in each tuple: a tuple held in a variable turns them into tensors, and
-    # so does a runtime tuple concatenated with literal constexprs (Triton 3.6: "'int' object has no
-    # attribute '_flatten_ir'"); so is the partition list, which is why each layout is one literal list)
+    # Every partition takes what they share as two aggregates (kernels/sm90/partition.py): the runtime values
+    # and the compile-time form (the same machine code as spelling out the 42 arguments:
+    # tests/test_machine_code.py). The partition list itself stays literal, one per layout: Triton 3.6's
+    # warp_specialize needs it so.
+    form = Form(BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA,
+                TRACE, EARLY_LOADS, STAGGER)
+    shared = Shared(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready,
+                    v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads,
+                    group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles)
     if NUM_WG == 3:
         gl.warp_specialize([
-            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
-                         k_ready, v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q,
-                         seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M,
-                         BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA,
-                         TRACE, EARLY_LOADS, STAGGER, 0)),
-            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
-                         k_ready, v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q,
-                         seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M,
-                         BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA,
-                         TRACE, EARLY_LOADS, STAGGER, 1)),
-            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
-                         k_ready, v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q,
-                         seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M,
-                         BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA,
-                         TRACE, EARLY_LOADS, STAGGER, 2)),
-            (_loader, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
-                       k_ready, v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q,
-                       seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TRACE,
-                       EARLY_LOADS, STAGGER, 0)),
+            (_consumer, (shared, form, 0)),
+            (_consumer, (shared, form, 1)),
+            (_consumer, (shared, form, 2)),
+            (_loader, (shared, form, 0)),
         ], [4, 4, 1], [CONSUMER_WG_REGS, CONSUMER_WG_REGS, LOADER_WG_REGS])
     elif NUM_WG == 2:
         gl.warp_specialize([
-            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
-                         k_ready, v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q,
-                         seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M,
-                         BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA,
-                         TRACE, EARLY_LOADS, STAGGER, 0)),
-            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
-                         k_ready, v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q,
-                         seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M,
-                         BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA,
-                         TRACE, EARLY_LOADS, STAGGER, 1)),
-            (_loader, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
-                       k_ready, v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q,
-                       seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TRACE,
-                       EARLY_LOADS, STAGGER, 0)),
+            (_consumer, (shared, form, 0)),
+            (_consumer, (shared, form, 1)),
+            (_loader, (shared, form, 0)),
         ], [4, 1], [CONSUMER_WG_REGS, LOADER_WG_REGS])
     else:  # one consumer warpgroup (64-row items; two programs share an SM)
         gl.warp_specialize([
-            (_consumer, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
-                         k_ready, v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q,
-                         seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M,
-                         BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA,
-                         TRACE, EARLY_LOADS, STAGGER, 0)),
-            (_loader, (q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
-                       k_ready, v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q,
-                       seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, BLOCK_M, BLOCK_N,
-                       HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA, TRACE,
-                       EARLY_LOADS, STAGGER, 0)),
+            (_consumer, (shared, form, 0)),
+            (_loader, (shared, form, 0)),
         ], [1], [LOADER_WG_REGS])
 
 

@@ -15,13 +15,39 @@ from .trace import _stamp
 
 
 @gluon.jit
-def _loader(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready,
-            v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads, group,
-            lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
-            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr,
-            V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr,
-            PAIRED: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, TRACE: gl.constexpr,
-            EARLY_LOADS: gl.constexpr, STAGGER: gl.constexpr, WG: gl.constexpr):
+def _loader(shared, form, WG: gl.constexpr):
+    """The loader partition (one warp): Q and the K/V tiles of this program's work items, through the rings."""
+    BLOCK_M: gl.constexpr = form.BLOCK_M
+    BLOCK_N: gl.constexpr = form.BLOCK_N
+    K_STAGES: gl.constexpr = form.K_STAGES
+    V_STAGES: gl.constexpr = form.V_STAGES
+    CAUSAL: gl.constexpr = form.CAUSAL
+    NUM_WG: gl.constexpr = form.NUM_WG
+    PAIRED: gl.constexpr = form.PAIRED
+    SUM_MMA: gl.constexpr = form.SUM_MMA
+    TRACE: gl.constexpr = form.TRACE
+    EARLY_LOADS: gl.constexpr = form.EARLY_LOADS
+    q_desc = shared.q_desc
+    k_desc = shared.k_desc
+    v_desc = shared.v_desc
+    w_desc = shared.w_desc
+    q_smem = shared.q_smem
+    k_smem = shared.k_smem
+    v_smem = shared.v_smem
+    w_smem = shared.w_smem
+    q_ready = shared.q_ready
+    q_empty = shared.q_empty
+    k_ready = shared.k_ready
+    v_ready = shared.v_ready
+    k_empty = shared.k_empty
+    v_empty = shared.v_empty
+    seqlens_q_ptr = shared.seqlens_q_ptr
+    seqlen_q = shared.seqlen_q
+    seqlen_k = shared.seqlen_k
+    num_heads = shared.num_heads
+    group = shared.group
+    num_m_tiles = shared.num_m_tiles
+    num_tiles = shared.num_tiles
     kc = 0  # K/V tiles loaded so far, over all work items: ring slot and phase
     it = 0  # work items so far: Q slot and phase
     _stamp(seqlens_q_ptr, 4, TRACE, WG, NUM_WG)

@@ -7,7 +7,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 
-# Debug timeline (the ``trace`` switch, ``plan.knobs.GluonSwitches``; ``flashcore bench timeline``; perf-notes v15): with TRACE each consumer
+# Debug timeline (the ``trace`` switch of ``plan.knobs.GluonSwitches``; perf-notes v15): with TRACE each consumer
 # warpgroup writes SM clock readings at fixed points into its own row of TRACE_SLOTS int64, in place of the
 # secure-only lengths pointer. Row (program * NUM_WG + warpgroup): slot 0/1 the consumer's first/last clock,
 # 2/3 the global timer (ns) at the same points (to convert clocks), 4 the loader's first clock, 5 the clock
