@@ -113,6 +113,16 @@ def test_compare_two_runs_without_gpu(tmp_path, capsys):
     assert "0.500" in out and "1.000" in out and "+100.0% speed" in out
 
 
+def test_compare_merges_several_runs_per_side(tmp_path, capsys):
+    s = Shape.dense(1, 8, 512, 64)
+    a = ",".join(_write_run(tmp_path / f"a{i}.json", {s: {"flashcore": t}}) for i, t in enumerate((10.0, 30.0, 10.0)))
+    b = ",".join(_write_run(tmp_path / f"b{i}.json", {s: {"flashcore": t}}) for i, t in enumerate((5.0, 5.0, 1.0)))
+    assert _main(["bench", "--compare", a, b]) == 0
+    assert "0.500" in capsys.readouterr().out  # median 5 over median 10: neither outlier decides
+    assert _main(["bench", "--compare", a + "," + str(tmp_path / "missing.json"), b]) == 2
+    assert "not found" in capsys.readouterr().err
+
+
 def test_compare_with_a_missing_or_invalid_file(tmp_path, capsys):
     s = Shape.dense(1, 8, 512, 64)
     a = _write_run(tmp_path / "a.json", {s: {"flashcore": 10.0}})

@@ -158,3 +158,23 @@ def test_nvidia_smi_parsing(monkeypatch):
 def test_git_sha_can_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("FLASHCORE_GIT_SHA", "feedbeef" * 5)
     assert R._git_sha() == "feedbeef" * 5
+
+
+def test_merged_runs_compare_by_the_median_of_medians():
+    """Several runs per side (``--compare A1,A2,A3 B1,B2,B3``): each shape x backend compares the median of the
+    runs' medians, so one noisy run does not decide; a backend that failed in one run uses the others."""
+    a_runs = [synthetic_document({S1: {"flashcore": t, "sdpa-default": 20.0}}) for t in (10.0, 13.0, 10.2)]
+    b_runs = [synthetic_document({S1: {"flashcore": t, "sdpa-default": s}})
+              for t, s in ((10.1, 20.0), (9.9, "failed"), (30.0, 21.0))]
+    merged_a, merged_b = R.merge_runs(a_runs), R.merge_runs(b_runs)
+    fc = merged_a["results"][0]["backends"]["flashcore"]["timing"]
+    assert fc["median_us"] == pytest.approx(10.2) and fc["runs"] == 3
+    sd = merged_b["results"][0]["backends"]["sdpa-default"]
+    assert sd["status"] == "ok" and sd["timing"]["runs"] == 2 and sd["timing"]["median_us"] == pytest.approx(20.5)
+    rows = {r["backend"]: r for r in R.compare_documents(merged_a, merged_b)["rows"]}
+    assert rows["flashcore"]["ratio"] == pytest.approx(10.1 / 10.2)
+    assert merged_a["environment"]["git_sha"] == ENV["git_sha"]
+    other = synthetic_document({S1: {"flashcore": 1.0}}, env=dict(ENV, git_sha="fedcba9876543210"))
+    assert R.merge_runs([a_runs[0], other])["environment"]["git_sha"] == "mixed"
+    assert R.merge_runs([a_runs[1]]) is a_runs[1]
+    assert a_runs[0]["results"][0]["backends"]["flashcore"]["timing"]["median_us"] == pytest.approx(10.0)  # inputs kept

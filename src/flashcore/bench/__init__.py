@@ -6,7 +6,10 @@ Python entry point::
     doc = run_suite("all")                       # or a list of Shape / suite dicts
     doc = run_suite(SUITES["seed"], backends=["flashcore", "sdpa-flash"], dtype=torch.float16)
 
-The command line is ``flashcore bench`` / ``flashcore info`` (see :mod:`flashcore.bench.cli`).
+The command line is ``flashcore bench`` / ``flashcore info`` (see :mod:`flashcore.bench.cli`), with the GPU tools
+``flashcore bench gpu-check`` (:mod:`~flashcore.bench.gpu_check`), ``sweep`` (:mod:`~flashcore.bench.sweep`) and
+``timeline`` (:mod:`~flashcore.bench.timeline_run`); A/B and investigation tools are in
+:mod:`flashcore.bench.experiments` (``python -m flashcore.bench.experiments.<name>``).
 """
 from .suites import LARGE, SEED, SUITES, Shape
 

@@ -40,7 +40,8 @@ def _register_bench(sub) -> None:
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"result directory (default: {DEFAULT_OUT})")
     p.add_argument("--plot", action="store_true", help="also write a PNG chart next to the JSON")
     p.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"),
-                   help="compare two result files (per shape x backend B/A) instead of running")
+                   help="compare two result files (per shape x backend B/A) instead of running; a side may name "
+                        "several runs of the same code, comma-separated (A1.json,A2.json): their medians are merged")
     p.add_argument("--rep-ms", type=_positive_float, default=100.0, metavar="MS",
                    help="timing budget per backend and shape, as do_bench's rep (default: 100)")
     p.add_argument("--tolerance", type=_positive_float, default=2e-2,
@@ -163,10 +164,10 @@ def _exit_code(doc: dict, console: Console) -> int:
 
 def run_compare(path_a: str, path_b: str) -> int:
     from .report import compare_summary_table, compare_table
-    from .results import compare_documents, load_document
+    from .results import compare_documents, load_document, merge_runs
 
     try:
-        a, b = load_document(path_a), load_document(path_b)
+        a, b = (merge_runs([load_document(p) for p in side.split(",") if p]) for side in (path_a, path_b))
     except ValueError as e:
         return _usage_error(str(e))
     cmp = compare_documents(a, b)

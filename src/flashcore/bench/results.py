@@ -349,6 +349,32 @@ def _median(result: Optional[dict]) -> Optional[float]:
     return None
 
 
+def merge_runs(docs: list) -> dict:
+    """Several runs of the same code as one document: each shape x backend's median time is the median of the
+    runs' medians (``timing["run_medians_us"]`` keeps them), over the runs where it was timed. Single runs of
+    this machine differ by a few percent even for unchanged peers (perf-notes v17), so comparing two versions
+    is better done on several interleaved runs per side."""
+    import copy
+    import statistics
+
+    if len(docs) == 1:
+        return docs[0]
+    merged = copy.deepcopy(docs[0])
+    shas = {d["environment"].get("git_sha") for d in docs}
+    merged["environment"]["git_sha"] = shas.pop() if len(shas) == 1 else "mixed"
+    merged["complete"] = all(d.get("complete", True) for d in docs)
+    by_key = [{e["key"]: e for e in d["results"]} for d in docs]
+    for entry in merged["results"]:
+        for name, res in entry["backends"].items():
+            times = [m for m in (_median(runs.get(entry["key"], {}).get("backends", {}).get(name)) for runs in by_key)
+                     if m is not None]
+            if times:
+                res["status"] = "ok"
+                res["timing"] = dict(res.get("timing") or {}, median_us=statistics.median(times),
+                                     run_medians_us=times, runs=len(times))
+    return merged
+
+
 def compare_documents(a: dict, b: dict) -> dict:
     """Per shape × backend change from run A to run B. ``ratio`` is B's median time / A's
     (< 1: B is faster). Shapes or backends present in only one run get a note instead."""

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 from ... import ops, reference
+from ...kernels import SM90_FWD
 from ...plan import knobs
 from ...plan.tables import Config, parse_config_name
 from .. import timing
@@ -136,7 +137,7 @@ def check(B, Hq, Hkv, Sq, Sk, D, dtype, lse, vname, causal=False):
     out = torch.full_like(q, float("nan"))
     call = make_call(q, k, v, D, lse, vname, out, causal)
     kernel = call.selection.explain()
-    if call.selection.kernel == "sm90_fwd":
+    if call.selection.kernel == SM90_FWD.name:
         kernel += f" {call.main.step.constexprs}"
     o, l = call(q, k, v, None, None, out)
     torch.cuda.synchronize()

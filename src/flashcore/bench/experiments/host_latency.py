@@ -25,6 +25,7 @@ from triton.testing import do_bench
 
 import flashcore
 from ...api import plan_attention
+from ...kernels import SM90_FWD
 from ...plan import knobs
 from .. import timing
 from ..results import collect_environment
@@ -88,7 +89,7 @@ def main(argv=None):
             row[f"flashcore_{mode}"] = {**{n: t(fc) for n, t in timers.items()}, "rel_err_vs_sdpa": err}
             plan = plan_attention(q, k, v)  # the plan the calls above ran
             row[f"flashcore_{mode}"]["plan"] = plan.selection.explain()
-            if mode == "gluon_ws" and plan.selection.kernel == "sm90_fwd":
+            if mode == "gluon_ws" and plan.selection.kernel == SM90_FWD.name:
                 launch = plan.main
                 row["gluon_fast_path"] = bool(launch.fast)
                 saved, launch.fast = launch.fast, False  # the same calls through Triton's own launcher
