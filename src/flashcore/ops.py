@@ -24,13 +24,14 @@ def dense_plan(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure, retur
                validate=True) -> Plan:
     """Plan a dense call (q/k/v in the caller's layout, already validated). ``seqlens_q`` None, or the same
     tensor as ``seqlens_k``, is self-attention."""
-    # Index q/k/v/out as [B, H, S, D] through strides.
-    qb, kb, vb = (t.transpose(1, 2) if bshd else t for t in (q, k, v))
+    # Index q/k/v/out as [B, H, S, D] through strides (the one layout mapping, _checks.as_bhsd).
+    layout = "bshd" if bshd else "bhsd"
+    qb, kb, vb = (C.as_bhsd(n, t, layout) for n, t in (("q", q), ("k", k), ("v", v)))
     B, Hq, Sq, D = qb.shape
     o = out if out is not None else torch.empty(q.shape, dtype=q.dtype, device=q.device)  # caller's layout
-    ob = o.transpose(1, 2) if bshd else o
+    ob = C.as_bhsd("out", o, layout)
     lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device) if return_lse else None
-    problem = Problem.dense(qb, kb, vb, ob, causal=causal, scale=scale, layout="bshd" if bshd else "bhsd",
+    problem = Problem.dense(qb, kb, vb, ob, causal=causal, scale=scale, layout=layout,
                             secure=secure, self_attention=seqlens_q is None or seqlens_q is seqlens_k,
                             return_lse=return_lse)
     return build(problem, qb, kb, vb, ob, lse, seqlens_q=seqlens_q, seqlens_k=seqlens_k, lse_strides=(Hq * Sq, Sq),
