@@ -10,8 +10,9 @@ from dataclasses import dataclass
 import torch
 
 from .kernels import forward_dtype_names, forward_head_dims, head_dim_text
+from .problem import DTYPE_NAMES
 
-TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+TORCH_DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 SUPPORTED_HEAD_DIMS = forward_head_dims()
 FLOAT_DTYPES = tuple(TORCH_DTYPES[n] for n in forward_dtype_names())
 LAYOUTS = ("bhsd", "bshd")

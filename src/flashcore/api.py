@@ -135,14 +135,9 @@ def plan_attention(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Plan | None:
     key = dense_key(backend, q, k, v, seqlens_q, seqlens_k, out, layout=layout, causal=kwargs.get("causal", False),
                     scale=kwargs.get("scale"), secure=secure, self_attention=seqlens_q is seqlens_k,
                     return_lse=kwargs.get("return_lse", False), validate=kwargs.get("validate_seqlens", True))
-    plan = PLANS.get(key) if key is not None else None
-    if plan is None:
-        plan = ops.dense_plan(q, k, v, seqlens_q, seqlens_k, a.causal, a.scale, layout == "bshd", bool(secure),
-                              bool(kwargs.get("return_lse", False)), out,
-                              validate=bool(kwargs.get("validate_seqlens", True)))
-        if key is not None:
-            plan = PLANS.put(key, plan)
-    return plan
+    return PLANS.get_or_build(key, lambda: ops.dense_plan(
+        q, k, v, seqlens_q, seqlens_k, a.causal, a.scale, layout == "bshd", bool(secure),
+        bool(kwargs.get("return_lse", False)), out, validate=bool(kwargs.get("validate_seqlens", True))))
 
 
 def attention_varlen(

@@ -49,12 +49,8 @@ def _dense_impl(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure, retu
     key = dense_key(_OP_ROUTE, q, k, v, seqlens_q, seqlens_k, out, layout="bshd" if bshd else "bhsd", causal=causal,
                     scale=scale, secure=secure, self_attention=seqlens_q is None or seqlens_q is seqlens_k,
                     return_lse=return_lse, validate=validate)
-    plan = PLANS.get(key) if key is not None else None
-    if plan is None:
-        plan = dense_plan(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure, return_lse, out,
-                          validate=validate)
-        if key is not None:
-            plan = PLANS.put(key, plan)
+    plan = PLANS.get_or_build(key, lambda: dense_plan(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure,
+                                                      return_lse, out, validate=validate))
     res, lse = plan(q, k, v, seqlens_q, seqlens_k, out)
     return res, (lse if lse is not None else q.new_empty((0,), dtype=torch.float32))
 
@@ -102,11 +98,8 @@ def varlen_plan(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, return_lse, ou
 def _varlen_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, return_lse, out=None):
     key = varlen_key(_OP_ROUTE, q, k, v, cu_q, cu_k, out, max_seqlen_q=max_q, max_seqlen_k=max_k, causal=causal,
                      scale=scale, return_lse=return_lse)
-    plan = PLANS.get(key) if key is not None else None
-    if plan is None:
-        plan = varlen_plan(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, return_lse, out)
-        if key is not None:
-            plan = PLANS.put(key, plan)
+    plan = PLANS.get_or_build(key, lambda: varlen_plan(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
+                                                       return_lse, out))
     res, lse = plan(q, k, v, out=out, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
     return res, (lse if lse is not None else q.new_empty((0,), dtype=torch.float32))
 

@@ -18,9 +18,11 @@ import torch
 
 from .plan.knobs import snapshot
 from .runtime import device_arch
+from .runtime.tma import addressable
 
 
-_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+# the names kernels' capabilities use for the dtypes (kernels.DTYPE_NAMES), keyed by the torch dtype
+DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
 def _tensor_facts(t):
@@ -56,10 +58,8 @@ def varlen_key(route: str, q, k, v, cu_seqlens_q, cu_seqlens_k, out, *, max_seql
 
 
 def _aligned(t: torch.Tensor) -> bool:
-    """The copy engine (TMA) can address it: 16-byte aligned base and outer strides, unit last stride."""
-    es = t.element_size()
-    return t.dim() == 4 and t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all((s * es) % 16 == 0
-                                                                                   for s in t.stride()[:-1])
+    """The copy engine (TMA) can address it with unit-stride rows (what the sm_90 kernel's descriptors need)."""
+    return t.stride(-1) == 1 and addressable(t)
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ class Problem:
     @property
     def dtype_name(self) -> str:
         """The name kernels' capabilities use (``fp16``, ``bf16``, ``fp32``)."""
-        return _DTYPE_NAMES.get(self.dtype, str(self.dtype))
+        return DTYPE_NAMES.get(self.dtype, str(self.dtype))
 
     @property
     def dtype_bytes(self) -> int:

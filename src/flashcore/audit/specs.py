@@ -18,9 +18,9 @@ from ..launch.triton_fwd import build_launch
 from ..plan import tables
 from ..plan.select import triton_config
 from ..plan.tables import Config
-from ..problem import Problem
+from ..problem import DTYPE_NAMES, Problem
 
-_ELT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+_ELT = DTYPE_NAMES  # spec names use the capabilities' dtype names
 
 # Public facts that select a different compiled kernel. The default audit covers each code path
 # (dtype families, every BLOCK_D with even and masked head dims, head dims whose row stride is

@@ -6,6 +6,7 @@ import torch
 from ..kernels.triton.fwd import LOG2E, attn_fwd_kernel
 from ..plan.tables import Config, block_d
 from ..runtime import KernelStep, cdiv, interpreting
+from ..runtime.tma import addressable
 
 # The kernel's pointer arguments after q, k, v, o, lse (an unused one still needs a tensor)
 LENGTH_ARGS = ("seqlens_q", "seqlens_k", "cu_seqlens_q", "cu_seqlens_k")
@@ -59,9 +60,8 @@ def compile_options(cfg: Config) -> dict:
 
 
 def tma_ok(t: torch.Tensor) -> bool:
-    """The copy engine needs a 16-byte aligned base and 16-byte multiples for every outer stride."""
-    es = t.element_size()
-    return t.dim() == 4 and t.data_ptr() % 16 == 0 and all((st * es) % 16 == 0 for st in t.stride()[:-1])
+    """The copy engine can address it (the Triton kernel's TMA option; ``runtime.tma.addressable``)."""
+    return addressable(t)
 
 
 def _descriptor(t: torch.Tensor, rows: int, block_d_: int):

@@ -27,6 +27,16 @@ class PlanCache:
                 self._plans[key] = plan
         return plan
 
+    def get_or_build(self, key, build):
+        """The plan under ``key``, or ``build()``'s, kept under ``key`` (None: a call that cannot be keyed, planned
+        afresh and not kept)."""
+        plan = self._plans.get(key) if key is not None else None
+        if plan is None:
+            plan = build()
+            if key is not None:
+                plan = self.put(key, plan)
+        return plan
+
     def plans(self) -> list:
         """The cached plans, oldest first (a snapshot, for inspection)."""
         with self._lock:

@@ -10,6 +10,13 @@ from __future__ import annotations
 import threading
 
 
+def addressable(t) -> bool:
+    """The copy engine can address a rank-4 tensor: 16-byte aligned base and 16-byte multiples for every outer
+    stride (the innermost dimension is the tile's row)."""
+    es = t.element_size()
+    return t.dim() == 4 and t.data_ptr() % 16 == 0 and all((st * es) % 16 == 0 for st in t.stride()[:-1])
+
+
 def make_descriptors(tensors, geometry, count: int) -> list:
     """Gluon ``TensorDescriptor``s for ``tensors`` with the planned ``geometry`` (one ``(shape, strides,
     block_shape, layout)`` per tensor), padded with None to ``count``. The plan validated shapes, strides
