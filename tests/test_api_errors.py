@@ -1,8 +1,14 @@
-"""Bad input gets a ValueError/TypeError naming the argument, before any kernel runs."""
+"""Bad input gets a ValueError/TypeError naming the argument, before any kernel runs, on every backend."""
+import os
+
 import pytest
 import torch
 
 import flashcore
+
+# Every check belongs to the one validation layer that every backend passes through: each bad input is
+# tried on each backend ("triton" runs the kernels under the interpreter on CPU).
+BACKENDS = ["reference", "auto"] + (["triton"] if os.environ.get("TRITON_INTERPRET") == "1" else [])
 
 
 def t(*shape, dtype=torch.float16):
@@ -18,6 +24,10 @@ def call(**kw):
     q, k, v = args.pop("q"), args.pop("k"), args.pop("v")
     args.setdefault("backend", "reference")
     return flashcore.attention(q, k, v, **args)
+
+
+def every_backend(test):
+    return pytest.mark.parametrize("backend", BACKENDS)(test)
 
 
 @pytest.mark.parametrize("kw,exc,match", [
@@ -44,10 +54,48 @@ def call(**kw):
     (dict(secure=True, seqlens_k=torch.ones(2, dtype=torch.int32)), ValueError, r"seqlens_k must have shape \[B\]"),
     (dict(secure=True, seqlens_k=[16]), TypeError, "seqlens_k"),
     (dict(out=torch.empty(1, 4, 16, 32, dtype=torch.float16)), ValueError, "out must match"),
+    (dict(secure=True, seqlens_k=torch.tensor([17], dtype=torch.int32)), ValueError, r"seqlens_k in \[0, 16\]"),
+    (dict(secure=True, seqlens_k=torch.tensor([-1], dtype=torch.int32)), ValueError, r"seqlens_k in \[0, 16\]"),
+    (dict(causal="yes"), TypeError, "causal must be a bool"),
+    (dict(causal=1), TypeError, "causal must be a bool"),
+    (dict(secure="no", seqlens_k=torch.ones(1, dtype=torch.int32)), TypeError, "secure must be a bool"),
+    (dict(return_lse=None), TypeError, "return_lse must be a bool"),
+    (dict(validate_seqlens=0), TypeError, "validate_seqlens must be a bool"),
+    (dict(scale=torch.tensor(0.1)), TypeError, "scale must be a real number"),
+    (dict(scale=__import__("fractions").Fraction(1, 10)), TypeError, "scale=Fraction.*exactly"),
+    (dict(scale=True), TypeError, "scale must be a real number"),
+    (dict(q=t(2, 4, 16, 64), k=t(2, 2, 16, 64), v=t(2, 2, 16, 64), secure=True,
+          seqlens_k=torch.ones(4, dtype=torch.int32)[::2]), ValueError, "seqlens_k must be contiguous"),
 ])
-def test_dense_bad_input(kw, exc, match):
+@every_backend
+def test_dense_bad_input(kw, exc, match, backend):
     with pytest.raises(exc, match=match):
-        call(**kw)
+        call(**{"backend": backend, **kw})
+
+
+@every_backend
+def test_out_overlapping_an_input_is_refused(backend):
+    q, k, v = (x.clone() for x in (GOOD["q"], GOOD["k"], GOOD["v"]))
+    with pytest.raises(ValueError, match="out must not overlap q"):
+        flashcore.attention(q, k, v, out=q, backend=backend)
+    kv = t(1, 4, 16, 64)  # out aliases the storage of k and v (a different view of the same memory)
+    with pytest.raises(ValueError, match="out must not overlap k"):
+        flashcore.attention(t(1, 4, 16, 64), kv[:, :2], kv[:, 2:], out=kv, backend=backend)
+
+
+@every_backend
+def test_numpy_scalars_are_accepted(backend):
+    np = pytest.importorskip("numpy")
+    q, k, v = (x.float() for x in (GOOD["q"], GOOD["k"], GOOD["v"]))
+    got = flashcore.attention(q, k, v, scale=np.float32(0.1), causal=np.bool_(True), backend=backend)
+    want = flashcore.attention(q, k, v, scale=float(np.float32(0.1)), causal=True, backend=backend)
+    assert torch.equal(got, want)
+    qv, kv = t(10, 4, 32, dtype=torch.float32), t(12, 2, 32, dtype=torch.float32)
+    cu_q, cu_k = torch.tensor([0, 4, 10], dtype=torch.int32), torch.tensor([0, 5, 12], dtype=torch.int32)
+    got = flashcore.attention_varlen(qv, kv, kv, cu_q, cu_k, np.int64(6), np.int32(7), scale=np.float64(0.2),
+                                     backend=backend)
+    want = flashcore.attention_varlen(qv, kv, kv, cu_q, cu_k, 6, 7, scale=0.2, backend=backend)
+    assert torch.equal(got, want)
 
 
 def test_secure_needs_seqlens_q_when_lengths_differ():
@@ -71,12 +119,12 @@ def test_triton_backend_on_cpu_without_interpreter_is_explained(monkeypatch):
         call(backend="triton")
 
 
-def _varlen(**kw):
+def _varlen(backend="reference", **kw):
     q, k = t(10, 4, 32), t(12, 2, 32)
     args = dict(q=q, k=k, v=k.clone(), cu_seqlens_q=torch.tensor([0, 4, 10], dtype=torch.int32),
                 cu_seqlens_k=torch.tensor([0, 5, 12], dtype=torch.int32), max_seqlen_q=6, max_seqlen_k=7)
     args.update(kw)
-    return flashcore.attention_varlen(**args, backend="reference")
+    return flashcore.attention_varlen(**args, backend=backend)
 
 
 @pytest.mark.parametrize("kw,exc,match", [
@@ -90,10 +138,18 @@ def _varlen(**kw):
     (dict(q=t(10, 4, 1, 32)), ValueError, "q must be 3-D"),
     (dict(q=t(10, 3, 32)), ValueError, "multiple of the number of k/v heads"),
     (dict(q=t(10, 4, 32, dtype=torch.float32)), ValueError, "dtype"),
+    (dict(causal="yes"), TypeError, "causal must be a bool"),
+    (dict(return_lse=1), TypeError, "return_lse must be a bool"),
+    (dict(max_seqlen_q=6.5), ValueError, "max_seqlen_q must be a whole number"),
+    (dict(max_seqlen_q="6"), TypeError, "max_seqlen_q must be an int"),
+    (dict(max_seqlen_k=True), TypeError, "max_seqlen_k must be an int"),
+    (dict(cu_seqlens_q=torch.tensor([0, 0, 4, 0, 10, 0], dtype=torch.int32)[::2]), ValueError,
+     "cu_seqlens_q must be contiguous"),
 ])
-def test_varlen_bad_input(kw, exc, match):
+@every_backend
+def test_varlen_bad_input(kw, exc, match, backend):
     with pytest.raises(exc, match=match):
-        _varlen(**kw)
+        _varlen(backend=backend, **kw)
 
 
 @pytest.mark.interp

@@ -5,6 +5,8 @@ reaches a kernel (where it would crash, hang or silently compute garbage). What 
 (dtypes, head dims) is read from the kernels' own declarations (``flashcore.kernels``)."""
 from __future__ import annotations
 
+import numbers
+import os
 from dataclasses import dataclass
 
 import torch
@@ -46,15 +48,93 @@ def check_head_dim(name: str, d: int) -> None:
         raise ValueError(f"{name} has head dim {d}; supported head dims are the {head_dim_text(SUPPORTED_HEAD_DIMS)}")
 
 
+def check_flag(name: str, value) -> bool:
+    """A bool flag: a Python or numpy bool (``causal="yes"`` or ``1`` is refused, not read as true)."""
+    if isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+
+
+def check_real(name: str, value) -> float:
+    """A real number of any numeric type (Python, numpy, ...) that converts to a float exactly."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    f = float(value)
+    if f != value and f == f:  # nan converts exactly, and fails the range checks that follow
+        raise TypeError(f"{name}={value!r} ({type(value).__name__}) does not convert to a float exactly")
+    return f
+
+
+def check_int(name: str, value, *, minimum: int = 0) -> int:
+    """An integer of any numeric type (Python, numpy, an integral float, ...) that converts exactly."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    try:
+        i = int(value)
+    except (OverflowError, ValueError):
+        raise ValueError(f"{name} must be a finite integer, got {value!r}") from None
+    if i != value:
+        raise ValueError(f"{name} must be a whole number, got {value!r}")
+    if i < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {i}")
+    return i
+
+
 def check_scale(scale, head_dim: int) -> float:
     if scale is None:
         return head_dim ** -0.5
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    scale = float(scale)
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
+    scale = check_real("scale", scale)
     if not (scale > 0.0 and scale < float("inf")):
         raise ValueError(f"scale must be a positive finite float, got {scale}")
     return scale
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def check_backend(backend, q: torch.Tensor) -> bool:
+    """Which route runs: True for the kernels, False for the float64 reference. Refuses what a route
+    would get wrong: kernels on CPU without the interpreter, and bf16 under the interpreter."""
+    check_choice("backend", backend, BACKENDS)
+    if backend == "reference" or (backend == "auto" and q.device.type != "cuda"):
+        return False
+    if q.device.type != "cuda":
+        if not interpreting():
+            raise ValueError(
+                f"backend='triton' needs CUDA tensors (got device {q.device}); to run the Triton kernels on "
+                "CPU tensors set TRITON_INTERPRET=1 before importing triton"
+            )
+        if q.dtype == torch.bfloat16:
+            # triton's interpreter computes bf16 wrongly (relative errors ~1e9): never return that.
+            raise ValueError(
+                "q is bfloat16, which the Triton interpreter (TRITON_INTERPRET=1) computes wrongly; on CPU use "
+                "float16 or float32 with backend='triton', or backend='reference' for bfloat16"
+            )
+    return True
+
+
+def check_grad(kernel: bool, tensors: dict) -> None:
+    """The kernels have no backward pass yet: refuse inputs that want gradients instead of dropping them."""
+    if not kernel or not torch.is_grad_enabled():
+        return
+    wanting = [name for name, t in tensors.items() if t is not None and t.requires_grad]
+    if wanting:
+        raise RuntimeError(
+            f"{', '.join(wanting)} require{'s' if len(wanting) == 1 else ''} grad, but flashcore's kernels are "
+            "forward-only for now: the gradient would be silently lost. Run the forward under torch.no_grad() / "
+            "torch.inference_mode() (or detach the inputs), or use backend='reference' (differentiable, slow)"
+        )
+
+
+def check_secure_lengths(seqlens_q: torch.Tensor, seqlens_k: torch.Tensor, seqlen_q: int, seqlen_k: int) -> None:
+    """Host-side range check of secure lengths (eager only; one sync). One bit reaches the host: whether
+    every length lies in range. Never the lengths."""
+    bad = ((seqlens_q < 0) | (seqlens_q > seqlen_q)).any() | ((seqlens_k < 0) | (seqlens_k > seqlen_k)).any()
+    if bool(bad):
+        raise ValueError(f"seqlens_q must lie in [0, {seqlen_q}] and seqlens_k in [0, {seqlen_k}] (the padded lengths)")
 
 
 def check_choice(name: str, value, choices) -> None:
@@ -72,9 +152,23 @@ def check_seqlens(name: str, t, batch: int, device: torch.device) -> None:
         raise ValueError(f"{name} must have shape [B]=[{batch}], got {tuple(t.shape)}")
     if t.device != device:
         raise ValueError(f"{name} must be on q's device {device}, got {t.device}")
+    if batch > 1 and t.stride(0) != 1:
+        raise ValueError(f"{name} must be contiguous (the kernels read it as a packed array), got stride {t.stride(0)}")
 
 
-def check_out(out, q: torch.Tensor) -> None:
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors' memory spans intersect (a conservative test on their address ranges)."""
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0:
+        return False
+    def span(t):
+        lo = t.data_ptr() + t.element_size() * sum(s * (n - 1) for s, n in zip(t.stride(), t.shape) if s < 0)
+        hi = t.data_ptr() + t.element_size() * (1 + sum(s * (n - 1) for s, n in zip(t.stride(), t.shape) if s > 0))
+        return lo, hi
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
+
+
+def check_out(out, q: torch.Tensor, inputs: dict | None = None) -> None:
     if out is None:
         return
     if not isinstance(out, torch.Tensor):
@@ -84,10 +178,15 @@ def check_out(out, q: torch.Tensor) -> None:
                          f"got {tuple(out.shape)}/{out.dtype}/{out.device}")
     if not out.is_contiguous():
         raise ValueError("out must be contiguous")
+    for name, t in (inputs or {}).items():
+        if _overlaps(out, t):
+            raise ValueError(f"out must not overlap {name} (other tiles still read {name} while out is written)")
 
 
-def check_cu_seqlens(cu_q, cu_k, total_q: int, total_k: int, max_q: int, max_k: int) -> None:
-    """Host-side validation of cumulative lengths (reads them: a sync on GPU tensors)."""
+def check_cu_seqlens(cu_q, cu_k, total_q: int, total_k: int, max_q: int, max_k: int) -> int:
+    """Host-side validation of cumulative lengths (reads them: a sync on GPU tensors). Returns where the
+    last query sequence ends: rows of q past it belong to no sequence (their output is zero)."""
+    end_q = total_q
     for name, cu, total, mx, mname in (("cu_seqlens_q", cu_q, total_q, max_q, "max_seqlen_q"),
                                        ("cu_seqlens_k", cu_k, total_k, max_k, "max_seqlen_k")):
         c = cu.detach().to("cpu", torch.int64)
@@ -100,6 +199,9 @@ def check_cu_seqlens(cu_q, cu_k, total_q: int, total_k: int, max_q: int, max_k: 
             raise ValueError(f"{name} ends at {int(c[-1])} but the packed tensor has only {total} tokens")
         if lens.numel() and int(lens.max()) > mx:
             raise ValueError(f"{mname}={mx} is smaller than a real sequence length ({int(lens.max())})")
+        if name == "cu_seqlens_q":
+            end_q = int(c[-1])
+    return end_q
 
 
 def as_bhsd(name: str, t: torch.Tensor, layout: str) -> torch.Tensor:
@@ -119,13 +221,22 @@ class DenseArgs:
     scale: float
     seqlens_q: torch.Tensor | None  # secure mode: the query lengths (the key lengths for self-attention)
     self_attention: bool
+    secure: bool
+    return_lse: bool
+    validate: bool
+    kernel: bool  # True: the kernels run; False: the float64 reference
 
 
-def check_dense(q, k, v, *, layout, causal, scale, secure, seqlens_q, seqlens_k, out) -> DenseArgs:
-    """Every metadata check of :func:`flashcore.attention` (never reads secret values)."""
+def check_dense(q, k, v, *, layout, causal, scale, secure, seqlens_q, seqlens_k, out, backend="auto",
+                return_lse=False, validate=True) -> DenseArgs:
+    """Every check of :func:`flashcore.attention`, whichever backend runs. Reads no secret value, except the
+    eager-only secure range check of the reference route (the kernels' plans run the same check,
+    :func:`check_secure_lengths`, on every call)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_float_tensor(name, t)
     check_choice("layout", layout, LAYOUTS)
+    causal, secure = check_flag("causal", causal), check_flag("secure", secure)
+    return_lse, validate = check_flag("return_lse", return_lse), check_flag("validate_seqlens", validate)
     qb, kb, vb = (as_bhsd(n, t, layout) for n, t in (("q", q), ("k", k), ("v", v)))
     check_same(("q", "k", "v"), (q, k, v), "dtype")
     check_same(("q", "k", "v"), (q, k, v), "device")
@@ -145,6 +256,8 @@ def check_dense(q, k, v, *, layout, causal, scale, secure, seqlens_q, seqlens_k,
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_unit_last_stride(name, t)
     scale = check_scale(scale, D)
+    kernel = check_backend(backend, q)
+    check_grad(kernel, {"q": q, "k": k, "v": v})
     self_attention = False
     if secure:
         if seqlens_k is None:
@@ -156,14 +269,32 @@ def check_dense(q, k, v, *, layout, causal, scale, secure, seqlens_q, seqlens_k,
             seqlens_q = seqlens_k  # self-attention: query lengths are the key lengths
         self_attention = seqlens_q is seqlens_k
         check_seqlens("seqlens_q", seqlens_q, B, q.device)
+        if not kernel and validate and not torch.compiler.is_compiling() and not _capturing(q.device):
+            check_secure_lengths(seqlens_q, seqlens_k, Sq, Sk)
     elif seqlens_q is not None or seqlens_k is not None:
         raise ValueError("seqlens_q/seqlens_k are only used with secure=True (use attention_varlen for packed sequences)")
-    check_out(out, q)
-    return DenseArgs(qb, kb, vb, bool(causal), scale, seqlens_q, self_attention)
+    check_out(out, q, {"q": q, "k": k, "v": v})
+    return DenseArgs(qb, kb, vb, causal, scale, seqlens_q, self_attention, secure, return_lse, validate, kernel)
 
 
-def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, scale, out) -> float:
-    """Every metadata check of :func:`flashcore.attention_varlen`; returns the scale. (The cumulative
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+@dataclass
+class VarlenArgs:
+    """A varlen call's normalised arguments."""
+    causal: bool
+    scale: float
+    max_seqlen_q: int
+    max_seqlen_k: int
+    return_lse: bool
+    kernel: bool
+
+
+def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale=None,
+                 return_lse=False, backend="auto", out=None) -> VarlenArgs:
+    """Every metadata check of :func:`flashcore.attention_varlen`, whichever backend runs. (The cumulative
     lengths' values are checked by :func:`check_cu_seqlens`, where the call may sync.)"""
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_float_tensor(name, t)
@@ -190,12 +321,14 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
             raise ValueError(f"{name} must be 1-D with N+1 >= 2 entries, got shape {tuple(t.shape)}")
         if t.device != q.device:
             raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
+        if t.stride(0) != 1:
+            raise ValueError(f"{name} must be contiguous (the kernels read it as a packed array), got stride {t.stride(0)}")
     if cu_seqlens_q.shape != cu_seqlens_k.shape:
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must both have N+1 entries; got {cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")
-    for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
-            raise ValueError(f"{name} must be a non-negative int, got {m!r}")
+    max_q, max_k = check_int("max_seqlen_q", max_seqlen_q), check_int("max_seqlen_k", max_seqlen_k)
+    causal, return_lse = check_flag("causal", causal), check_flag("return_lse", return_lse)
     scale = check_scale(scale, D)
-    check_out(out, q)
-    return scale
-
+    kernel = check_backend(backend, q)
+    check_grad(kernel, {"q": q, "k": k, "v": v})
+    check_out(out, q, {"q": q, "k": k, "v": v})
+    return VarlenArgs(causal, scale, max_q, max_k, return_lse, kernel)

@@ -15,7 +15,6 @@ iff ``j <= i + Sk - Sq`` (bottom-right aligned). When ``Sq == Sk`` this is SDPA'
 """
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
@@ -28,21 +27,6 @@ from .plan.cache import PLANS
 from .problem import dense_key, varlen_key
 
 Tensor = torch.Tensor
-
-
-def _want_triton(backend: str, device: torch.device) -> bool:
-    C.check_choice("backend", backend, C.BACKENDS)
-    if backend == "reference":
-        return False
-    if backend == "auto":
-        return device.type == "cuda"
-    # backend == "triton"
-    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
-        raise ValueError(
-            f"backend='triton' needs CUDA tensors (got device {device}); to run the Triton kernels on "
-            "CPU tensors set TRITON_INTERPRET=1 before importing triton"
-        )
-    return True
 
 
 def attention(
@@ -94,26 +78,26 @@ def attention(
             return (res, lse) if return_lse else res
 
     a = C.check_dense(q, k, v, layout=layout, causal=causal, scale=scale, secure=secure, seqlens_q=seqlens_q,
-                      seqlens_k=seqlens_k, out=out)
+                      seqlens_k=seqlens_k, out=out, backend=backend, return_lse=return_lse, validate=validate_seqlens)
 
-    if not _want_triton(backend, q.device):
+    if not a.kernel:
         res, lse = _ref.attention_bhsd(a.qb, a.kb, a.vb, causal=a.causal, scale=a.scale,
-                                       seqlens_q=a.seqlens_q if secure else None,
-                                       seqlens_k=seqlens_k if secure else None)
+                                       seqlens_q=a.seqlens_q if a.secure else None,
+                                       seqlens_k=seqlens_k if a.secure else None)
         res = res.to(q.dtype)
         if layout == "bshd":
             res = res.transpose(1, 2)
         res = out.copy_(res) if out is not None else res.contiguous()
-        return (res, lse.float()) if return_lse else res
+        return (res, lse.float()) if a.return_lse else res
 
     if key is None:  # tracing under torch.compile, or inputs we do not key on: the custom op
-        res, lse = ops.attention_fwd(q, k, v, seqlens_q, seqlens_k, a.causal, a.scale, layout == "bshd", bool(secure),
-                                     bool(return_lse), out, bool(validate_seqlens))
-        return (res, lse) if return_lse else res
+        res, lse = ops.attention_fwd(q, k, v, seqlens_q, seqlens_k, a.causal, a.scale, layout == "bshd", a.secure,
+                                     a.return_lse, out, a.validate)
+        return (res, lse) if a.return_lse else res
     plan = PLANS.put(key, ops.dense_plan(q, k, v, seqlens_q, seqlens_k, a.causal, a.scale, layout == "bshd",
-                                         bool(secure), bool(return_lse), out, validate=bool(validate_seqlens)))
+                                         a.secure, a.return_lse, out, validate=a.validate))
     res, lse = plan(q, k, v, seqlens_q, seqlens_k, out)
-    return (res, lse) if return_lse else res
+    return (res, lse) if a.return_lse else res
 
 
 def plan_attention(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Plan | None:
@@ -129,15 +113,16 @@ def plan_attention(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Plan | None:
     if unknown:
         raise TypeError(f"plan_attention() got unexpected keyword arguments {sorted(unknown)}")
     a = C.check_dense(q, k, v, layout=layout, causal=kwargs.get("causal", False), scale=kwargs.get("scale"),
-                      secure=secure, seqlens_q=seqlens_q, seqlens_k=seqlens_k, out=out)
-    if not _want_triton(backend, q.device):
+                      secure=secure, seqlens_q=seqlens_q, seqlens_k=seqlens_k, out=out, backend=backend,
+                      return_lse=kwargs.get("return_lse", False), validate=kwargs.get("validate_seqlens", True))
+    if not a.kernel:
         return None
     key = dense_key(backend, q, k, v, seqlens_q, seqlens_k, out, layout=layout, causal=kwargs.get("causal", False),
                     scale=kwargs.get("scale"), secure=secure, self_attention=seqlens_q is seqlens_k,
                     return_lse=kwargs.get("return_lse", False), validate=kwargs.get("validate_seqlens", True))
     return PLANS.get_or_build(key, lambda: ops.dense_plan(
-        q, k, v, seqlens_q, seqlens_k, a.causal, a.scale, layout == "bshd", bool(secure),
-        bool(kwargs.get("return_lse", False)), out, validate=bool(kwargs.get("validate_seqlens", True))))
+        q, k, v, seqlens_q, seqlens_k, a.causal, a.scale, layout == "bshd", a.secure, a.return_lse, out,
+        validate=a.validate))
 
 
 def attention_varlen(
@@ -164,16 +149,15 @@ def attention_varlen(
     ``cu_seqlens`` are checked on the host (monotonic, within the tensors, lengths <= max_seqlen);
     that check is skipped while a CUDA graph is being captured, where it would need a sync.
     """
-    scale = C.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale=scale, out=out)
+    a = C.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal, scale=scale,
+                       return_lse=return_lse, backend=backend, out=out)
 
-    if not _want_triton(backend, q.device):
-        C.check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
-        res, lse = _ref.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                         causal=bool(causal), scale=scale, return_lse=True)
-        res = res.to(q.dtype)
+    if not a.kernel:
+        res, lse = ops.attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, a.max_seqlen_q,
+                                                  a.max_seqlen_k, a.causal, a.scale)
         res = out.copy_(res) if out is not None else res
-        return (res, lse.float()) if return_lse else res
+        return (res, lse) if a.return_lse else res
 
-    res, lse = ops.attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
-                                        bool(causal), scale, bool(return_lse), out)
-    return (res, lse) if return_lse else res
+    res, lse = ops.attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k,
+                                        a.causal, a.scale, a.return_lse, out)
+    return (res, lse) if a.return_lse else res

@@ -11,6 +11,7 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flashcore", description="Fused attention for Hopper GPUs: demo, benchmarks, audits.")
+    parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     from . import demo
@@ -21,6 +22,20 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cli.register(sub)
     audit_cli.register(sub)
     return parser
+
+
+def version_text() -> str:
+    """flashcore's version and the torch/triton it runs on (what a bug report needs)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from . import __version__
+
+    def v(pkg):
+        try:
+            return version(pkg)
+        except PackageNotFoundError:
+            return "not installed"
+    return f"flashcore {__version__} (torch {v('torch')}, triton {v('triton')})"
 
 
 def main(argv=None) -> int:

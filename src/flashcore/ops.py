@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 
 from . import _checks as C
+from . import reference as _ref
 from .plan.build import Plan, build
 from .plan.cache import PLANS
 from .problem import Problem, dense_key, varlen_key
@@ -123,3 +124,45 @@ def attention_varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, retur
         res, lse = torch.ops.flashcore.attention_varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, return_lse)
         return (out.copy_(res) if out is not None else res), lse
     return _varlen_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, return_lse, out)
+
+
+@torch.library.custom_op("flashcore::attention_varlen_reference", mutates_args=())
+def attention_varlen_reference(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                               max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                               scale: float) -> tuple[Tensor, Tensor]:
+    """The float64 reference over packed sequences, as an op: its per-sequence loop reads the lengths, which
+    ``torch.compile(fullgraph=True)`` cannot trace, so the op is opaque to it (and differentiable)."""
+    C.check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
+    res, lse = _ref.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
+                                     scale=scale, return_lse=True)
+    return res.to(q.dtype), lse.float()
+
+
+@attention_varlen_reference.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale):
+    return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+def _varlen_reference_setup(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, max_q, max_k, causal, scale = inputs
+    ctx.save_for_backward(q, k, v, cu_q, cu_k)
+    ctx.args = (max_q, max_k, causal, scale)
+
+
+def _varlen_reference_backward(ctx, d_out, d_lse):
+    """Gradients by differentiating the reference itself (recomputed here: the op saved only its inputs)."""
+    q, k, v, cu_q, cu_k = ctx.saved_tensors
+    max_q, max_k, causal, scale = ctx.args
+    with torch.enable_grad():
+        qkv = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        res, lse = _ref.attention_varlen(*qkv, cu_q, cu_k, max_q, max_k, causal=causal, scale=scale, return_lse=True)
+        outs, grads = [res], [d_out.to(res.dtype)]
+        if d_lse is not None:  # rows without keys have lse -inf: their lse gradient is zero, not nan
+            finite = torch.isfinite(lse)
+            outs.append(torch.where(finite, lse, torch.zeros_like(lse)))
+            grads.append(torch.where(finite, d_lse.to(lse.dtype), torch.zeros_like(lse)))
+        dq, dk, dv = torch.autograd.grad(outs, qkv, grads, allow_unused=True)
+    return tuple(None if g is None else g.to(t.dtype) for g, t in zip((dq, dk, dv), (q, k, v))) + (None,) * 6
+
+
+attention_varlen_reference.register_autograd(_varlen_reference_backward, setup_context=_varlen_reference_setup)

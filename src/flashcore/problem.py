@@ -31,10 +31,13 @@ def _tensor_facts(t):
         return None
     if type(t) is not torch.Tensor:  # subclasses (fake/functional tensors, ...) take the full path
         raise TypeError
-    return t.dtype, t.device, t.shape, t.stride(), t.data_ptr() & 15
+    return t.dtype, t.device, t.shape, t.stride(), t.data_ptr() & 15, t.requires_grad
 
 
 def _key(kind, tensors, flags):
+    # Flags are keyed with their types: a plan made for causal=True must not answer causal=1 (which the
+    # validation layer refuses), nor grad mode off answer grad mode on.
+    flags = (torch.is_grad_enabled(), *((type(f), f) for f in flags))
     try:
         key = (kind, flags, snapshot(), *(_tensor_facts(t) for t in tensors))
         hash(key)

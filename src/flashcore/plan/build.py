@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from .._checks import check_secure_lengths
 from ..launch.secure_prepass import prepass_kv, prepass_v
 from ..launch.sm90_fwd import GluonLaunch
 from ..launch.triton_fwd import TritonForward, pointer_args
@@ -43,24 +44,41 @@ class Plan:
         if out is None:
             out = torch.empty(self.out_shape, dtype=q.dtype, device=device)
         lse = None if self.lse_shape is None else torch.empty(self.lse_shape, dtype=torch.float32, device=device)
+        end_q = None  # varlen: where the last query sequence ends (None: unknown on the host)
         if self.problem.secure:
             if seqlens_q is None:
                 seqlens_q = seqlens_k  # self-attention: the query lengths are the key lengths
             if self.validate and not _capturing(device):
-                # One bit reaches the host: whether every length is in range. Never the lengths.
-                Sq, Sk = self.problem.seqlen_q, self.problem.seqlen_k
-                bad = ((seqlens_q < 0) | (seqlens_q > Sq)).any() | ((seqlens_k < 0) | (seqlens_k > Sk)).any()
-                if bool(bad):
-                    raise ValueError(f"seqlens_q must lie in [0, {Sq}] and seqlens_k in [0, {Sk}] (the padded lengths)")
+                check_secure_lengths(seqlens_q, seqlens_k, self.problem.seqlen_q, self.problem.seqlen_k)
         elif self.check_cu is not None and not _capturing(device):
-            self.check_cu(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], self.problem.seqlen_q,
-                          self.problem.seqlen_k)
+            end_q = self.check_cu(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], self.problem.seqlen_q,
+                                  self.problem.seqlen_k)
         w = None
         if self.prepass is not None:
             k, v, w = self.prepass.run(k, v, seqlens_k)
         self.main.run(pointer_args(q, k, v, out, lse, (seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlens_k), dummy=q),
                       device, w)
+        if self.problem.varlen:
+            _clear_unowned_rows(out, lse, cu_seqlens_q, end_q)
         return out, lse
+
+
+def _clear_unowned_rows(out, lse, cu_seqlens_q, end_q) -> None:
+    """Rows of a packed q past ``cu_seqlens_q[-1]`` belong to no sequence, and no kernel program writes
+    them: give them the value of a row that sees no key (output 0, lse -inf), as the reference does, never
+    leftover memory. Eager calls know where the sequences end (the host check read it): clear just the tail.
+    Under CUDA-graph capture the end is device data: a masked select over all rows (one extra pass)."""
+    total = out.shape[0]
+    if end_q is not None:
+        if end_q < total:
+            out[end_q:].zero_()
+            if lse is not None:
+                lse[:, end_q:].fill_(float("-inf"))
+        return
+    unowned = torch.arange(total, device=out.device) >= cu_seqlens_q[-1]
+    out.masked_fill_(unowned.view(-1, *([1] * (out.dim() - 1))), 0)
+    if lse is not None:
+        lse.masked_fill_(unowned.view(1, -1), float("-inf"))
 
 
 def build(problem: Problem, q, k, v, o, lse, *, seqlens_q=None, seqlens_k=None, cu_seqlens_q=None,
