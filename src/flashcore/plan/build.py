@@ -41,6 +41,14 @@ class Plan:
 
     def __call__(self, q, k, v, seqlens_q=None, seqlens_k=None, out=None, cu_seqlens_q=None, cu_seqlens_k=None):
         device = q.device
+        if device.type == "cuda" and device.index != torch.cuda.current_device():
+            # Launch on the tensors' own device (Triton launches on the current one), and allocate there.
+            with torch.cuda.device(device):
+                return self._run(q, k, v, seqlens_q, seqlens_k, out, cu_seqlens_q, cu_seqlens_k)
+        return self._run(q, k, v, seqlens_q, seqlens_k, out, cu_seqlens_q, cu_seqlens_k)
+
+    def _run(self, q, k, v, seqlens_q, seqlens_k, out, cu_seqlens_q, cu_seqlens_k):
+        device = q.device
         if out is None:
             out = torch.empty(self.out_shape, dtype=q.dtype, device=device)
         lse = None if self.lse_shape is None else torch.empty(self.lse_shape, dtype=torch.float32, device=device)

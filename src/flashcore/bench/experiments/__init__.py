@@ -12,7 +12,9 @@ to ``--out`` (default ``$OUT`` or ``.``). docs/perf-notes.md says which version 
 * ``kernel_trace``: kernel time versus launch gap from the profiler's kernel timestamps;
 * ``launch_overhead``: what ``do_bench``'s per-call window holds besides the kernel (primers, tiny problems);
 * ``audit_gpu``: the GPU audit gates (counters, repro, timing; sass if time is left) in one device call,
-  with a time budget, a ``--quick`` smoke mode and a summary table (docs/security.md §4).
+  with a time budget, a ``--quick`` smoke mode and a summary table (docs/security.md §4);
+* ``robustness``: compute-sanitizer (memcheck, racecheck, synccheck) over every kernel family, and 8 threads
+  calling at once against single-threaded results (issue 24's reports, audit/results/robustness-*).
 """
 from __future__ import annotations
 

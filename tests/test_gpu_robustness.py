@@ -1,0 +1,163 @@
+"""GPU robustness: threads, streams, devices, out of memory, and the documented behaviours of the
+validation layer (gradients refused, varlen rows no sequence owns) under CUDA-graph capture."""
+import threading
+
+import pytest
+import torch
+
+import flashcore
+from conftest import capture_cuda_graph, rel_err
+
+pytestmark = pytest.mark.gpu
+TOL = 1.2e-2
+
+
+def _qkv(B, Hq, Hkv, S, D, seed, dtype=torch.bfloat16, device="cuda"):
+    g = torch.Generator(device=device).manual_seed(seed)
+    mk = lambda h: torch.randn(B, h, S, D, device=device, generator=g).to(dtype)
+    return mk(Hq), mk(Hkv), mk(Hkv)
+
+
+# (B, Hq, Hkv, S, D, causal, secure): both kernels, fast and secure, GQA
+THREAD_CALLS = [(2, 8, 2, 300, 64, True, False), (1, 4, 4, 1000, 128, False, False), (2, 8, 8, 513, 128, True, True),
+                (1, 4, 2, 777, 64, False, True), (3, 6, 2, 129, 256, True, False), (1, 8, 8, 2048, 128, True, False),
+                (2, 4, 1, 64, 32, True, False), (1, 16, 4, 1500, 96, False, False)]
+
+
+def _call(args, lens, c):
+    B, Hq, Hkv, S, D, causal, secure = c
+    q, k, v = args
+    if secure:
+        return flashcore.attention(q, k, v, causal=causal, secure=True, seqlens_k=lens)
+    return flashcore.attention(q, k, v, causal=causal)
+
+
+def test_eight_threads_with_different_shapes_match_single_threaded_results():
+    flashcore.plan.cache.PLANS.clear()  # the threads race on planning, compiling and the caches
+    inputs = [(_qkv(*c[:5], seed=i), torch.randint(1, c[3] + 1, (c[0],), device="cuda", dtype=torch.int32))
+              for i, c in enumerate(THREAD_CALLS)]
+    results, errors = {}, []
+    barrier = threading.Barrier(len(THREAD_CALLS))
+
+    def worker(i):
+        try:
+            barrier.wait()
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                outs = [_call(*inputs[i], THREAD_CALLS[i]) for _ in range(20)]
+            stream.synchronize()
+            results[i] = outs
+        except Exception as e:  # noqa: BLE001
+            errors.append((i, repr(e)))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(THREAD_CALLS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for i, c in enumerate(THREAD_CALLS):
+        single = _call(*inputs[i], c)
+        torch.cuda.synchronize()
+        for out in results[i]:
+            assert torch.equal(out, single), (i, c)  # the kernels are deterministic: bitwise equal
+
+
+def test_a_call_on_a_side_stream_runs_on_that_stream():
+    q, k, v = _qkv(4, 16, 16, 4096, 128, seed=1)
+    flashcore.attention(q, k, v, causal=True)  # planned and compiled
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    # Keep the default stream busy; a launch that went to the default stream would queue behind the sleep.
+    torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU cycles on the default stream
+    with torch.cuda.stream(side):
+        out = torch.full_like(q, float("nan"))
+        flashcore.attention(q, k, v, causal=True, out=out)
+        done = torch.cuda.Event()
+        done.record(side)
+    done.synchronize()
+    assert not torch.cuda.current_stream().query(), "the default stream should still be sleeping"
+    assert rel_err(out, flashcore.reference.attention(q, k, v, causal=True)) < TOL
+    torch.cuda.synchronize()
+
+
+def test_mixed_devices_are_refused():
+    q, k, v = _qkv(1, 2, 2, 64, 64, seed=2)
+    with pytest.raises(ValueError, match="device"):
+        flashcore.attention(q, k.cpu(), v)
+    with pytest.raises(ValueError, match="seqlens_k must be on q's device"):
+        flashcore.attention(q, k, v, secure=True, seqlens_k=torch.tensor([64], dtype=torch.int32))
+    cu = torch.tensor([0, 64], dtype=torch.int32)
+    with pytest.raises(ValueError, match="cu_seqlens_q must be on q's device"):
+        flashcore.attention_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu.cuda(),
+                                   64, 64)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_tensors_on_a_non_current_device_launch_on_their_own_device():
+    torch.cuda.set_device(0)
+    for secure in (False, True):
+        q, k, v = _qkv(2, 8, 2, 700, 128, seed=3, device="cuda:1")
+        lens = torch.tensor([700, 311], dtype=torch.int32, device="cuda:1")
+        kw = dict(secure=True, seqlens_k=lens) if secure else {}
+        out = flashcore.attention(q, k, v, causal=True, **kw)
+        assert out.device == q.device
+        torch.cuda.synchronize(1)
+        ref = flashcore.reference.attention(q, k, v, causal=True, **kw)
+        assert rel_err(out, ref) < TOL
+        with pytest.raises(ValueError, match="device"):
+            flashcore.attention(q, k.to("cuda:0"), v)
+    assert torch.cuda.current_device() == 0
+
+
+def test_out_of_memory_raises_torchs_error_and_flashcore_stays_usable():
+    q, k, v = _qkv(2, 8, 8, 2048, 128, seed=4)
+    lens = torch.tensor([2048, 1000], dtype=torch.int32, device="cuda")
+    free, _ = torch.cuda.mem_get_info()
+    hog = []
+    try:
+        while True:  # take the memory that is left (the caching allocator's too)
+            hog.append(torch.empty(max(free // 4, 1 << 20), dtype=torch.uint8, device="cuda"))
+    except torch.OutOfMemoryError:
+        pass
+    try:
+        while True:
+            hog.append(torch.empty(1 << 20, dtype=torch.uint8, device="cuda"))
+    except torch.OutOfMemoryError:
+        pass
+    with pytest.raises(torch.OutOfMemoryError):
+        flashcore.attention(q, k, v, causal=False, secure=True, seqlens_k=lens)  # output + pre-pass workspace
+    del hog
+    torch.cuda.empty_cache()
+    out = flashcore.attention(q, k, v, causal=False, secure=True, seqlens_k=lens)
+    ref = flashcore.reference.attention(q, k, v, causal=False, secure=True, seqlens_k=lens)
+    assert rel_err(out, ref) < TOL
+
+
+def test_gradients_are_refused_on_the_gpu_kernels():
+    q, k, v = _qkv(1, 4, 4, 128, 64, seed=5)
+    w = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    with pytest.raises(RuntimeError, match="requires grad"):
+        flashcore.attention(q @ w, k, v)
+    with torch.inference_mode():
+        flashcore.attention(q @ w, k, v)
+
+
+def test_varlen_rows_no_sequence_owns_are_zero_under_graph_replay():
+    H, D, total = 4, 128, 64
+    q, k, v = (torch.randn(total, H, D, device="cuda").to(torch.bfloat16) for _ in range(3))
+    cu = torch.tensor([0, 20, 50], dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    run = lambda: flashcore.attention_varlen(q, k, v, cu, cu, 40, 40, out=out, return_lse=True)
+    run()  # plan and compile outside the capture
+    graph, (res, lse) = capture_cuda_graph(run)
+    for lengths in ([0, 20, 50], [0, 7, 33], [0, 30, 64]):
+        cu.copy_(torch.tensor(lengths, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        end = lengths[-1]
+        assert torch.equal(res[end:], torch.zeros_like(res[end:]))
+        assert bool((lse[:, end:] == float("-inf")).all())
+        ref = flashcore.reference.attention_varlen(q, k, v, cu, cu, 40, 40)
+        assert rel_err(res[:end], ref[:end]) < TOL
