@@ -94,9 +94,25 @@ def calls(seed: int = 0):
     return out
 
 
-def workload() -> int:
-    """Run every workload once and check it (the process compute-sanitizer wraps)."""
-    bad = []
+def ws_control() -> bool:
+    """The smallest Gluon warp_specialize kernel (kernels/sm90/ws_control.py): a sanitizer control."""
+    from ...kernels.sm90.ws_control import ws_control_kernel
+
+    out = torch.full((192,), -1, dtype=torch.int32, device="cuda")
+    ws_control_kernel[(4,)](out, num_warps=4)
+    torch.cuda.synchronize()
+    want = torch.cat([torch.arange(128), torch.arange(32), torch.arange(32) + 1]).to(out)
+    return bool(torch.equal(out, want))
+
+
+def workload(only: str | None = None) -> int:
+    """Run every workload once and check it (the process compute-sanitizer wraps). ``only="ws-control"``:
+    just the control kernel."""
+    ok = ws_control()
+    print(f"WORKLOAD ws-control kernel=ws_control_kernel ok={ok}", flush=True)
+    if only == "ws-control":
+        return 0 if ok else 1
+    bad = [] if ok else ["ws-control"]
     for name, run, ref, plan, tol in calls(seed=1):
         out = run()
         torch.cuda.synchronize()
@@ -110,12 +126,12 @@ def workload() -> int:
     return 1 if bad else 0
 
 
-def sanitize(tool: str, timeout_s: int) -> dict:
+def sanitize(tool: str, timeout_s: int, only: str | None = None) -> dict:
     exe = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
     cmd = [exe, "--tool", tool, "--print-limit", "50", "--error-exitcode", "99"]
     if tool == "memcheck":
         cmd += ["--leak-check", "no"]  # torch's caching allocator keeps memory by design
-    cmd += [sys.executable, "-m", MODULE, "workload"]
+    cmd += [sys.executable, "-m", MODULE, "workload"] + ([only] if only else [])
     t0 = time.time()
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
@@ -125,7 +141,7 @@ def sanitize(tool: str, timeout_s: int) -> dict:
     m = re.search(r"ERROR SUMMARY: (\d+) error", text)
     findings = [ln for ln in text.splitlines() if ln.startswith("========= ") and "ERROR SUMMARY" not in ln
                 and "COMPUTE-SANITIZER" not in ln][:60]
-    return {"tool": tool, "returncode": rc, "errors": int(m.group(1)) if m else None,
+    return {"tool": tool + (f" ({only})" if only else ""), "returncode": rc, "errors": int(m.group(1)) if m else None,
             "workloads": [ln for ln in text.splitlines() if ln.startswith("WORKLOAD")],
             "findings": findings, "seconds": round(time.time() - t0, 1), "command": " ".join(cmd[:6])}
 
@@ -167,7 +183,7 @@ def threads_check(n_threads: int = 8, repeats: int = 10) -> dict:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["workload"]:
-        return workload()
+        return workload(argv[1] if len(argv) > 1 else None)
     ap = parser(MODULE, __doc__)
     ap.add_argument("--tools", nargs="*", default=["memcheck", "racecheck", "synccheck"])
     ap.add_argument("--timeout", type=int, default=240, help="seconds per sanitizer tool")
@@ -175,6 +191,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     doc = {"environment": collect_environment(), "workloads": [n for n, _ in DENSE] + [n for n, _ in VARLEN],
            "sanitizer": [sanitize(t, args.timeout) for t in args.tools]}
+    if "racecheck" in args.tools:  # the control alone: which racecheck findings are Triton's dispatch
+        doc["sanitizer"].append(sanitize("racecheck", args.timeout, only="ws-control"))
     if not args.no_threads:
         doc["threads"] = threads_check()
     os.makedirs(args.out, exist_ok=True)
