@@ -68,13 +68,16 @@ def test_a_call_on_a_side_stream_runs_on_that_stream(shape):
     # (The persistent Gluon kernel needs every SM, one of which the sleep below holds, so this way of telling
     # streams apart works for the Triton kernel only; both kernels take the stream from runtime.current_stream.)
     q, k, v = _qkv(*shape, seed=1)
-    flashcore.attention(q, k, v, causal=True)  # planned and compiled
     side = torch.cuda.Stream()
+    out = torch.full_like(q, float("nan"))
+    with torch.cuda.stream(side):  # planned, compiled and loaded (module loading may synchronise the device)
+        flashcore.attention(q, k, v, causal=True, out=out)
+    torch.cuda.synchronize()
+    out.fill_(float("nan"))
     torch.cuda.synchronize()
     # Keep the default stream busy; a launch that went to the default stream would queue behind the sleep.
     torch.cuda._sleep(1_000_000_000)  # ~0.5 s of GPU cycles on the default stream
     with torch.cuda.stream(side):
-        out = torch.full_like(q, float("nan"))
         flashcore.attention(q, k, v, causal=True, out=out)
         done = torch.cuda.Event()
         done.record(side)
