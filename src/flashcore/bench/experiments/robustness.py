@@ -138,7 +138,7 @@ def sanitize(tool: str, timeout_s: int, only: str | None = None) -> dict:
         text, rc = r.stdout + r.stderr, r.returncode
     except subprocess.TimeoutExpired as e:
         text, rc = (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace"), "timeout"
-    m = re.search(r"ERROR SUMMARY: (\d+) error", text)
+    m = re.search(r"ERROR SUMMARY: (\d+) error", text) or re.search(r"RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) error", text)
     findings = [ln for ln in text.splitlines() if ln.startswith("========= ") and "ERROR SUMMARY" not in ln
                 and "COMPUTE-SANITIZER" not in ln][:60]
     return {"tool": tool + (f" ({only})" if only else ""), "returncode": rc, "errors": int(m.group(1)) if m else None,
