@@ -21,6 +21,41 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_interp)
 
 
+@pytest.fixture
+def ran(monkeypatch):
+    """What flashcore's entry points actually ran, recorded during the test: ``ran.kernels``, one
+    ``(kernel name, Problem)`` per plan run (the Triton or the Gluon kernel, eager or through the custom
+    ops); ``ran.reference``, the number of calls the API made to its reference backend (``backend="auto"``
+    on CPU tensors, or ``"reference"``). The test's own calls of ``flashcore.reference`` are not counted."""
+    import types
+
+    from flashcore import api
+    from flashcore.plan.build import Plan
+
+    rec = types.SimpleNamespace(kernels=[], reference=0)
+    plan_call = Plan.__call__
+
+    def call(self, *args, **kwargs):
+        rec.kernels.append((self.selection.kernel, self.problem))
+        return plan_call(self, *args, **kwargs)
+
+    class _ReferenceSpy:
+        def __getattr__(self, name):
+            f = getattr(real_ref, name)
+            if not callable(f):
+                return f
+
+            def counted(*args, **kwargs):
+                rec.reference += 1
+                return f(*args, **kwargs)
+            return counted
+
+    real_ref = api._ref
+    monkeypatch.setattr(Plan, "__call__", call)
+    monkeypatch.setattr(api, "_ref", _ReferenceSpy())
+    return rec
+
+
 def rel_err(out, ref) -> float:
     ref = ref.double()
     denom = ref.norm().item()

@@ -3,16 +3,22 @@
 The CUDA timer, ceilings and environment are replaced by deterministic fakes; everything else
 (registry, correctness check against the float64 reference, status handling, derived ratios,
 document schema, table, plot, comparison) is the real code. Backends run on CPU tensors:
-flashcore and flashcore-secure (reference path on CPU), SDPA default and math, SDPA flash (refuses CPU →
-"unsupported"), plus two injected backends: one wrong, one that raises.
+flashcore and flashcore-secure (under TRITON_INTERPRET=1 their ``backend="auto"`` calls run the Triton
+kernel, as on CUDA tensors, so the check compares a kernel with the reference; the tests assert that
+the kernel ran), SDPA default and math, SDPA flash (refuses CPU → "unsupported"), plus two injected
+backends: one wrong, one that raises.
 """
 from __future__ import annotations
 
+import functools
 import io
 import json
 
 import pytest
 import torch
+
+import flashcore
+from conftest import INTERPRET
 
 from flashcore.bench import backends as B
 from flashcore.bench import results as R
@@ -71,8 +77,11 @@ def _raising_build(inputs):
 
 
 @pytest.fixture
-def fake_gpu(monkeypatch):
+def fake_gpu(monkeypatch, ran):
     timer = FakeTimer()
+    if INTERPRET:  # "auto" on CUDA tensors runs the kernels: on these CPU tensors, the interpreter's
+        for name in ("attention", "attention_varlen"):
+            monkeypatch.setattr(flashcore, name, functools.partial(getattr(flashcore, name), backend="triton"))
     registry = B.make_registry()
     keep = {n: _tagged(registry[n]) for n in ("flashcore", "flashcore-secure", "sdpa-default", "sdpa-flash", "sdpa-math")}
     for b in keep.values():
@@ -109,7 +118,7 @@ def _run(shapes, **kw):
     return runner.run_suite(shapes, NAMES, torch.float32, progress=False, tolerance=1e-4, **kw)
 
 
-def test_pipeline_statuses_and_derived_figures(fake_gpu):
+def test_pipeline_statuses_and_derived_figures(fake_gpu, ran):
     shapes = [Shape.dense(2, 4, 64, 16), Shape.dense(1, 4, 48, 16, causal=True, Hkv=2, Sk=80)]
     doc = _run(shapes)
     R.validate_document(doc)
@@ -129,6 +138,14 @@ def test_pipeline_statuses_and_derived_figures(fake_gpu):
     # declared limits: SDPA cannot do bottom-right causal with Sq != Sk, flashcore can (GQA too)
     assert cross["flashcore"]["status"] == "ok" and cross["flashcore-secure"]["status"] == "ok"
     assert cross["sdpa-default"]["status"] == "unsupported" and "Sq != Sk" in cross["sdpa-default"]["reason"]
+
+    # what was checked is the kernel (secure and not, dense and cross shapes), never the reference itself
+    if INTERPRET:
+        assert ran.reference == 0
+        runs = {(name, p.secure, p.seqlen_q, p.seqlen_k) for name, p in ran.kernels}
+        assert {("triton_fwd", secure, 64, 64) for secure in (False, True)} <= runs, runs
+        assert {("triton_fwd", secure, 48, 80) for secure in (False, True)} <= runs, runs
+        assert 0 < dense["flashcore"]["rel_err"] and 0 < cross["flashcore-secure"]["rel_err"]
 
     # derived figures from the fake medians (flashcore 50 µs, SDPA default 100 µs, math 400 µs)
     fc = dense["flashcore"]
@@ -189,10 +206,12 @@ def test_pipeline_checkpoints_after_every_shape(fake_gpu):
     assert seen == [(1, False), (2, False), (2, True)]
 
 
-def test_pipeline_varlen_shape(fake_gpu):
+def test_pipeline_varlen_shape(fake_gpu, ran):
     doc = _run([Shape.packed([5, 0, 17, 9], 4, 16, causal=True, Hkv=2)])
     r = doc["results"][0]["backends"]
     assert r["flashcore"]["status"] == "ok"
+    if INTERPRET:
+        assert ran.reference == 0 and any(name == "triton_fwd" and p.varlen for name, p in ran.kernels)
     assert r["sdpa-default"]["status"] == "unsupported" and "varlen" in r["sdpa-default"]["reason"]
     # exact FLOPs: each sequence is causal with Sq == Sk, counted as n²/2 pairs
     assert doc["results"][0]["flops"] == 4 * 4 * 16 * sum(n * n // 2 for n in (5, 0, 17, 9))

@@ -1,4 +1,5 @@
-"""torch.compile traces through the custom ops (fake impls), and auto dispatch picks the reference on CPU."""
+"""torch.compile traces through the custom ops (fake impls), and auto dispatch picks the reference on CPU
+(which the tests check by what ran, not by comparing the reference with itself)."""
 import pytest
 import torch
 
@@ -6,10 +7,28 @@ import flashcore
 from conftest import rel_err
 
 
-def test_auto_backend_on_cpu_is_reference():
+def test_auto_backend_on_cpu_is_reference(ran):
     q, k, v = (torch.randn(1, 2, 9, 16) for _ in range(3))
+    assert flashcore.plan_attention(q, k, v, causal=True) is None  # no kernel plan: the reference runs
     out = flashcore.attention(q, k, v, causal=True)
-    assert rel_err(out, flashcore.reference.attention(q, k, v, causal=True)) < 1e-6
+    assert ran.reference == 1 and ran.kernels == []
+    assert out.dtype == q.dtype and rel_err(out, flashcore.reference.attention(q, k, v, causal=True)) < 1e-6
+    flashcore.attention_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1),
+                               torch.tensor([0, 9], dtype=torch.int32), torch.tensor([0, 9], dtype=torch.int32), 9, 9)
+    assert ran.reference == 2 and ran.kernels == []
+
+
+@pytest.mark.interp
+def test_triton_backend_on_cpu_runs_the_kernel(ran):
+    """backend="triton" under the interpreter: the kernel runs (the planned one), not the reference, and
+    matches the float64 reference."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, s, 16, generator=gen) for s in (9, 13, 13))
+    plan = flashcore.plan_attention(q, k, v, causal=True, backend="triton")
+    out = flashcore.attention(q, k, v, causal=True, backend="triton")
+    assert [name for name, _ in ran.kernels] == [plan.selection.kernel] == ["triton_fwd"]
+    assert ran.reference == 0 and ran.kernels[0][1].causal and ran.kernels[0][1].seqlen_k == 13
+    assert rel_err(out, flashcore.reference.attention(q, k, v, causal=True)) < 1e-5
 
 
 def test_custom_ops_are_registered_with_fake_impls():
@@ -25,7 +44,7 @@ def test_custom_ops_are_registered_with_fake_impls():
 
 
 @pytest.mark.interp
-def test_torch_compile_fullgraph_traces_the_op():
+def test_torch_compile_fullgraph_traces_the_op(ran):
     q, k, v = (torch.randn(1, 2, 20, 32) for _ in range(3))
 
     def f(q, k, v):
@@ -34,5 +53,6 @@ def test_torch_compile_fullgraph_traces_the_op():
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
     out, lse = compiled(q, k, v)
     ref, ref_lse = flashcore.reference.attention(q, k, v, causal=True, return_lse=True)
+    assert ran.kernels and {name for name, _ in ran.kernels} == {"triton_fwd"} and ran.reference == 0
     assert rel_err(out, ref) < 1e-5
     assert torch.allclose(lse.double(), ref_lse, atol=1e-4)

@@ -1,0 +1,106 @@
+"""Gate 1 (the static SASS audit) inside pytest: a representative subset of the real secure audit specs
+(``flashcore.audit.specs.audit_specs(secure=True)``, the list ``flashcore audit sass`` gates on) compiled
+for sm_90a and analysed, with zero violations required. Without it a secret-dependent loop bound or an
+IEEE-division slow path in the secure kernel passes every test and only the CLI step catches it.
+
+The subset: every kernel family in the list (the secure Triton kernel, both pre-passes, the secure Gluon
+kernel), both dtype families, every head-dim class of the default audit (8, 64, 72: a masked head dim,
+128, 256), every causal mode (none, secret diagonal, public diagonal), GQA and not, both sequence lengths
+(a tile multiple and a partial tile). A negative control (the fast kernel's varlen form, whose loop bounds
+come from the cumulative lengths) must be flagged, so the gate is not passing because it sees nothing.
+
+It runs in a fresh process without ``TRITON_INTERPRET``: once the interpreter has run a kernel in a
+process, Triton 3.6's Gluon front end fails on ``warp_specialize`` (see conftest.gluon_sass).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import flashcore
+
+pytest.importorskip("triton")
+
+# name prefixes (the configuration suffix, e.g. ``_128x64w8s3``, is left to the planner's tables)
+SECURE_SUBSET = (
+    "secure_bf16_d64_full_s1000_gqa4_",
+    "secure_bf16_d128_causal_s4096_gqa1_",
+    "secure_bf16_d256_causal_pubdiag_s1000_gqa4_",
+    "secure_fp32_d72_causal_s1000_gqa4_",
+    "secure_fp32_d8_full_s4096_gqa1_",
+    "secure_fp32_d128_causal_pubdiag_s4096_gqa1_",
+    "secure_prepass_bf16_d72_s1000_hkv2",
+    "secure_prepass_kv_bf16_d128_s1000_hkv2",
+    "secure_gluon_ws_bf16_d128_causal_s1000_gqa4_lse_",
+    "secure_gluon_ws_fp16_d64_full_s4096_gqa1_",
+)
+NEGATIVE_CONTROL = "fast_bf16_d64_causal_s1000_gqa4_varlen_"
+
+_CODE = r"""
+import json, sys
+from flashcore.audit.sass import audit_kernels
+from flashcore.audit.specs import audit_specs
+prefixes, negative = json.loads(sys.argv[1])
+secure = audit_specs(secure=True)
+fast = audit_specs(secure=False)
+fns = sorted({getattr(s["fn"], "__name__", str(s["fn"])) for s in secure})
+def pick(specs, prefix):
+    hits = [s for s in specs if s["name"].startswith(prefix)]
+    return [h["name"] for h in hits], hits[:1]
+chosen, names = [], {}
+for p in prefixes:
+    names[p], hit = pick(secure, p)
+    chosen += hit
+neg_names, neg = pick(fast, negative)
+reps = audit_kernels(chosen + neg, jobs=int(sys.argv[2]))
+out = dict(fns=fns, names=names, neg_names=neg_names, covered=sorted({getattr(s["fn"], "__name__", "?") for s in chosen}),
+           reports=[dict(name=r.name, ok=r.ok, error=r.error, counts=r.counts(), n=r.n_instructions,
+                         secret=r.secret, unknown=r.unknown_opcodes,
+                         first=[str(v) + " | " + " <- ".join(v.trace[:4]) for v in r.violations[:3]]) for r in reps])
+print("@@" + json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def gate():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # the flashcore this process imports (a mutated copy included), not whichever is installed
+    src = os.path.dirname(os.path.dirname(os.path.abspath(flashcore.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    jobs = "2" if (os.cpu_count() or 1) > 2 else "1"
+    res = subprocess.run([sys.executable, "-c", _CODE, json.dumps([SECURE_SUBSET, NEGATIVE_CONTROL]), jobs],
+                         capture_output=True, text=True, env=env, timeout=600)
+    if res.returncode:
+        if "nvdisasm not found" in res.stderr or "ptxas" in res.stderr and "not found" in res.stderr:
+            pytest.skip("no CUDA binary tools")
+        raise AssertionError(f"the audit failed to run:\n{res.stderr[-4000:]}")
+    line = next(ln for ln in res.stdout.splitlines() if ln.startswith("@@"))
+    return json.loads(line[2:])
+
+
+def test_subset_names_real_specs_and_covers_every_kernel_family(gate):
+    for prefix, names in gate["names"].items():
+        assert len(names) == 1, f"{prefix!r} should name exactly one secure audit spec, got {names}"
+    assert len(gate["neg_names"]) == 1, gate["neg_names"]
+    assert gate["covered"] == gate["fns"], "a kernel family of audit_specs(secure=True) is not in the subset"
+
+
+def test_secure_specs_have_no_violations(gate):
+    reps = gate["reports"][:-1]
+    assert len(reps) == len(SECURE_SUBSET)
+    bad = []
+    for r in reps:
+        assert r["n"] > 0 and r["secret"], r  # something was analysed, with secrets declared
+        if not r["ok"] or r["unknown"]:
+            bad.append(f"{r['name']}: error={r['error']} violations={r['counts']} unknown={r['unknown']}\n    "
+                       + "\n    ".join(r["first"]))
+    assert not bad, "secure kernels fail the static gate:\n" + "\n".join(bad)
+
+
+def test_negative_control_is_flagged(gate):
+    neg = gate["reports"][-1]
+    assert neg["error"] is None and not neg["ok"] and neg["counts"].get("branch"), neg
