@@ -496,14 +496,20 @@ def test_misaligned_strides_fall_back_to_triton():
     assert rel_err(out, flashcore.reference.attention(q, k, v)) < 1.2e-2
 
 
-def test_descriptor_fast_path_finds_tritons_raw_launcher():
+def test_descriptor_fast_path_finds_tritons_raw_launcher(monkeypatch):
     """The encoded-descriptor cache launches through the raw launcher behind Triton's own
-    descriptor-expanding wrapper: built here with that very wrapper, it must be found (and refused
-    where scratch memory or a different wrapper shape would make the shortcut wrong)."""
+    descriptor-expanding wrapper, calling it with one flat argument list (RAW_LAUNCH_BASE_ARGS launch
+    arguments, then the kernel's, descriptors encoded). Built here with Triton's very wrapper, the raw launcher
+    must be found exactly when that wrapper hands it such a flat list (Triton 3.6), and refused otherwise
+    (3.7 on pass the kernel's arguments as one trailing list to a launcher of another signature: calling it
+    the flat way would be wrong); refused also where scratch memory or a different wrapper shape would make
+    the shortcut wrong."""
     from types import SimpleNamespace
+
+    import triton.backends.nvidia.driver as driver
     from triton.backends.nvidia.driver import wrap_handle_tensordesc
 
-    from flashcore.runtime.tma import unwrap_tensordesc_launcher
+    from flashcore.runtime.tma import RAW_LAUNCH_BASE_ARGS, unwrap_tensordesc_launcher
 
     def raw(*args):
         return args
@@ -512,9 +518,21 @@ def test_descriptor_fast_path_finds_tritons_raw_launcher():
            "v_desc": "tensordesc<bf16[1, 1, 128, 128]>", "o_desc": "tensordesc<bf16[1, 1, 64, 128]>",
            "lse_ptr": "*fp32", "qk_scale": "fp32"}
     meta = [{"swizzle": 3, "elem_size": 2, "elem_type": "bf16", "block_size": [1, 1, 64, 128], "fp4_padded": False}] * 4
-    run = SimpleNamespace(launch=wrap_handle_tensordesc(raw, sig, meta), global_scratch_size=0, profile_scratch_size=0)
+    wrapper = wrap_handle_tensordesc(raw, sig, meta)
+    run = SimpleNamespace(launch=wrapper, global_scratch_size=0, profile_scratch_size=0)
     found = unwrap_tensordesc_launcher(SimpleNamespace(run=run), sm90_fwd.DESC_ARGS)
-    assert found is not None and found[0] is raw and found[1] == meta
+
+    # how this Triton's wrapper calls its raw launcher, with the encoder stubbed (the real one needs a GPU)
+    monkeypatch.setattr(driver, "make_tensordesc_arg", lambda d, m, *_: [f"enc:{d}"], raising=True)
+    base = tuple(f"b{i}" for i in range(RAW_LAUNCH_BASE_ARGS))
+    try:
+        flat = wrap_handle_tensordesc(raw, sig, meta)(*base, "q", "k", "v", "o", "lse", 0.5)
+    except Exception:  # noqa: BLE001 - a wrapper that does not take a flat list
+        flat = None
+    takes_flat_list = flat == (*base, "enc:q", "enc:k", "enc:v", "enc:o", "lse", 0.5)
+    assert (found is not None) == takes_flat_list
+    if found is not None:
+        assert found[0] is raw and found[1] == meta
     for bad in (dict(global_scratch_size=256), dict(profile_scratch_size=64), dict(launch=raw)):
         run2 = SimpleNamespace(**{**vars(run), **bad})
         assert unwrap_tensordesc_launcher(SimpleNamespace(run=run2), sm90_fwd.DESC_ARGS) is None, bad

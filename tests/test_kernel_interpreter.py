@@ -153,6 +153,31 @@ def test_secure_matches_reference_with_poisoned_padding(causal, same_lengths, dt
         assert bool((lse[b, :, int(lq[b]):] == float("-inf")).all())
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_secure_logsumexp_matches_the_fast_path(causal):
+    """The secure epilogue computes the logsumexp from max(row sum, 2^-125) so that log2 needs no denormal
+    rescaling (a predicated multiply on the secret row sum): the values must be the fast path's. Rows that see
+    no key (a zero true key length) give -inf, rows past the true query length -inf, and a NaN in a visible
+    key gives NaN, as on the fast path (the clamp must not turn a NaN row sum into a finite logsumexp; the
+    interpreter's row maximum propagates the NaN too, so here this checks the result, not that mechanism)."""
+    gen = torch.Generator().manual_seed(31 + causal)
+    B, H, S, D = 3, 2, 24, 16
+    q, k, v = (_rand(B, H, S, D, dtype=torch.float32, gen=gen) for _ in range(3))
+    k[2, 1, 5] = float("nan")  # batch 2, head 1: a NaN key every row from 5 on sees (causal), or every row
+    full = torch.full((B,), S, dtype=torch.int32)
+    _, sec = flashcore.attention(q, k, v, causal=causal, return_lse=True, backend="triton", secure=True,
+                                 seqlens_k=full)
+    _, fast = flashcore.attention(q, k, v, causal=causal, return_lse=True, backend="triton")
+    assert torch.equal(torch.isnan(sec), torch.isnan(fast)) and bool(torch.isnan(sec[2, 1]).any())
+    ok = ~torch.isnan(fast)
+    assert torch.allclose(sec[ok], fast[ok], rtol=1e-6, atol=1e-6)
+    lens = torch.tensor([S, 0, 7], dtype=torch.int32)
+    _, lse = flashcore.attention(q, k, v, causal=causal, return_lse=True, backend="triton", secure=True,
+                                 seqlens_k=lens, seqlens_q=torch.tensor([S, S, 7], dtype=torch.int32))
+    assert bool((lse[1] == float("-inf")).all()) and bool((lse[2, :, 7:] == float("-inf")).all())
+    assert torch.allclose(lse[0], fast[0], rtol=1e-6, atol=1e-6)
+
+
 def test_secure_padding_contents_do_not_change_output():
     gen = torch.Generator().manual_seed(5)
     B, H, S, D = 2, 2, 40, 16

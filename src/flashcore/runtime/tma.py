@@ -31,15 +31,26 @@ def make_descriptors(tensors, geometry, count: int) -> list:
     return descs + [None] * (count - len(descs))
 
 
+# The launch arguments before the kernel's own in the raw launcher's flat argument list (grid x/y/z, stream,
+# function, cooperative grid, PDL, and six metadata/hook/scratch slots), as sm90_fwd.GluonLaunch.run passes them.
+RAW_LAUNCH_BASE_ARGS = 13
+
+
 def unwrap_tensordesc_launcher(compiled, max_descriptors: int):
     """(raw launcher, per-descriptor metadata) behind Triton's descriptor-expanding wrapper, or None where
     this Triton build does not have that shape; the caller then keeps Triton's own path. Reaches into
-    Triton 3.6's launcher on purpose (see the module docstring)."""
+    Triton 3.6's launcher on purpose (see the module docstring): its wrapper takes one flat argument list and
+    splits ``_BASE_ARGS_FORMAT_LEN`` (13) launch arguments off the front. Later Triton versions (3.7 on) pass the
+    kernel's arguments as one trailing list to a launcher with another signature: refused, so those keep
+    Triton's own (slower, equally correct) path."""
     run = getattr(compiled, "run", None)
     inner = getattr(run, "launch", None)
     code, cells = getattr(inner, "__code__", None), getattr(inner, "__closure__", None)
     if code is None or not cells or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
         return None
+    if ("_BASE_ARGS_FORMAT_LEN" not in code.co_names
+            or getattr(inner, "__globals__", {}).get("_BASE_ARGS_FORMAT_LEN") != RAW_LAUNCH_BASE_ARGS):
+        return None  # not the flat convention GluonLaunch.run calls the raw launcher with
     try:
         free = dict(zip(code.co_freevars, (c.cell_contents for c in cells)))
     except ValueError:  # an empty cell

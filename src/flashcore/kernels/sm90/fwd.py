@@ -40,6 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..capabilities import Capabilities
+from .gluon_compat import async_store
 from .partition import Form, Shared
 from .pipeline import _issue_first_loads, _loader
 from .softmax import _softmax_step
@@ -310,7 +311,7 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
     _stamp(seqlens_q_ptr, tb + 20, TRACE, WG, NUM_WG)
     q_slot.reshape([BLOCK_M, HEAD_DIM]).store(o.to(dtype))
     fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [b, h, m_wg, 0], q_slot)
+    async_store(o_desc, [b, h, m_wg, 0], q_slot)
     _stamp(seqlens_q_ptr, tb + 21, TRACE, WG, NUM_WG)
     if SECURE:  # (secure: as the gate has passed it, waited for here; see _consumer)
         tma.store_wait(0)

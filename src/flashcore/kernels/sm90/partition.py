@@ -4,13 +4,14 @@
 instead of 42 arguments spelled out per partition; the machine code is byte-identical to the spelled-out
 form (``tests/test_machine_code.py``).
 
-Triton 3.6 has the aggregate as ``triton.language.core._aggregate`` (its Gluon tutorials' ``gl.aggregate``
-comes later). No ``from __future__ import annotations`` in this module: an aggregate checks its fields'
-annotated types at compile time."""
+The aggregate decorator comes from ``gluon_compat`` (its name differs between Triton versions). No
+``from __future__ import annotations`` in this module: an aggregate checks its fields' annotated types at
+compile time."""
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import constexpr_function
-from triton.language.core import _aggregate as aggregate
 from triton.language.core import base_value
+
+from .gluon_compat import aggregate
 
 
 @constexpr_function

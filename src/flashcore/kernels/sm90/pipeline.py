@@ -7,8 +7,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
 )
+
+from .gluon_compat import async_load
 
 from .tile_scheduler import _head_coords, _kv_blocks, _tile_coords
 from .trace import _stamp
@@ -68,14 +69,13 @@ def _issue_q(q_desc, q_smem, q_ready, qs, b, h, m0, BLOCK_M: gl.constexpr, NUM_W
     """One work item's Q tiles (one per consumer warpgroup) into Q slot ``qs``."""
     mbarrier.expect(q_ready.index(qs), NUM_WG * q_desc.block_type.nbytes)
     for w in gl.static_range(NUM_WG):
-        tma.async_copy_global_to_shared(q_desc, [b, h, m0 + w * BLOCK_M, 0], q_ready.index(qs),
-                                        q_smem.index(NUM_WG * qs + w))
+        async_load(q_desc, [b, h, m0 + w * BLOCK_M, 0], q_ready.index(qs), q_smem.index(NUM_WG * qs + w))
 
 
 @gluon.jit
 def _issue_k(k_desc, k_smem, k_ready, ks, b, hk, j, BLOCK_N: gl.constexpr):
     mbarrier.expect(k_ready.index(ks), k_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [b, hk, j * BLOCK_N, 0], k_ready.index(ks), k_smem.index(ks))
+    async_load(k_desc, [b, hk, j * BLOCK_N, 0], k_ready.index(ks), k_smem.index(ks))
 
 
 @gluon.jit
@@ -83,10 +83,10 @@ def _issue_v(v_desc, w_desc, v_smem, w_smem, v_ready, vs, b, hk, j, BLOCK_N: gl.
     """V tile ``j`` (with SUM_MMA also its key weights) into V slot ``vs``."""
     if SUM_MMA:
         mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes + w_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(w_desc, [b, 0, j * BLOCK_N], v_ready.index(vs), w_smem.index(vs))
+        async_load(w_desc, [b, 0, j * BLOCK_N], v_ready.index(vs), w_smem.index(vs))
     else:
         mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(v_desc, [b, hk, j * BLOCK_N, 0], v_ready.index(vs), v_smem.index(vs))
+    async_load(v_desc, [b, hk, j * BLOCK_N, 0], v_ready.index(vs), v_smem.index(vs))
 
 
 @gluon.jit

@@ -222,9 +222,18 @@ def attn_fwd_kernel(
         o_mask = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=o_mask)
     if RETURN_LSE:
-        lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453  # log2 -> natural log
         if SECURE:
-            lse = tl.where(row_valid, lse, float("-inf"))
+            # log2's denormal rescaling (x < 2^-126: x * 2^23) is a predicated multiply on the secret row sum, and
+            # ptxas may spill such a conditionally updated value with a predicated store (triton 3.9, fp32 D=256:
+            # audit sass). A non-zero row sum is >= ~1 (the row maximum's own term), so log2 gets max(l_safe,
+            # 2^-125): the compiler folds the rescaling away and no predicate on the row sum is left. The values do
+            # not change: rows that saw no key keep m_i = -inf (lse = -inf), and a NaN row sum, which maxnum drops,
+            # comes back through the added l_safe - l_safe (0 otherwise; arithmetic, not a select: a select on the
+            # row sum gets the same predicated spill store).
+            lse = m_i + tl.math.log2(tl.maximum(l_safe, 2.350988701644575e-38)) + (l_safe - l_safe)
+            lse = tl.where(row_valid, lse * 0.6931471805599453, float("-inf"))
+        else:
+            lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453  # log2 -> natural log
         tl.store(LSE + lse_base + offs_m, lse, mask=offs_m < seqlen_q)
 
 

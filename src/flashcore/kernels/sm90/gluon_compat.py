@@ -1,0 +1,36 @@
+"""The one place that knows how Gluon's API differs between the Triton versions flashcore supports
+(3.6 to 3.9). The sm_90 device code imports the Gluon names that moved from here; nothing else looks
+at the Triton version. Each name is chosen by what the installed Triton has (feature detection, no
+version numbers), so every version in the range gets the spelling it offers.
+
+What differs:
+
+* TMA copies. Triton 3.6 and 3.7 have ``tma.async_copy_global_to_shared`` and
+  ``tma.async_copy_shared_to_global``; 3.8 renames them ``tma.async_load`` and ``tma.async_store``
+  (keeping the old names as aliases), and 3.9 keeps the old names only as stubs that raise. The
+  arguments flashcore passes (descriptor, coordinates, barrier, destination / descriptor, coordinates,
+  source) are the same and build the same operations (``ttng.async_tma_copy_global_to_local`` /
+  ``..._local_to_global``); the new names' extra keyword arguments (multicast, cache policy) keep
+  their defaults, which are the old behaviour.
+* Aggregates. Triton 3.6 and 3.7 have the aggregate decorator only as the private
+  ``triton.language.core._aggregate``; 3.8 exports the same decorator as ``triton.aggregate``.
+
+Everything else the kernels use (``mbarrier``, ``tma.store_wait``, ``warpgroup_mma``, ``warp_specialize``,
+``fence_async_shared``, the layouts, ``constexpr_function``) is spelled alike in all four versions and is
+imported directly (``tma.store_wait`` gains a ``read_only`` argument in 3.8 whose default is the 3.6 wait).
+"""
+from triton.experimental.gluon.language.nvidia.hopper import tma as _tma
+
+if hasattr(_tma, "async_load"):  # Triton >= 3.8
+    async_load = _tma.async_load
+    async_store = _tma.async_store
+else:  # Triton 3.6, 3.7
+    async_load = _tma.async_copy_global_to_shared
+    async_store = _tma.async_copy_shared_to_global
+
+try:  # Triton >= 3.8
+    from triton import aggregate
+except ImportError:  # Triton 3.6, 3.7
+    from triton.language.core import _aggregate as aggregate
+
+__all__ = ["aggregate", "async_load", "async_store"]
