@@ -50,9 +50,12 @@ def ran(monkeypatch):
                 return f(*args, **kwargs)
             return counted
 
+    from flashcore import ops
+
     real_ref = api._ref
     monkeypatch.setattr(Plan, "__call__", call)
     monkeypatch.setattr(api, "_ref", _ReferenceSpy())
+    monkeypatch.setattr(ops, "_ref", _ReferenceSpy())  # the varlen reference runs as a custom op (ops.py)
     return rec
 
 
