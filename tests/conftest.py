@@ -118,6 +118,59 @@ def gluon_sass(head_dim: int, causal: bool, secure: bool = False, block_m=None, 
     return res.stdout
 
 
+# The Gluon kernel's register budgets (launch/sm90_fwd.py: three consumer warpgroups at 160 registers, two at 240)
+# were fitted with Triton 3.6's toolchain (its PTX, ptxas 12.8 for sm_90a), and the machine-code tests pin what that
+# gives: no spills (or the few listed there), every main loop's MMAs overlapping the softmax. Later Triton versions
+# bring other PTX and another ptxas for sm_90a (3.7: 12.8; 3.8: 12.9 with --regAllocOptLevel=2; 3.9: 13.4 with
+# --regAllocOptLevel=2), under which some forms no longer fit: performance regressions of the toolchain, not wrong
+# results (the audit and the correctness tests run the same), measured here on the CPU, listed per Triton version
+# below and in docs/design.md ("Triton versions"). A test that pins such a property asserts the miss (so a toolchain
+# that fits again fails the test, and its entry goes) and reports an expected failure (``expect_register_fit``).
+REGISTER_MISSES = {
+    "3.7": {
+        "fast_d64_3wg_traced": "the traced D=64 three-warpgroup form (debug timeline) spills 2 registers (2 STL, 2 LDL; "
+                               "none in the main loop)",
+    },
+    "3.8": {
+        "fast_d64_3wg": "the D=64 three-warpgroup form spills (2 STL, 1 LDL; none in the main loop)",
+        "fast_d64_3wg_traced": "the traced D=64 three-warpgroup form spills (43 STL, 50 LDL; none in the main loop)",
+        "secure_d64_full_3wg": "the secure D=64 three-warpgroup form spills 47 registers (4 on Triton 3.6; none in "
+                               "the main loop)",
+    },
+    "3.9": {
+        "fast_d64_3wg": "the D=64 three-warpgroup form spills (21 STL, 41 LDL, one LDL in the main loop)",
+        "fast_d64_3wg_traced": "the traced D=64 three-warpgroup form spills (63 STL, 74 LDL)",
+        "secure_d64_full_3wg": "ptxas serialises the wgmmas of the secure D=64 three-warpgroup form (C7512, "
+                               "insufficient register resources): no MMA overlaps a softmax; 26 STL, 52 LDL",
+        "d128_causal": "the D=128 causal form spills (fast 13 STL / 41 LDL, secure 14 / 48; 3 / 4 and 4 / 7 on "
+                       "Triton 3.6), one LDL in each main loop",
+    },
+}
+
+
+def register_miss(form: str | None) -> str | None:
+    """Why this Triton's toolchain does not fit Gluon kernel form ``form`` into its register budget (see
+    REGISTER_MISSES), or None where it is known to fit."""
+    import triton
+
+    return REGISTER_MISSES.get(".".join(triton.__version__.split(".")[:2]), {}).get(form)
+
+
+def expect_register_fit(form: str | None, fits: bool, what: str) -> None:
+    """``fits``: whether the compiled form has the property the test pins (``what`` says which). Where it is known
+    not to on this Triton (REGISTER_MISSES), the miss must still be there, and the test ends as an expected
+    failure; elsewhere the property must hold."""
+    import triton
+
+    miss = register_miss(form)
+    if miss is None:
+        assert fits, what
+        return
+    assert not fits, (f"{form} now fits ({what}) with triton {triton.__version__}: drop its entry from "
+                      f"conftest.REGISTER_MISSES")
+    pytest.xfail(f"triton {triton.__version__}: {miss}")
+
+
 def main_loop_opcodes(sass: str):
     """Opcode counts of the Gluon kernel's main loop body as ptxas scheduled it: from the wait for S_j
     (``WARPGROUP.DEPBAR.LE gsb0, 0x1``) to the wait for P_(j-1) V_(j-1) (``... 0x0``), both branches
