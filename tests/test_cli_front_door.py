@@ -63,3 +63,25 @@ def test_the_readme_test_command_does_not_print_the_interpreters_warnings(tmp_pa
     assert r.returncode == 0, r.stdout + r.stderr
     assert "1 passed" in r.stdout
     assert "DeprecationWarning" not in r.stdout and "warnings summary" not in r.stdout, r.stdout
+
+
+def test_audit_reports_default_to_a_working_directory_not_the_committed_results(monkeypatch):
+    """`flashcore audit sass` without --out must not rewrite the committed audit/results/sass.json."""
+    from flashcore.audit import cli as audit_cli
+
+    seen = {}
+
+    class FakeSass:
+        @staticmethod
+        def add_arguments(p):
+            p.add_argument("--json", default=None)
+
+        @staticmethod
+        def run(ns):
+            seen["json"] = ns.json
+            return 0
+
+    monkeypatch.setattr(audit_cli, "_load_sass", lambda: (FakeSass, None))
+    monkeypatch.chdir(__import__("tempfile").mkdtemp())
+    assert audit_cli._run_sass(__import__("argparse").Namespace(sass_args=[], out=None)) == 0
+    assert not os.path.normpath(seen["json"]).startswith(os.path.normpath("audit/results")), seen

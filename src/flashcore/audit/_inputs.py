@@ -436,7 +436,7 @@ def module_main(prog: str, add_arguments, run, child_main=None) -> int:
     if child_main is not None and "--child" in sys.argv[1:]:
         return child_main(sys.argv[1:])
     p = argparse.ArgumentParser(prog=prog)
-    p.add_argument("--out", default="audit/results")
+    p.add_argument("--out", default="flashcore-audit")
     p.add_argument("--json", action="store_true")
     add_arguments(p)
     return run(p.parse_args())

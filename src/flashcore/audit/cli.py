@@ -6,7 +6,7 @@
     flashcore audit timing    dudect-style timing tests (Welch t with cropping, paired t)
     flashcore audit all       all four, in that order
 
-Common options: ``--out DIR`` (JSON reports, default audit/results) and ``--json`` (print the JSON
+Common options: ``--out DIR`` (JSON reports, default ./flashcore-audit; committed reports go to audit/results by an explicit --out) and ``--json`` (print the JSON
 report instead of the table). Exit codes: 0 pass, 1 a gate failed, 2 a gate could not run (no CUDA GPU,
 no ncu, module missing). GPU gates on a machine without CUDA print why and exit 2.
 """
@@ -18,7 +18,8 @@ import importlib
 import sys
 
 GATES = ("sass", "counters", "repro", "timing")
-DEFAULT_OUT = "audit/results"
+# A working directory: committing a report under audit/results is a deliberate --out, never a side effect.
+DEFAULT_OUT = "flashcore-audit"
 
 
 def _common(p: argparse.ArgumentParser) -> None:
