@@ -18,7 +18,8 @@ def test_machine_code_matches_the_pinned_digests():
 
     golden = os.path.join(HERE, "data", f"machine_code-triton-{triton.__version__}.json")
     if not os.path.exists(golden):
-        pytest.skip(f"no pinned machine code for triton {triton.__version__} (pin it with "
+        pytest.skip(f"no pinned machine code for triton {triton.__version__}: "
+                    f"tests/data/{os.path.basename(golden)} is missing (pin it with "
                     f"`python tests/machine_code_digests.py --write`)")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compile, do not interpret
     src = os.path.join(os.path.dirname(HERE), "src")
