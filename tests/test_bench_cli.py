@@ -325,3 +325,32 @@ def test_sweep_shape_line():
     assert "b      5.0 (2.000x)" in line and "graph sdpa 8.0 best a 7.0" in line and "best secure s 10.0 (0.500 of fast)" in line
     res["fast"] = {"c": "FAIL x"}
     assert S.shape_line(res).endswith("no fast candidate ran: c FAIL x")
+
+
+def _without_matplotlib(monkeypatch):
+    """As if matplotlib (the ``plot`` extra) were not installed: importing it fails."""
+    import sys
+
+    for name in [n for n in sys.modules if n == "matplotlib" or n.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+
+
+def test_plot_without_matplotlib_names_the_extra(monkeypatch, tmp_path):
+    from flashcore.bench.plot import PlotUnavailable, plot_document
+
+    _without_matplotlib(monkeypatch)
+    doc = {"results": [], "backends": {}}
+    with pytest.raises(PlotUnavailable, match=r"install flashcore\[plot\]"):
+        plot_document(doc, str(tmp_path / "run.png"))
+    assert not (tmp_path / "run.png").exists()
+
+
+def test_bench_plot_without_matplotlib_stops_before_running(monkeypatch, capsys, tmp_path):
+    """``--plot`` without matplotlib is a usage error with the install hint, found before anything is timed (the
+    chart is drawn after the run), and no traceback."""
+    _without_matplotlib(monkeypatch)
+    assert _main(["bench", "--plot", "--out", str(tmp_path), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "install flashcore[plot]" in err and "Traceback" not in err
+    assert not any(tmp_path.iterdir())

@@ -6,7 +6,7 @@ its name (``flashcore bench gpu-check --suite seed``); the benchmark's own optio
 
 Exit codes of ``bench``: 0 the run completed (and flashcore was correct wherever it ran);
 1 flashcore was wrong, failed or could not be imported on a shape, or the CUDA context was lost; 2 usage errors (bad
-suite, unknown backend, missing file) and no CUDA device. The tools document their own.
+suite, unknown backend, missing file, --plot without matplotlib) and no CUDA device. The tools document their own.
 """
 from __future__ import annotations
 
@@ -101,6 +101,13 @@ def run_bench(args) -> int:
         names = parse_backend_names(args.backends)
     except (SuiteError, ValueError) as e:
         return _usage_error(str(e))
+    if args.plot:  # before the run, not after it: the chart is drawn once everything was timed
+        from .plot import PlotUnavailable, require_matplotlib
+
+        try:
+            require_matplotlib()
+        except PlotUnavailable as e:
+            return _usage_error(str(e))
     import torch
 
     if not torch.cuda.is_available():

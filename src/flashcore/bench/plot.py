@@ -8,6 +8,23 @@ FLASHCORE_COLORS = {"flashcore": "#d62728", "flashcore-secure": "#ff9896"}
 PEER_COLORS = ["#4c72b0", "#7f98c4", "#a9bad6", "#5f6b7a", "#8c96a3", "#b5bcc4", "#3b4f6b", "#c9d3e3"]
 
 
+PLOT_EXTRA = "flashcore[plot]"
+
+
+class PlotUnavailable(RuntimeError):
+    """The chart needs matplotlib, an optional dependency (the ``plot`` extra)."""
+
+
+def require_matplotlib():
+    """matplotlib, or :class:`PlotUnavailable` saying how to install it (it is not a base dependency)."""
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise PlotUnavailable(f"the chart (--plot) needs matplotlib, which is not installed: install {PLOT_EXTRA} "
+                              f"(pip install '{PLOT_EXTRA}')") from e
+    return matplotlib
+
+
 def _colors(names: list) -> dict:
     peers = iter(PEER_COLORS * 2)
     return {n: FLASHCORE_COLORS.get(n) or next(peers) for n in names}
@@ -25,8 +42,7 @@ def _backend_order(doc: dict) -> list:
 
 
 def plot_document(doc: dict, path: str, title: Optional[str] = None) -> str:
-    import matplotlib
-
+    matplotlib = require_matplotlib()
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
