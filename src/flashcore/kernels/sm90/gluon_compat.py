@@ -1,7 +1,7 @@
 """The one place that knows how Gluon's API differs between the Triton versions flashcore supports
-(3.6 to 3.9). The sm_90 device code imports the Gluon names that moved from here; nothing else looks
-at the Triton version. Each name is chosen by what the installed Triton has (feature detection, no
-version numbers), so every version in the range gets the spelling it offers.
+(3.6 to 3.9). The sm_90 device code imports the Gluon names that moved from here, and no other source
+module spells them per version. Each name is chosen by what the installed Triton has (feature detection,
+no version numbers), so every version in the range gets the spelling it offers.
 
 What differs:
 
