@@ -57,11 +57,17 @@ def ran(monkeypatch):
 
 
 @pytest.fixture
-def bounds_checked(monkeypatch):
-    """Triton's interpreter with a bounds check: every unmasked load or store of a kernel launched during
-    the test must fall inside the storage of one of that launch's tensor arguments (an access past the end
-    of a buffer fails the test at once, with the kernel's name and the offending addresses). Returns the
-    list of checked launches' names."""
+def strict_interpreter(monkeypatch):
+    """Triton's interpreter made strict about memory, for the tests that use this fixture:
+
+    * bounds: every unmasked load or store of a kernel launched during the test must fall inside the storage
+      of one of that launch's tensor arguments (an access past the end of a buffer fails at once, with the
+      kernel's name and the offending addresses);
+    * undefined lanes: a masked load without ``other=`` leaves its masked-off lanes undefined (on a GPU they
+      keep whatever the registers held); the interpreter fills zeros, which hides a kernel that depends on
+      them. Here they are NaN (floating point) or -1 (integers).
+
+    Returns the list of the checked launches' kernel names."""
     import types
 
     import numpy as np
@@ -101,10 +107,21 @@ def bounds_checked(monkeypatch):
         check("store", ptrs, mask, value.dtype.itemsize)
         return real.store(ptrs, value, mask)
 
+    masked_load = I.InterpreterBuilder.create_masked_load
+
+    def create_masked_load(self, ptrs, mask, other, *args):
+        if other is None:
+            dtype_tt = ptrs.get_element_ty()
+            dtype_np = I._get_np_dtype(dtype_tt)
+            fill = np.nan if np.issubdtype(dtype_np, np.floating) else -1
+            other = I.TensorHandle(np.full(ptrs.data.shape, fill, dtype=dtype_np), dtype_tt)
+        return masked_load(self, ptrs, mask, other, *args)
+
     proxy = types.SimpleNamespace(**{n: getattr(real, n) for n in dir(real) if not n.startswith("__")})
     proxy.load, proxy.store = load, store
     monkeypatch.setattr(I.GridExecutor, "_init_args_hst", init_args)
     monkeypatch.setattr(I, "_interpreter", proxy)
+    monkeypatch.setattr(I.InterpreterBuilder, "create_masked_load", create_masked_load)
     return launches
 
 

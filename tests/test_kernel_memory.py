@@ -2,9 +2,10 @@
 
 Two nets, used together:
 
-* every launch runs under a bounds check of the interpreter (``conftest.bounds_checked``): an unmasked load
-  or store outside the storage of the launch's tensor arguments fails at once (a loop that runs one key
-  tile past the padded length, a row bound one off on the last head);
+* every launch runs in a strict interpreter (``conftest.strict_interpreter``): an unmasked load or store
+  outside the storage of the launch's tensor arguments fails at once (a loop that runs one key tile past
+  the padded length, a row bound one off on the last head), and the lanes a masked load leaves undefined
+  (no ``other=``) are NaN, as garbage may be on a GPU, instead of the interpreter's zeros;
 * q, k and v are strided views into larger buffers whose every other element is NaN: columns past the
   head dim, rows past the sequence length, the gaps between heads and batches. A load that reaches one
   element too far inside the buffer pulls a NaN into a score or into P·V, where ``0 · NaN = NaN`` survives
@@ -24,9 +25,9 @@ warnings.filterwarnings("ignore", category=RuntimeWarning)
 
 
 @pytest.fixture(autouse=True)
-def _checked(bounds_checked):
-    yield bounds_checked
-    assert bounds_checked, "no kernel ran under the bounds check"
+def _checked(strict_interpreter):
+    yield strict_interpreter
+    assert strict_interpreter, "no kernel ran under the strict interpreter"
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
 
@@ -52,6 +53,8 @@ CASES = [
     (1, 4, 2, 45, 29, 24, True, "bhsd"),    # Sq > Sk, causal
     (2, 2, 2, 33, 64, 40, True, "bshd"),    # Sk a tile multiple: the unmasked key loads
     (1, 2, 1, 17, 16, 64, False, "bshd"),   # power-of-two D
+    (2, 2, 1, 21, 37, 32, True, "bhsd"),    # power-of-two D, a partial key tile: row-masked loads only
+    (1, 2, 2, 50, 19, 64, False, "bshd"),
 ]
 
 
@@ -141,7 +144,7 @@ def test_fast_and_varlen_contiguous_tensors(causal):
     assert rel_err(out, ref) < TOL[torch.float32]
 
 
-def test_the_bounds_check_sees_an_access_past_the_end():
+def test_the_strict_interpreter_sees_an_access_past_the_end_and_undefined_lanes():
     import triton
     import triton.language as tl
 
@@ -155,3 +158,17 @@ def test_the_bounds_check_sees_an_access_past_the_end():
     assert torch.equal(x, y)
     with pytest.raises(Exception, match="outside every argument's storage"):
         k_over[(1,)](x, y, N=16, EXTRA=1)
+
+    @triton.jit
+    def k_masked(X, Y, N: tl.constexpr, OTHER: tl.constexpr):
+        offs = tl.arange(0, N)
+        if OTHER:
+            v = tl.load(X + offs, mask=offs < 8, other=0.0)
+        else:
+            v = tl.load(X + offs, mask=offs < 8)
+        tl.store(Y + offs, v)
+
+    k_masked[(1,)](x, y, N=16, OTHER=True)
+    assert torch.equal(y[:8], x[:8]) and bool((y[8:] == 0).all())
+    k_masked[(1,)](x, y, N=16, OTHER=False)
+    assert torch.equal(y[:8], x[:8]) and bool(y[8:].isnan().all())

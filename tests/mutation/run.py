@@ -80,8 +80,8 @@ TARGETS = {
     "kernels": Target(
         "kernels", (KERNEL,),
         {KERNEL: ("_load_rows", "_load_kv", "_attn_step", "attn_fwd_kernel")},
-        ("tests/test_causal_tiles.py", "tests/test_secure_tiles.py", "tests/test_kernel_interpreter.py",
-         "tests/test_compile_and_ops.py", "tests/test_audit_gate.py"),
+        ("tests/test_kernel_memory.py", "tests/test_causal_tiles.py", "tests/test_secure_tiles.py",
+         "tests/test_kernel_interpreter.py", "tests/test_compile_and_ops.py", "tests/test_audit_gate.py"),
         note="the portable Triton kernel, run by the interpreter; the static gate for the secure forms"),
     "checks": Target(
         "checks", (CHECKS,), {CHECKS: None},
