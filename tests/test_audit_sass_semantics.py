@@ -85,7 +85,7 @@ KNOWN = [
     ("IADD3 R8, R4, 0x1, RZ", "R8"), ("IMAD R8, R4, R0, RZ", "R8"), ("IMNMX R8, R4, R0, !PT", "R8"),
     ("SHF.R.U32.HI R8, RZ, 0x2, R4", "R8"), ("LEA R8, R4, R0, 0x2", "R8"), ("SEL R8, R4, R0, P1", "R8"),
     ("PRMT R8, R4, 0x5410, R0", "R8"), ("POPC R8, R4", "R8"), ("FLO.U32 R8, R4", "R8"), ("BREV R8, R4", "R8"),
-    ("SGXT R8, R4, 0x8", "R8"), ("FADD R8, R4, R0", "R8"), ("FMUL R8, R4, 0.5", "R8"),
+    ("SGXT R8, R4, 0x8", "R8"), ("BMSK R8, R4, R0", "R8"), ("FADD R8, R4, R0", "R8"), ("FMUL R8, R4, 0.5", "R8"),
     ("FFMA R8, R4, R0, R0", "R8"), ("FMNMX R8, R4, R0, !PT", "R8"), ("MUFU.EX2 R8, R4", "R8"),
     ("HADD2 R8, R4, R0", "R8"), ("HFMA2 R8, R4, R0, R0", "R8"), ("HMNMX2 R8, R4, R0, !PT", "R8"),
     ("F2FP.F16.F32.PACK_AB R8, R4, R0", "R8"), ("I2FP.F32.S32 R8, R4", "R8"), ("F2I.TRUNC.NTZ R8, R4", "R8"),
@@ -166,11 +166,43 @@ PACKED = ["ISETP.GT.AND P1, PT, R4, RZ, PT", "ISETP.GT.AND P2, PT, R0, 0x3, PT",
     ("SHF.L.U64.HI R8, R7, 0x2, RZ", 0x1, True),  # high word of {RZ:R7} << 2: bit 0 is R7's secret bit 30
     ("SHF.L.U64.HI R8, R7, 0x2, RZ", 0x2, False),  # bit 1 is R7's bit 31 (zero)
     ("SHF.L.U32 R8, R7, 0x1, RZ", 0x2, False),
+    ("IMAD R8, R7, 0x2, RZ", 0x2, False),  # R7 * 2: bit 1 is R7's public bit 0
+    ("IMAD R8, R7, 0x2, RZ", 0x80000000, True),
+    ("SEL R8, R7, RZ, P2", 0x1, False),  # a select on a public predicate keeps the bits apart
+    ("SEL R8, R7, RZ, P2", 0x40000000, True),
+    ("SEL R8, R7, RZ, P1", 0x1, True),  # on a secret one, every bit is secret
 ])
 def test_bit_precise_moves_and_arithmetic(ins, bit, leaks):
     rep, o = run(*PACKED, ins, f"LOP3.LUT P3, RZ, R8, {bit:#x}, RZ, 0xc0, !PT", "@P3 STG.E desc[UR4][R2.64], R0",
                  "EXIT")
     assert at(rep, o[-2]) == ({"predicated-memory"} if leaks else set()), str(rep)
+
+
+def test_lop3_predicate_input_reaches_its_predicate_output():
+    """``LOP3.LUT P3, RZ, R0, 0x1, RZ, 0xc0, P1``: the predicate input P1 is combined into P3."""
+    rep, o = run("ISETP.GT.AND P1, PT, R4, RZ, PT", "LOP3.LUT P3, RZ, R0, 0x1, RZ, 0xc0, P1",
+                 "@P3 STG.E desc[UR4][R2.64], R0", "LOP3.LUT P4, RZ, R0, 0x1, RZ, 0xc0, !PT",
+                 "@P4 STG.E desc[UR4][R2.64], R0", "EXIT")
+    assert at(rep, o[2]) == {"predicated-memory"} and at(rep, o[4]) == set(), str(rep)
+
+
+def test_r2p_writes_only_the_predicates_in_its_mask():
+    """``R2P PR, R0, 0x1`` writes P0 only: a secret P1 stays secret."""
+    rep, o = run("ISETP.GT.AND P1, PT, R4, RZ, PT", "R2P PR, R0, 0x1", "@P1 STG.E desc[UR4][R2.64], R0",
+                 "@P0 STG.E desc[UR4][R2.64], R0", "EXIT")
+    assert at(rep, o[2]) == {"predicated-memory"} and at(rep, o[3]) == set(), str(rep)
+
+
+def test_wgmma_scale_predicate_is_a_source():
+    """Whether HGMMA accumulates (its scale-d predicate) decides the result: a secret one taints it."""
+    tail = ["WARPGROUP.DEPBAR.LE gsb0, 0x0", "ISETP.GT.AND P0, PT, R24, RZ, PT", "@P0 BRA `(.L_x_1)", ".L_x_1:",
+            "EXIT"]
+    rep, o = run("MOV R24, R0", "R2UR UR6, R4", "UISETP.GT.AND UP1, UPT, UR6, URZ, UPT",
+                 "HGMMA.64x8x16.F32 R24, gdesc[UR8], R24, UP1, gsb0", *tail)
+    assert at(rep, o[6]) == {"branch"}, str(rep)
+    rep, o = run("MOV R24, R0", "R2UR UR6, R0", "UISETP.GT.AND UP1, UPT, UR6, URZ, UPT",
+                 "HGMMA.64x8x16.F32 R24, gdesc[UR8], R24, UP1, gsb0", *tail)
+    assert rep.ok, str(rep)
 
 
 def test_a_guarded_value_dies_with_its_predicate():
