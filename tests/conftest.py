@@ -25,8 +25,9 @@ def pytest_collection_modifyitems(config, items):
 def ran(monkeypatch):
     """What flashcore's entry points actually ran, recorded during the test: ``ran.kernels``, one
     ``(kernel name, Problem)`` per plan run (the Triton or the Gluon kernel, eager or through the custom
-    ops); ``ran.reference``, the number of calls the API made to its reference backend (``backend="auto"``
-    on CPU tensors, or ``"reference"``). The test's own calls of ``flashcore.reference`` are not counted."""
+    ops); ``ran.reference``, the number of calls flashcore made to its reference backend (``backend="auto"``
+    on CPU tensors, or ``"reference"``), from the entry points or the custom ops. The test's own calls of
+    ``flashcore.reference`` are not counted."""
     import types
 
     from flashcore import api
@@ -50,9 +51,13 @@ def ran(monkeypatch):
                 return f(*args, **kwargs)
             return counted
 
+    from flashcore import ops
+
     real_ref = api._ref
     monkeypatch.setattr(Plan, "__call__", call)
-    monkeypatch.setattr(api, "_ref", _ReferenceSpy())
+    for mod in (api, ops):  # the modules that run the reference backend (the entry points, the custom ops)
+        if getattr(mod, "_ref", None) is real_ref:
+            monkeypatch.setattr(mod, "_ref", _ReferenceSpy())
     return rec
 
 
