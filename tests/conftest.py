@@ -59,6 +59,75 @@ def ran(monkeypatch):
     return rec
 
 
+@pytest.fixture
+def strict_interpreter(monkeypatch):
+    """Triton's interpreter made strict about memory, for the tests that use this fixture:
+
+    * bounds: every unmasked load or store of a kernel launched during the test must fall inside the storage
+      of one of that launch's tensor arguments (an access past the end of a buffer fails at once, with the
+      kernel's name and the offending addresses);
+    * undefined lanes: a masked load without ``other=`` leaves its masked-off lanes undefined (on a GPU they
+      keep whatever the registers held); the interpreter fills zeros, which hides a kernel that depends on
+      them. Here they are NaN (floating point) or -1 (integers).
+
+    Returns the list of the checked launches' kernel names."""
+    import types
+
+    import numpy as np
+    from triton.runtime import interpreter as I
+
+    launches = []
+    ranges: list[tuple[int, int]] = []
+    init = I.GridExecutor._init_args_hst
+
+    def init_args(self, args_dev, kwargs):
+        args_hst, kwargs_hst = init(self, args_dev, kwargs)
+        ranges.clear()
+        for a in list(args_hst) + list(kwargs_hst.values()):
+            if isinstance(a, torch.Tensor):
+                st = a.untyped_storage()
+                ranges.append((st.data_ptr(), st.data_ptr() + st.nbytes()))
+        launches.append(getattr(self.fn, "__name__", "?"))
+        return args_hst, kwargs_hst
+
+    def check(what, ptrs, mask, itemsize):
+        p = np.asarray(ptrs, dtype=np.uint64)[np.asarray(mask, dtype=bool)]
+        ok = np.zeros(p.shape, dtype=bool)
+        for lo, hi in ranges:
+            ok |= (p >= lo) & (p + itemsize <= hi)
+        if not ok.all():
+            bad = p[~ok]
+            raise AssertionError(f"{launches[-1]}: {bad.size} {what}(s) outside every argument's storage, "
+                                 f"e.g. {[hex(int(x)) for x in bad[:3]]}; storages {[(hex(a), b - a) for a, b in ranges]}")
+
+    real = I._interpreter
+
+    def load(ptrs, mask, other, dtype):
+        check("load", ptrs, mask, np.dtype(dtype).itemsize)
+        return real.load(ptrs, mask, other, dtype)
+
+    def store(ptrs, value, mask):
+        check("store", ptrs, mask, value.dtype.itemsize)
+        return real.store(ptrs, value, mask)
+
+    masked_load = I.InterpreterBuilder.create_masked_load
+
+    def create_masked_load(self, ptrs, mask, other, *args):
+        if other is None:
+            dtype_tt = ptrs.get_element_ty()
+            dtype_np = I._get_np_dtype(dtype_tt)
+            fill = np.nan if np.issubdtype(dtype_np, np.floating) else -1
+            other = I.TensorHandle(np.full(ptrs.data.shape, fill, dtype=dtype_np), dtype_tt)
+        return masked_load(self, ptrs, mask, other, *args)
+
+    proxy = types.SimpleNamespace(**{n: getattr(real, n) for n in dir(real) if not n.startswith("__")})
+    proxy.load, proxy.store = load, store
+    monkeypatch.setattr(I.GridExecutor, "_init_args_hst", init_args)
+    monkeypatch.setattr(I, "_interpreter", proxy)
+    monkeypatch.setattr(I.InterpreterBuilder, "create_masked_load", create_masked_load)
+    return launches
+
+
 def rel_err(out, ref) -> float:
     ref = ref.double()
     denom = ref.norm().item()

@@ -80,17 +80,19 @@ TARGETS = {
     "kernels": Target(
         "kernels", (KERNEL,),
         {KERNEL: ("_load_rows", "_load_kv", "_attn_step", "attn_fwd_kernel")},
-        ("tests/test_causal_tiles.py", "tests/test_secure_tiles.py", "tests/test_kernel_interpreter.py",
-         "tests/test_compile_and_ops.py", "tests/test_audit_gate.py"),
+        ("tests/test_kernel_memory.py", "tests/test_causal_tiles.py", "tests/test_secure_tiles.py",
+         "tests/test_kernel_interpreter.py", "tests/test_compile_and_ops.py", "tests/test_audit_gate.py"),
         note="the portable Triton kernel, run by the interpreter; the static gate for the secure forms"),
     "checks": Target(
         "checks", (CHECKS,), {CHECKS: None},
-        ("tests/test_api_errors.py", "tests/test_call_cache.py", "tests/test_compile_and_ops.py",
+        ("tests/test_api_errors.py", "tests/test_check_messages.py", "tests/test_call_cache.py",
+         "tests/test_compile_and_ops.py",
          "tests/test_secure_tiles.py", "tests/test_kernel_interpreter.py"),
         note="the validation layer"),
     "sass": Target(
         "sass", (TAINT, ISA), {TAINT: None, ISA: None},
-        ("tests/test_audit_sass_opcodes.py", "tests/test_audit_sass.py", "tests/test_audit_gate.py"),
+        ("tests/test_audit_sass_semantics.py", "tests/test_audit_sass_opcodes.py", "tests/test_audit_sass.py",
+         "tests/test_audit_gate.py"),
         # explanation only (violation traces and messages, report ordering): not the analysis
         exclude={TAINT: ("_Analyzer._record_why", "_Analyzer._read_reason", "_Analyzer.trace", "_reg_sort_key",
                          "_Env.const_secret_name")},

@@ -1,0 +1,238 @@
+"""The SASS analyser's instruction semantics, on hand-written listings (no compiler involved, milliseconds).
+
+Each case pins one modelling rule that no compiled known-answer kernel exercises (found by mutation
+testing: with the rule broken, every other test passed). In every listing ``X`` is a secret pointer, so
+``LDG.E R4, [X]`` puts a secret in R4; ``S2R R0, SR_TID.X`` is public. Cases check both directions where
+the rule can fail both ways (a missed leak, or a false positive that would make the gate useless).
+"""
+from __future__ import annotations
+
+import pytest
+
+from flashcore.audit.sass import ParamInfo, analyze_listing
+from flashcore.audit.sass.isa import parse_nvdisasm
+
+PARAMS = [
+    ParamInfo(0, "X", 0x210, 8, "pointer", True),
+    ParamInfo(1, "Y", 0x218, 8, "pointer", False),
+    ParamInfo(2, "n", 0x220, 4, "scalar", False),
+]
+
+PROLOGUE = [
+    "LDC.64 R2, c[0x0][0x210]",
+    "ULDC.64 UR4, c[0x0][0x208]",
+    "LDG.E R4, desc[UR4][R2.64]",  # R4: secret
+    "S2R R0, SR_TID.X",  # R0: public
+]
+
+
+def run(*body: str):
+    """Analyse PROLOGUE + body (instructions, or labels ending in ':'); returns (report, offset of each body
+    line by index, labels excluded)."""
+    lines, offs, off = [], [], 0
+    for ins in PROLOGUE + list(body):
+        if ins.endswith(":"):
+            lines.append(ins)
+            offs.append(None)
+            continue
+        lines.append(f"        /*{off:04x}*/                   {ins} ;")
+        offs.append(off)
+        off += 0x10
+    rep = analyze_listing(parse_nvdisasm("k:\n" + "\n".join(lines)), PARAMS, "k")
+    assert not rep.unknown_opcodes, rep.unknown_opcodes
+    return rep, offs[len(PROLOGUE):]
+
+
+def at(rep, off) -> set:
+    return {v.kind for v in rep.violations if v.offset == off}
+
+
+def test_an_unconditional_exit_ends_the_block():
+    """Code after an unconditional EXIT (and before the next label) is unreachable: its branch on the secret is
+    not a violation; the same code before the EXIT is."""
+    rep, o = run("EXIT", "ISETP.GT.AND P0, PT, R4, RZ, PT", "@P0 BRA `(.L_x_1)", ".L_x_1:", "EXIT")
+    assert at(rep, o[2]) == set() and rep.ok, str(rep)
+    rep, o = run("ISETP.GT.AND P0, PT, R4, RZ, PT", "@P0 BRA `(.L_x_1)", ".L_x_1:", "EXIT")
+    assert at(rep, o[1]) == {"branch"}
+
+
+@pytest.mark.parametrize("ins", ["NANOSLEEP {r}", "WARPSYNC {r}", "BAR.SYNC.DEFER_BLOCKING {r}"])
+def test_timing_operands(ins):
+    """A secret sleep time, warp mask or barrier id is a timing leak; a public one is not."""
+    rep, o = run(ins.format(r="R4"), ins.format(r="R0"), "EXIT")
+    assert at(rep, o[0]) == {"timing"} and at(rep, o[1]) == set(), str(rep)
+
+
+def test_setmaxreg_success_flag_is_public():
+    """``USETMAXREG.TRY_ALLOC UP0``: UP0 is written (the allocation's success, a public schedule fact), not
+    read; a secret UP0 from before is overwritten."""
+    rep, o = run("R2UR UR6, R4", "UISETP.GT.AND UP0, UPT, UR6, URZ, UPT",  # UP0 secret
+                 "USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xf0", "@!UP0 BRA `(.L_x_1)", ".L_x_1:", "EXIT")
+    assert at(rep, o[2]) == set() and at(rep, o[3]) == set(), str(rep)
+
+
+@pytest.mark.parametrize("ins", ["DADD R8, R4, R4", "I2F.F64 R8, R4", "I2F.F64.S32 R8, R4", "F2F.F64.F32 R8, R4"])
+def test_64_bit_results_taint_both_halves(ins):
+    """A double (or a 64-bit conversion) writes a register pair: a branch on the high half of a secret result
+    leaks."""
+    rep, o = run(ins, "ISETP.GT.AND P0, PT, R9, RZ, PT", "@P0 BRA `(.L_x_1)", ".L_x_1:", "EXIT")
+    assert at(rep, o[2]) == {"branch"}, str(rep)
+
+
+# Data-flow instructions (as nvdisasm prints them) that the analyser must know, each with the secret (R4 / UR6)
+# in a source: the destination is secret, and a branch on it leaks.
+KNOWN = [
+    ("IADD3 R8, R4, 0x1, RZ", "R8"), ("IMAD R8, R4, R0, RZ", "R8"), ("IMNMX R8, R4, R0, !PT", "R8"),
+    ("SHF.R.U32.HI R8, RZ, 0x2, R4", "R8"), ("LEA R8, R4, R0, 0x2", "R8"), ("SEL R8, R4, R0, P1", "R8"),
+    ("PRMT R8, R4, 0x5410, R0", "R8"), ("POPC R8, R4", "R8"), ("FLO.U32 R8, R4", "R8"), ("BREV R8, R4", "R8"),
+    ("SGXT R8, R4, 0x8", "R8"), ("BMSK R8, R4, R0", "R8"), ("FADD R8, R4, R0", "R8"), ("FMUL R8, R4, 0.5", "R8"),
+    ("FFMA R8, R4, R0, R0", "R8"), ("FMNMX R8, R4, R0, !PT", "R8"), ("MUFU.EX2 R8, R4", "R8"),
+    ("HADD2 R8, R4, R0", "R8"), ("HFMA2 R8, R4, R0, R0", "R8"), ("HMNMX2 R8, R4, R0, !PT", "R8"),
+    ("F2FP.F16.F32.PACK_AB R8, R4, R0", "R8"), ("I2FP.F32.S32 R8, R4", "R8"), ("F2I.TRUNC.NTZ R8, R4", "R8"),
+    ("FRND.FLOOR R8, R4", "R8"), ("SHFL.IDX PT, R8, R4, R0, 0x1f", "R8"), ("FSWZADD R8, R4, R0, PPPPPPPP", "R8"),
+    ("HSETP2.GT.AND P1, PT, R4, RZ, PT", "P1"), ("FSETP.GT.AND P1, PT, R4, RZ, PT", "P1"),
+    ("UPRMT UR8, UR6, 0x5410, URZ", "UR8"), ("UIADD3 UR8, UR6, 0x1, URZ", "UR8"), ("USHF.L.U32 UR8, UR6, 0x2, URZ", "UR8"),
+]
+
+
+def _branch_on(dest: str) -> list[str]:
+    if dest.startswith("UR"):
+        return [f"UISETP.GT.AND UP1, UPT, {dest}, URZ, UPT", "@UP1 BRA `(.L_x_1)"]
+    if dest.startswith("P"):
+        return [f"@{dest} BRA `(.L_x_1)"]
+    return [f"ISETP.GT.AND P2, PT, {dest}, RZ, PT", "@P2 BRA `(.L_x_1)"]
+
+
+@pytest.mark.parametrize("ins,dest", KNOWN, ids=[k[0].split()[0] for k in KNOWN])
+def test_known_data_flow_instructions(ins, dest):
+    body = ["R2UR UR6, R4", "ISETP.GT.AND P1, PT, R0, 0x3, PT", ins, *_branch_on(dest), ".L_x_1:", "EXIT"]
+    rep, o = run(*body)  # asserts the opcode is known
+    assert at(rep, o[-3]) == {"branch"}, str(rep)
+    # the same instruction on public inputs: nothing
+    rep, o = run("R2UR UR6, R0", "ISETP.GT.AND P1, PT, R0, 0x3, PT", ins.replace("R4", "R0"), *_branch_on(dest),
+                 ".L_x_1:", "EXIT")
+    assert rep.ok, str(rep)
+
+
+def test_wgmma_a_fragment_in_registers_is_four_registers():
+    """``HGMMA ... R24, R8, gdesc[UR8]``: A comes from R8..R11 (and B from shared memory), so a secret in R12
+    does not reach the accumulator, one in R10 does."""
+    common = ["MOV R8, R0", "MOV R9, R0", "MOV R10, R0", "MOV R11, R0"]
+    tail = ["HGMMA.64x64x16.F32 R24, R8, gdesc[UR8], RZ, !UPT, gsb0", "WARPGROUP.DEPBAR.LE gsb0, 0x0",
+            "ISETP.GT.AND P0, PT, R24, RZ, PT", "@P0 BRA `(.L_x_1)", ".L_x_1:", "EXIT"]
+    rep, o = run(*common, "MOV R12, R4", *tail)
+    assert rep.ok, str(rep)
+    rep, o = run(*common, "MOV R10, R4", *tail)
+    assert at(rep, o[8]) == {"branch"}, str(rep)
+
+
+def test_a_vote_defines_its_destination():
+    """``VOTEU.ANY UP1, P1`` overwrites UP1 with a vote of the public P1."""
+    rep, o = run("R2UR UR6, R4", "UISETP.GT.AND UP1, UPT, UR6, URZ, UPT",  # UP1 secret
+                 "ISETP.LT.U32.AND P1, PT, R0, 0x20, PT", "VOTEU.ANY UP1, P1", "@UP1 BRA `(.L_x_1)", ".L_x_1:", "EXIT")
+    assert at(rep, o[4]) == set(), str(rep)
+
+
+def test_p2r_byte_one_packs_predicates_from_bit_eight():
+    rep, o = run("ISETP.GT.AND P1, PT, R4, RZ, PT",  # secret
+                 "ISETP.GT.AND P2, PT, R0, 0x3, PT",  # public
+                 "P2R.B1 R7, PR, RZ, 0x6",  # P1 -> bit 9, P2 -> bit 10
+                 "LOP3.LUT P3, RZ, R7, 0x400, RZ, 0xc0, !PT", "@P3 STG.E desc[UR4][R2.64], R0",
+                 "LOP3.LUT P4, RZ, R7, 0x200, RZ, 0xc0, !PT", "@P4 STG.E desc[UR4][R2.64], R0",
+                 "LOP3.LUT P5, RZ, R7, 0x2, RZ, 0xc0, !PT", "@P5 STG.E desc[UR4][R2.64], R0", "EXIT")
+    assert at(rep, o[4]) == set() and at(rep, o[6]) == {"predicated-memory"} and at(rep, o[8]) == set(), str(rep)
+
+
+def test_r2p_byte_one_unpacks_predicates_from_bit_eight():
+    """``R2P.B1 PR, R7, 0x3``: P0, P1 from R7's bits 8 and 9 (bit 8 secret, bit 9 public here)."""
+    rep, o = run("ISETP.GT.AND P1, PT, R4, RZ, PT", "ISETP.GT.AND P2, PT, R0, 0x3, PT", "MOV R7, RZ",
+                 "@P1 LOP3.LUT R7, R7, 0x100, RZ, 0xfc, !PT", "@P2 LOP3.LUT R7, R7, 0x200, RZ, 0xfc, !PT",
+                 "R2P.B1 PR, R7, 0x3", "@P1 STG.E desc[UR4][R2.64], R0", "@P0 STG.E desc[UR4][R2.64], R0", "EXIT")
+    assert at(rep, o[6]) == set() and at(rep, o[7]) == {"predicated-memory"}, str(rep)
+
+
+# R7 packs a secret bit 30 and a public bit 0 (as ptxas packs predicates into a register)
+PACKED = ["ISETP.GT.AND P1, PT, R4, RZ, PT", "ISETP.GT.AND P2, PT, R0, 0x3, PT", "MOV R7, RZ",
+          "@P1 LOP3.LUT R7, R7, 0x40000000, RZ, 0xfc, !PT", "@P2 LOP3.LUT R7, R7, 0x1, RZ, 0xfc, !PT"]
+
+
+@pytest.mark.parametrize("ins,bit,leaks", [
+    ("IMAD.MOV.U32 R8, RZ, RZ, R7", 0x1, False),  # a copy
+    ("IMAD.MOV.U32 R8, RZ, RZ, R7", 0x40000000, True),
+    ("IADD3 R8, R7, 0x2, RZ", 0x1, False),  # carries only go up: bits below the lowest secret bit stay public
+    ("IADD3 R8, R7, 0x2, RZ", 0x80000000, True),
+    ("LEA R8, R7, RZ, 0x1", 0x2, False),  # (R7 << 1) + 0: bit 1 is R7's public bit 0
+    ("LEA R8, R7, RZ, 0x1", 0x80000000, True),
+    ("SHF.L.U64.HI R8, R7, 0x2, RZ", 0x1, True),  # high word of {RZ:R7} << 2: bit 0 is R7's secret bit 30
+    ("SHF.L.U64.HI R8, R7, 0x2, RZ", 0x2, False),  # bit 1 is R7's bit 31 (zero)
+    ("SHF.L.U32 R8, R7, 0x1, RZ", 0x2, False),
+    ("IMAD R8, R7, 0x2, RZ", 0x2, False),  # R7 * 2: bit 1 is R7's public bit 0
+    ("IMAD R8, R7, 0x2, RZ", 0x80000000, True),
+    ("SEL R8, R7, RZ, P2", 0x1, False),  # a select on a public predicate keeps the bits apart
+    ("SEL R8, R7, RZ, P2", 0x40000000, True),
+    ("SEL R8, R7, RZ, P1", 0x1, True),  # on a secret one, every bit is secret
+])
+def test_bit_precise_moves_and_arithmetic(ins, bit, leaks):
+    rep, o = run(*PACKED, ins, f"LOP3.LUT P3, RZ, R8, {bit:#x}, RZ, 0xc0, !PT", "@P3 STG.E desc[UR4][R2.64], R0",
+                 "EXIT")
+    assert at(rep, o[-2]) == ({"predicated-memory"} if leaks else set()), str(rep)
+
+
+def test_lop3_predicate_input_reaches_its_predicate_output():
+    """``LOP3.LUT P3, RZ, R0, 0x1, RZ, 0xc0, P1``: the predicate input P1 is combined into P3."""
+    rep, o = run("ISETP.GT.AND P1, PT, R4, RZ, PT", "LOP3.LUT P3, RZ, R0, 0x1, RZ, 0xc0, P1",
+                 "@P3 STG.E desc[UR4][R2.64], R0", "LOP3.LUT P4, RZ, R0, 0x1, RZ, 0xc0, !PT",
+                 "@P4 STG.E desc[UR4][R2.64], R0", "EXIT")
+    assert at(rep, o[2]) == {"predicated-memory"} and at(rep, o[4]) == set(), str(rep)
+
+
+def test_r2p_writes_only_the_predicates_in_its_mask():
+    """``R2P PR, R0, 0x1`` writes P0 only: a secret P1 stays secret."""
+    rep, o = run("ISETP.GT.AND P1, PT, R4, RZ, PT", "R2P PR, R0, 0x1", "@P1 STG.E desc[UR4][R2.64], R0",
+                 "@P0 STG.E desc[UR4][R2.64], R0", "EXIT")
+    assert at(rep, o[2]) == {"predicated-memory"} and at(rep, o[3]) == set(), str(rep)
+
+
+def test_wgmma_scale_predicate_is_a_source():
+    """Whether HGMMA accumulates (its scale-d predicate) decides the result: a secret one taints it."""
+    tail = ["WARPGROUP.DEPBAR.LE gsb0, 0x0", "ISETP.GT.AND P0, PT, R24, RZ, PT", "@P0 BRA `(.L_x_1)", ".L_x_1:",
+            "EXIT"]
+    rep, o = run("MOV R24, R0", "R2UR UR6, R4", "UISETP.GT.AND UP1, UPT, UR6, URZ, UPT",
+                 "HGMMA.64x8x16.F32 R24, gdesc[UR8], R24, UP1, gsb0", *tail)
+    assert at(rep, o[6]) == {"branch"}, str(rep)
+    rep, o = run("MOV R24, R0", "R2UR UR6, R0", "UISETP.GT.AND UP1, UPT, UR6, URZ, UPT",
+                 "HGMMA.64x8x16.F32 R24, gdesc[UR8], R24, UP1, gsb0", *tail)
+    assert rep.ok, str(rep)
+
+
+def test_a_guarded_value_dies_with_its_predicate():
+    """``@!P5 MOV R4, 0x4000`` makes R4 public under !P5 only while P5 is unchanged; once P5 is redefined an
+    ``@!P5`` read of R4 may see the secret again."""
+    same = ["ISETP.NE.AND P5, PT, R0, RZ, PT", "@!P5 MOV R4, 0x4000", "@!P5 SYNCS.ARRIVE.TRANS64 RZ, [URZ+0x100], R4",
+            "EXIT"]
+    rep, o = run(*same)
+    assert at(rep, o[2]) == set(), str(rep)
+    redefined = ["ISETP.NE.AND P5, PT, R0, RZ, PT", "@!P5 MOV R4, 0x4000", "ISETP.NE.AND P5, PT, R0, 0x1, PT",
+                 "@!P5 SYNCS.ARRIVE.TRANS64 RZ, [URZ+0x100], R4", "EXIT"]
+    rep, o = run(*redefined)
+    assert at(rep, o[3]) == {"timing"}, str(rep)
+
+
+def test_identical_compares_are_one_predicate():
+    """Two ISETPs of the same unchanged operands are the same predicate: a value made public under the first
+    is public under the second."""
+    rep, o = run("MOV R9, R4", "ISETP.LT.U32.AND P2, PT, R0, 0x20, PT", "@P2 MOV R9, RZ",
+                 "ISETP.LT.U32.AND P3, PT, R0, 0x20, PT", "@P3 STS [R9], R0", "EXIT")
+    assert at(rep, o[4]) == set(), str(rep)
+    rep, o = run("MOV R9, R4", "ISETP.LT.U32.AND P2, PT, R0, 0x20, PT", "@P2 MOV R9, RZ",
+                 "ISETP.LT.U32.AND P3, PT, R0, 0x40, PT", "@P3 STS [R9], R0", "EXIT")
+    assert at(rep, o[4]) == {"address"}, str(rep)
+
+
+@pytest.mark.parametrize("data,leaks", [("R4", True), ("R0", False)])
+def test_generic_store_to_an_unknown_address_may_write_local_memory(data, leaks):
+    """``ST.E`` through an address of unknown provenance may land in this thread's local memory: a later
+    local load sees the stored value's taint (and only that)."""
+    rep, o = run("MOV R6, R0", "MOV R7, RZ", f"ST.E [R6.64], {data}", "LDL R8, [R1+0x10]",
+                 "ISETP.GT.AND P0, PT, R8, RZ, PT", "@P0 BRA `(.L_x_1)", ".L_x_1:", "EXIT")
+    assert at(rep, o[5]) == ({"branch"} if leaks else set()), str(rep)
