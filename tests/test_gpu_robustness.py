@@ -1,7 +1,5 @@
 """GPU robustness: threads, streams, devices, out of memory, and the documented behaviours of the
 validation layer (gradients refused, varlen rows no sequence owns) under CUDA-graph capture."""
-import threading
-
 import pytest
 import torch
 
@@ -18,49 +16,16 @@ def _qkv(B, Hq, Hkv, S, D, seed, dtype=torch.bfloat16, device="cuda"):
     return mk(Hq), mk(Hkv), mk(Hkv)
 
 
-# (B, Hq, Hkv, S, D, causal, secure): both kernels, fast and secure, GQA
-THREAD_CALLS = [(2, 8, 2, 300, 64, True, False), (1, 4, 4, 1000, 128, False, False), (2, 8, 8, 513, 128, True, True),
-                (1, 4, 2, 777, 64, False, True), (3, 6, 2, 129, 256, True, False), (1, 8, 8, 2048, 128, True, False),
-                (2, 4, 1, 64, 32, True, False), (1, 16, 4, 1500, 96, False, False)]
-
-
-def _call(args, lens, c):
-    B, Hq, Hkv, S, D, causal, secure = c
-    q, k, v = args
-    if secure:
-        return flashcore.attention(q, k, v, causal=causal, secure=True, seqlens_k=lens)
-    return flashcore.attention(q, k, v, causal=causal)
-
-
 def test_eight_threads_with_different_shapes_match_single_threaded_results():
+    from flashcore.bench.experiments.robustness import calls, threads_check
+
     flashcore.plan.cache.PLANS.clear()  # the threads race on planning, compiling and the caches
-    inputs = [(_qkv(*c[:5], seed=i), torch.randint(1, c[3] + 1, (c[0],), device="cuda", dtype=torch.int32))
-              for i, c in enumerate(THREAD_CALLS)]
-    results, errors = {}, []
-    barrier = threading.Barrier(len(THREAD_CALLS))
-
-    def worker(i):
-        try:
-            barrier.wait()
-            stream = torch.cuda.Stream()
-            with torch.cuda.stream(stream):
-                outs = [_call(*inputs[i], THREAD_CALLS[i]) for _ in range(20)]
-            stream.synchronize()
-            results[i] = outs
-        except Exception as e:  # noqa: BLE001
-            errors.append((i, repr(e)))
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(THREAD_CALLS))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
-    for i, c in enumerate(THREAD_CALLS):
-        single = _call(*inputs[i], c)
-        torch.cuda.synchronize()
-        for out in results[i]:
-            assert torch.equal(out, single), (i, c)  # the kernels are deterministic: bitwise equal
+    # every other workload: both kernels, fast and secure, GQA, D 40-256, varlen
+    report = threads_check(work=calls(seed=7)[::2], repeats=20)
+    assert not report["errors"], report["errors"]
+    assert report["threads"] == 8
+    for row in report["rows"]:
+        assert row["bitwise_equal_to_single_thread"], row  # the kernels are deterministic: bitwise equal
 
 
 @pytest.mark.parametrize("shape", [(1, 4, 4, 256, 64)])  # the Triton kernel: a few CTAs, which fit beside the sleep

@@ -6,13 +6,13 @@ reaches a kernel (where it would crash, hang or silently compute garbage). What 
 from __future__ import annotations
 
 import numbers
-import os
 from dataclasses import dataclass
 
 import torch
 
 from .kernels import forward_dtype_names, forward_head_dims, head_dim_text
 from .problem import DTYPE_NAMES
+from .runtime.launcher import capturing, interpreting
 
 TORCH_DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 SUPPORTED_HEAD_DIMS = forward_head_dims()
@@ -89,10 +89,6 @@ def check_scale(scale, head_dim: int) -> float:
     if not (scale > 0.0 and scale < float("inf")):
         raise ValueError(f"scale must be a positive finite float, got {scale}")
     return scale
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def check_backend(backend, q: torch.Tensor) -> bool:
@@ -269,16 +265,12 @@ def check_dense(q, k, v, *, layout, causal, scale, secure, seqlens_q, seqlens_k,
             seqlens_q = seqlens_k  # self-attention: query lengths are the key lengths
         self_attention = seqlens_q is seqlens_k
         check_seqlens("seqlens_q", seqlens_q, B, q.device)
-        if not kernel and validate and not torch.compiler.is_compiling() and not _capturing(q.device):
+        if not kernel and validate and not torch.compiler.is_compiling() and not capturing(q.device):
             check_secure_lengths(seqlens_q, seqlens_k, Sq, Sk)
     elif seqlens_q is not None or seqlens_k is not None:
         raise ValueError("seqlens_q/seqlens_k are only used with secure=True (use attention_varlen for packed sequences)")
     check_out(out, q, {"q": q, "k": k, "v": v})
     return DenseArgs(qb, kb, vb, causal, scale, seqlens_q, self_attention, secure, return_lse, validate, kernel)
-
-
-def _capturing(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 @dataclass

@@ -27,7 +27,7 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _rel(a, b) -> float:
+def rel_err(a, b) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
@@ -67,7 +67,7 @@ def run(args) -> int:
         kernel = plan.selection.kernel if plan is not None else "none (float64 reference)"
         kernels.add(kernel)
         ref = reference.attention(q, k, v, causal=causal)
-        err = _rel(out, ref)
+        err = rel_err(out, ref)
         tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
         ok &= err < tol
         sd_err, fc_us, sd_us = "-", "-", "-"
@@ -76,7 +76,7 @@ def run(args) -> int:
             from triton.testing import do_bench
 
             sd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
-            sd_err = f"{_rel(sd(), ref):.2e}"
+            sd_err = f"{rel_err(sd(), ref):.2e}"
             fc_us = f"{do_bench(lambda: api.attention(q, k, v, causal=causal), return_mode='median') * 1e3:.1f}"
             sd_us = f"{do_bench(sd, return_mode='median') * 1e3:.1f}"
         table.add_row(f"{B}×{Hq}/{Hkv}×{S}×{D}", str(causal), kernel, f"{err:.2e}" + ("" if err < tol else " FAIL"), sd_err, fc_us, sd_us)

@@ -10,11 +10,8 @@ from ..launch.secure_prepass import prepass_kv, prepass_v
 from ..launch.sm90_fwd import GluonLaunch
 from ..launch.triton_fwd import TritonForward, pointer_args
 from ..problem import Problem
+from ..runtime.launcher import capturing
 from .select import SM90, Selection, select
-
-
-def _capturing(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 class Plan:
@@ -56,9 +53,9 @@ class Plan:
         if self.problem.secure:
             if seqlens_q is None:
                 seqlens_q = seqlens_k  # self-attention: the query lengths are the key lengths
-            if self.validate and not _capturing(device):
+            if self.validate and not capturing(device):
                 check_secure_lengths(seqlens_q, seqlens_k, self.problem.seqlen_q, self.problem.seqlen_k)
-        elif self.check_cu is not None and not _capturing(device):
+        elif self.check_cu is not None and not capturing(device):
             end_q = self.check_cu(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], self.problem.seqlen_q,
                                   self.problem.seqlen_k)
         w = None

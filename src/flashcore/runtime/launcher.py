@@ -12,6 +12,11 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def capturing(device: torch.device) -> bool:
+    """Whether a CUDA graph is being captured on ``device``'s current stream (host syncs are not allowed)."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def device_arch(device: torch.device):
     """(major, minor) compute capability of a CUDA device; None on CPU tensors or under the interpreter."""
     if device.type != "cuda" or interpreting():

@@ -29,6 +29,7 @@ import torch
 
 import flashcore
 
+from ...demo import rel_err
 from ..results import collect_environment
 from . import parser
 
@@ -53,10 +54,6 @@ VARLEN = [("varlen-causal-gqa", ([100, 0, 257, 1, 64], 8, 2, 128, True)),
 MODULE = "flashcore.bench.experiments.robustness"
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TOL = {"bf16": 1.2e-2, "fp16": 2e-3, "fp32": 2e-5}
-
-
-def _rel(a, b) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
 def _dense_call(spec, seed):
@@ -117,7 +114,7 @@ def workload(only: str | None = None) -> int:
         out = run()
         torch.cuda.synchronize()
         p = plan()
-        err = _rel(out, ref())
+        err = rel_err(out, ref())
         kernel = p.selection.kernel if p is not None else "triton_fwd (varlen)"
         print(f"WORKLOAD {name} kernel={kernel} rel_err={err:.2e}", flush=True)
         if not err < tol:
@@ -146,10 +143,11 @@ def sanitize(tool: str, timeout_s: int, only: str | None = None) -> dict:
             "findings": findings, "seconds": round(time.time() - t0, 1), "command": " ".join(cmd[:6])}
 
 
-def threads_check(n_threads: int = 8, repeats: int = 10) -> dict:
-    """Concurrent calls (each thread its own workload and stream) against single-threaded results."""
+def threads_check(n_threads: int = 8, repeats: int = 10, work=None) -> dict:
+    """Concurrent calls (each thread its own workload and stream; ``work``: entries of :func:`calls`, default
+    the first ``n_threads``) against single-threaded results."""
     # (run in a fresh process: nothing is planned or compiled yet, so the threads race on planning too)
-    work = calls(seed=7)[:n_threads]
+    work = calls(seed=7)[:n_threads] if work is None else work
     results, errors = {}, []
     barrier = threading.Barrier(len(work))
 
@@ -174,7 +172,7 @@ def threads_check(n_threads: int = 8, repeats: int = 10) -> dict:
         single = run()
         torch.cuda.synchronize()
         same = i in results and all(torch.equal(o, single) for o in results[i])
-        rows.append({"workload": name, "bitwise_equal_to_single_thread": same, "rel_err": _rel(single, ref())})
+        rows.append({"workload": name, "bitwise_equal_to_single_thread": same, "rel_err": rel_err(single, ref())})
     return {"threads": len(work), "repeats": repeats, "errors": errors, "rows": rows,
             "ok": not errors and all(r["bitwise_equal_to_single_thread"] for r in rows),
             "seconds": round(time.time() - t0, 1)}
