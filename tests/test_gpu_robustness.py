@@ -87,6 +87,7 @@ g = torch.Generator(device="cuda").manual_seed(4)
 q, k, v = (torch.randn(2, 8, 2048, 128, device="cuda", generator=g).to(torch.bfloat16) for _ in range(3))
 lens = torch.tensor([2048, 1000], dtype=torch.int32, device="cuda")
 torch.cuda.synchronize()
+torch.cuda.empty_cache()  # the float32 temporaries above must not stay cached: they could serve the call
 total = torch.cuda.get_device_properties(0).total_memory
 # Cap the caching allocator just above what is allocated now: the call's output and the pre-pass's
 # workspace cannot be allocated.
