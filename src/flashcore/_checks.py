@@ -324,3 +324,233 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     check_grad(kernel, {"q": q, "k": k, "v": v})
     check_out(out, q, {"q": q, "k": k, "v": v})
     return VarlenArgs(causal, scale, max_q, max_k, return_lse, kernel)
+
+
+# --- KV-cache attention (attention_with_kvcache) ---------------------------------------------------------
+
+FP8_CACHE_DTYPE = torch.float8_e4m3fn
+_FP8_OTHER = tuple(getattr(torch, n) for n in ("float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
+                   if hasattr(torch, n))
+MAX_SPLITS = 128
+
+
+@dataclass
+class KvcacheArgs:
+    """A KV-cache call's normalised arguments and public shape facts."""
+    batch: int
+    seqlen_q: int  # queries per sequence (packed: max_seqlen_q)
+    num_heads_q: int
+    num_heads_kv: int
+    head_dim: int
+    packed: bool  # q is [total_q, Hq, D] with cu_seqlens_q
+    paged: bool
+    page_size: int  # paged: tokens per page; contiguous: S_cache
+    capacity: int  # tokens a sequence's cache holds (paged: table width x page size)
+    fp8: bool
+    append: bool
+    causal: bool
+    scale: float
+    num_splits: int
+    return_lse: bool
+    secure: bool
+    kernel: bool
+
+
+def _check_int32(name: str, t, shape: tuple, device, *, contiguous: bool = True) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be an int32 torch.Tensor of shape {list(shape)}, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name} must be int32, got {t.dtype}")
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} must be on q's device {device}, got {t.device}")
+    if contiguous and t.numel() > 1 and (t.stride(-1) != 1 or (t.dim() == 2 and t.shape[0] > 1
+                                                              and t.stride(0) != t.shape[1])):
+        raise ValueError(f"{name} must be contiguous (the kernels read it as a packed array), got strides "
+                         f"{tuple(t.stride())}")
+
+
+def check_kvcache(q, k_cache, v_cache, *, cache_seqlens, k, v, page_table, cache_batch_idx, cache_leftpad,
+                  cu_seqlens_q, max_seqlen_q, causal, scale, num_splits, k_descale, v_descale, return_lse, out,
+                  secure, backend) -> KvcacheArgs:
+    """Every metadata check of :func:`flashcore.attention_with_kvcache`, whichever backend runs. Values of
+    lengths, page tables and batch indices are checked by :func:`check_kvcache_values` (a sync)."""
+    check_float_tensor("q", q)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype in _FP8_OTHER:
+            raise TypeError(f"{name} is {t.dtype}: the only FP8 cache format is torch.float8_e4m3fn (e4m3)")
+        if t.dtype != q.dtype and t.dtype != FP8_CACHE_DTYPE:
+            raise TypeError(f"{name} must have q's dtype {q.dtype} or be torch.float8_e4m3fn, got {t.dtype}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D ([B_cache, S_cache, Hkv, D] or paged [num_pages, page_size, "
+                             f"Hkv, D]), got shape {tuple(t.shape)}")
+        check_unit_last_stride(name, t)
+        if t.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and "
+                         f"{tuple(v_cache.shape)}")
+    if k_cache.dtype != v_cache.dtype:
+        raise TypeError(f"k_cache and v_cache must share one dtype, got {k_cache.dtype} and {v_cache.dtype}")
+    fp8 = k_cache.dtype == FP8_CACHE_DTYPE
+    if fp8 and q.dtype == torch.float32:
+        raise TypeError("an FP8 (float8_e4m3fn) cache needs q in float16 or bfloat16, got float32")
+    causal, secure = check_flag("causal", causal), check_flag("secure", secure)
+    return_lse = check_flag("return_lse", return_lse)
+    packed = cu_seqlens_q is not None or max_seqlen_q is not None
+    if packed:
+        if cu_seqlens_q is None or max_seqlen_q is None:
+            raise ValueError("cu_seqlens_q and max_seqlen_q go together: pass both or neither")
+        if q.dim() != 3:
+            raise ValueError(f"q must be 3-D [total_q, Hq, D] with cu_seqlens_q, got shape {tuple(q.shape)}")
+        if not isinstance(cu_seqlens_q, torch.Tensor) or cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] < 2:
+            raise ValueError("cu_seqlens_q must be an int32 tensor of shape [B+1] (B >= 1)")
+        B = cu_seqlens_q.shape[0] - 1
+        _check_int32("cu_seqlens_q", cu_seqlens_q, (B + 1,), q.device)
+        Sq = check_int("max_seqlen_q", max_seqlen_q, minimum=1)
+        if secure:
+            raise ValueError("secure=True does not take cu_seqlens_q: packed query offsets would put the secret "
+                             "query lengths into addresses; pass q padded to [B, Sq, Hq, D]")
+        _, Hq, D = q.shape
+    else:
+        if q.dim() != 4:
+            raise ValueError(f"q must be 4-D [B, Sq, Hq, D] (or 3-D with cu_seqlens_q), got shape {tuple(q.shape)}")
+        B, Sq, Hq, D = q.shape
+        if B < 1 or Sq < 1:
+            raise ValueError(f"q must have B >= 1 and Sq >= 1, got shape {tuple(q.shape)}")
+    check_unit_last_stride("q", q)
+    Hkv = k_cache.shape[2]
+    if k_cache.shape[3] != D:
+        raise ValueError(f"k_cache/v_cache head dim {k_cache.shape[3]} must equal q's head dim {D}")
+    check_head_dim("q", D)
+    if Hkv < 1 or Hq % Hkv != 0:
+        raise ValueError(f"the number of q heads ({Hq}) must be a multiple of the number of k/v cache heads ({Hkv})")
+    paged = page_table is not None
+    if paged:
+        if cache_batch_idx is not None:
+            raise ValueError("cache_batch_idx indexes a contiguous cache; a paged cache (page_table) takes none")
+        if not isinstance(page_table, torch.Tensor) or page_table.dim() != 2:
+            raise ValueError(f"page_table must be an int32 tensor [B, max_pages_per_seq], got "
+                             f"{tuple(page_table.shape) if isinstance(page_table, torch.Tensor) else type(page_table).__name__}")
+        _check_int32("page_table", page_table, (B, page_table.shape[1]), q.device)
+        page_size = k_cache.shape[1]
+        if not 1 <= page_size <= 256:
+            raise ValueError(f"the paged cache's page size (k_cache.shape[1]) must be in [1, 256], got {page_size}")
+        if page_table.shape[1] < 1 or k_cache.shape[0] < 1:
+            raise ValueError("a paged cache needs at least one page and a page table at least one page wide")
+        capacity = page_table.shape[1] * page_size
+    else:
+        page_size = capacity = k_cache.shape[1]
+        if cache_batch_idx is not None:
+            _check_int32("cache_batch_idx", cache_batch_idx, (B,), q.device)
+        elif k_cache.shape[0] != B:
+            raise ValueError(f"k_cache has {k_cache.shape[0]} cache rows but the batch is {B}: pass cache_batch_idx "
+                             "to choose rows")
+    _check_int32("cache_seqlens", cache_seqlens, (B,), q.device)
+    if cache_leftpad is not None:
+        if paged:
+            raise ValueError("cache_leftpad is only for a contiguous cache")
+        _check_int32("cache_leftpad", cache_leftpad, (B,), q.device)
+    append = k is not None or v is not None
+    if append:
+        if k is None or v is None:
+            raise ValueError(f"k and v go together: got {'k' if k is not None else 'v'} without "
+                             f"{'v' if k is not None else 'k'}")
+        want = (q.shape[0], Hkv, D) if packed else (B, Sq, Hkv, D)
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dtype != k_cache.dtype:
+                raise TypeError(f"{name} must have the cache's dtype {k_cache.dtype} (it is written into the cache), "
+                                f"got {t.dtype}")
+            if tuple(t.shape) != want:
+                raise ValueError(f"{name} must have shape {list(want)} (one new token per query), got {list(t.shape)}")
+            if t.device != q.device:
+                raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
+            check_unit_last_stride(name, t)
+        if secure:
+            raise ValueError("secure=True does not append (k/v): the write position cache_seqlens is secret and "
+                             "would be an address; append in a separate, non-secure call")
+    for name, t in (("k_descale", k_descale), ("v_descale", v_descale)):
+        if fp8 and t is None:
+            raise ValueError(f"an FP8 cache needs {name} (float32 [B, Hkv]: the factor that maps the stored values "
+                             "back to real ones)")
+        if t is not None:
+            if not fp8:
+                raise ValueError(f"{name} is only for an FP8 (float8_e4m3fn) cache; this cache is {k_cache.dtype}")
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
+                raise TypeError(f"{name} must be a float32 tensor [B, Hkv]")
+            if tuple(t.shape) != (B, Hkv) or t.device != q.device:
+                raise ValueError(f"{name} must have shape [{B}, {Hkv}] on q's device, got {list(t.shape)} on "
+                                 f"{t.device}")
+    scale = check_scale(scale, D)
+    num_splits = check_int("num_splits", num_splits)
+    if num_splits > MAX_SPLITS:
+        raise ValueError(f"num_splits must be in [0, {MAX_SPLITS}] (0: chosen from the shapes), got {num_splits}")
+    kernel = check_backend(backend, q)
+    check_grad(kernel, {"q": q, "k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache})
+    inputs = {"q": q, "k_cache": k_cache, "v_cache": v_cache}
+    if append:
+        inputs.update(k=k, v=v)
+    check_out(out, q, inputs)
+    if append:
+        for name, t in (("k", k), ("v", v)):
+            for cname, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+                if _overlaps(t, c):
+                    raise ValueError(f"{name} must not overlap {cname} (it is written into it)")
+    return KvcacheArgs(B, Sq, Hq, Hkv, D, packed, paged, page_size, capacity, fp8, append, causal, scale, num_splits,
+                       return_lse, secure, kernel)
+
+
+def check_kvcache_values(a: KvcacheArgs, cache_seqlens, page_table, cache_batch_idx, cache_leftpad, cu_seqlens_q,
+                         total_q: int, num_pages: int, cache_rows: int) -> None:
+    """Host-side checks of a KV-cache call's values (a sync; eager only, skipped under CUDA-graph capture).
+
+    Secure mode reads one bit of the secret lengths (all in range or not), and checks every page-table entry
+    (the kernel reads them all, so unused entries must name real pages too: fill them with any page, e.g. 0)."""
+    new = None
+    if a.packed:
+        c = cu_seqlens_q.detach().to("cpu", torch.int64)
+        lens = c[1:] - c[:-1]
+        if int(c[0]) != 0 or bool((lens < 0).any()):
+            raise ValueError(f"cu_seqlens_q must start at 0 and be non-decreasing, got {c.tolist()}")
+        if int(c[-1]) > total_q:
+            raise ValueError(f"cu_seqlens_q ends at {int(c[-1])} but q has only {total_q} tokens")
+        if lens.numel() and int(lens.max()) > a.seqlen_q:
+            raise ValueError(f"max_seqlen_q={a.seqlen_q} is smaller than a real query length ({int(lens.max())})")
+        new = lens
+    L = cache_seqlens.detach().to("cpu", torch.int64)
+    grow = (new if new is not None else torch.full_like(L, a.seqlen_q)) if a.append else torch.zeros_like(L)
+    bad = (L < 0) | (L + grow > a.capacity)
+    if bool(bad.any()):
+        if a.secure:
+            raise ValueError(f"cache_seqlens must lie in [0, {a.capacity}] (the cache's capacity)")
+        b = int(bad.nonzero()[0])
+        what = f" plus {int(grow[b])} new tokens" if a.append else ""
+        raise ValueError(f"cache_seqlens[{b}]={int(L[b])}{what} does not fit the cache's capacity {a.capacity} "
+                         f"tokens (nor may it be negative)")
+    if cache_leftpad is not None:
+        lp = cache_leftpad.detach().to("cpu", torch.int64)
+        if bool(((lp < 0) | (lp > L)).any()):
+            b = int(((lp < 0) | (lp > L)).nonzero()[0])
+            raise ValueError(f"cache_leftpad[{b}]={int(lp[b])} must lie in [0, cache_seqlens[{b}]={int(L[b])}]")
+    if cache_batch_idx is not None:
+        idx = cache_batch_idx.detach().to("cpu", torch.int64)
+        if bool(((idx < 0) | (idx >= cache_rows)).any()):
+            b = int(((idx < 0) | (idx >= cache_rows)).nonzero()[0])
+            raise ValueError(f"cache_batch_idx[{b}]={int(idx[b])} is not a row of the cache (it has {cache_rows})")
+    if page_table is not None:
+        t = page_table.detach().to("cpu", torch.int64)
+        cols = torch.arange(t.shape[1]).view(1, -1)
+        if a.secure:  # every entry is read: which of them are used would tell the lengths
+            bad = (t < 0) | (t >= num_pages)
+        else:
+            used = (L + grow + a.page_size - 1) // a.page_size  # pages each sequence reads or writes
+            bad = (cols < used.view(-1, 1)) & ((t < 0) | (t >= num_pages))
+        if bool(bad.any()):
+            b, j = (int(x) for x in bad.nonzero()[0])
+            raise ValueError(f"page_table[{b}, {j}]={int(t[b, j])} is not a page of the cache (it has {num_pages} "
+                             "pages)")

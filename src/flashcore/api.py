@@ -161,3 +161,66 @@ def attention_varlen(
     res, lse = ops.attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k,
                                         a.causal, a.scale, a.return_lse, out)
     return (res, lse) if a.return_lse else res
+
+
+def attention_with_kvcache(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    *,
+    cache_seqlens,
+    k: Optional[Tensor] = None,
+    v: Optional[Tensor] = None,
+    page_table: Optional[Tensor] = None,
+    cache_batch_idx: Optional[Tensor] = None,
+    cache_leftpad: Optional[Tensor] = None,
+    cu_seqlens_q: Optional[Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    causal: bool = True,
+    scale: Optional[float] = None,
+    num_splits: int = 0,
+    k_descale: Optional[Tensor] = None,
+    v_descale: Optional[Tensor] = None,
+    return_lse: bool = False,
+    out: Optional[Tensor] = None,
+    secure: bool = False,
+    backend: str = "auto",
+    validate: bool = True,
+):
+    """Attention of new query tokens against a KV cache (decode, speculative tokens, chunked prefill), after
+    FlashAttention-3's ``flash_attn_with_kvcache``.
+
+    q ``[B, Sq, Hq, D]`` (or packed ``[total_q, Hq, D]`` with ``cu_seqlens_q`` int32 ``[B+1]`` and
+    ``max_seqlen_q``). The cache: contiguous ``[B_cache, S_cache, Hkv, D]`` (row ``cache_batch_idx[b]``, or
+    ``b``), or paged ``[num_pages, page_size, Hkv, D]`` with ``page_table`` int32 ``[B, max_pages_per_seq]``
+    (any page size from 1 to 256, pages in any order). Any strides with a unit last stride.
+    ``cache_seqlens`` (int32 ``[B]``, or an int for all): tokens already in each sequence's cache.
+
+    ``k``/``v`` (``[B, Sq, Hkv, D]``, packed ``[total_q, Hkv, D]``; the cache's dtype) are first written into
+    the cache at ``cache_seqlens`` (the caches are modified; ``cache_seqlens`` is not), then attended.
+    Sequence ``b`` attends to cache positions ``[cache_leftpad[b], L_b)``, ``L_b`` = ``cache_seqlens[b]`` plus
+    the new tokens. ``causal`` is bottom-right: query ``i`` of ``n_b`` sees positions up to ``L_b - n_b + i``
+    (with appended tokens: up to ``cache_seqlens[b] + i``). A row that sees no key outputs zeros, lse -inf.
+
+    FP8 cache: ``torch.float8_e4m3fn`` K/V with ``k_descale``/``v_descale`` float32 ``[B, Hkv]`` (real value =
+    stored x descale); q float16/bfloat16. ``num_splits``: key ranges per sequence (split-KV); 0 chooses it
+    from public shapes only (never the lengths), so a captured CUDA graph replays correctly for any lengths.
+    Returns out (q's shape and dtype; ``out=`` a caller-owned buffer) or ``(out, lse)``, lse float32
+    ``[B, Hq, Sq]`` (packed: ``[Hq, total_q]``).
+
+    ``secure=True``: ``cache_seqlens`` and ``cache_leftpad`` are secret; the kernel reads every page of the
+    table and masks by select, so time and addresses do not depend on them (docs/security.md). No append
+    (the write position would be an address) and no packed queries.
+
+    ``validate`` (eager only): check lengths, page-table entries and batch indices on the host (a sync).
+    Skipped under CUDA-graph capture and torch.compile, where the kernels clamp every index to the cache
+    (an out-of-range value gives a wrong result, never an out-of-bounds access).
+    """
+    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool) and isinstance(q, Tensor):
+        batch = cu_seqlens_q.shape[0] - 1 if isinstance(cu_seqlens_q, Tensor) else q.shape[0]
+        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
+    opt = dict(k=k, v=v, page_table=page_table, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
+               cu_seqlens_q=cu_seqlens_q, k_descale=k_descale, v_descale=v_descale)
+    return ops.kvcache_call(q, k_cache, v_cache, cache_seqlens, opt, max_seqlen_q=max_seqlen_q, causal=causal,
+                            scale=scale, num_splits=num_splits, return_lse=return_lse, out=out, secure=secure,
+                            backend=backend, validate=validate)

@@ -15,7 +15,8 @@ from . import _checks as C
 from . import reference as _ref
 from .plan.build import Plan, build
 from .plan.cache import PLANS
-from .problem import Problem, dense_key, varlen_key
+from .plan.decode import plan_kvcache
+from .problem import Problem, dense_key, kvcache_key, varlen_key
 
 Tensor = torch.Tensor
 _OP_ROUTE = "op"  # plan-key route of the custom ops (the eager entry points key by their backend)
@@ -166,3 +167,72 @@ def _varlen_reference_backward(ctx, d_out, d_lse):
 
 
 attention_varlen_reference.register_autograd(_varlen_reference_backward, setup_context=_varlen_reference_setup)
+
+
+# --- KV-cache attention -------------------------------------------------------------------------------------
+
+KV_OPTIONAL = ("k", "v", "page_table", "cache_batch_idx", "cache_leftpad", "cu_seqlens_q", "k_descale", "v_descale")
+
+
+def kvcache_call(q, k_cache, v_cache, cache_seqlens, opt: dict, *, max_seqlen_q, causal, scale, num_splits,
+                 return_lse, out, secure, backend, validate):
+    """:func:`flashcore.attention_with_kvcache` after its argument conversion: check, then the reference, the
+    custom op (tracing) or the cached plan."""
+    a = C.check_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, **opt, max_seqlen_q=max_seqlen_q,
+                        causal=causal, scale=scale, num_splits=num_splits, return_lse=return_lse, out=out,
+                        secure=secure, backend=backend)
+    validate = C.check_flag("validate", validate)
+    if validate and not torch.compiler.is_compiling() and not C.capturing(q.device):
+        C.check_kvcache_values(a, cache_seqlens, opt["page_table"], opt["cache_batch_idx"], opt["cache_leftpad"],
+                               opt["cu_seqlens_q"], q.shape[0], k_cache.shape[0], k_cache.shape[0])
+    if not a.kernel:
+        res, lse = _ref.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, **opt,
+                                               max_seqlen_q=max_seqlen_q, causal=a.causal, scale=a.scale,
+                                               return_lse=True)
+        res = res.to(q.dtype)
+        res = out.copy_(res) if out is not None else res
+        return (res, lse.float()) if a.return_lse else res
+    if torch.compiler.is_compiling():
+        res, lse = torch.ops.flashcore.attention_with_kvcache(
+            q, k_cache, v_cache, cache_seqlens, *(opt[n] for n in KV_OPTIONAL[:6]), a.seqlen_q, a.causal, a.scale,
+            a.num_splits, opt["k_descale"], opt["v_descale"], a.return_lse, a.secure)
+        res = out.copy_(res) if out is not None else res
+        return (res, lse) if a.return_lse else res
+    key = kvcache_key(backend, q, k_cache, v_cache, tuple(opt[n] for n in KV_OPTIONAL) + (cache_seqlens,), out,
+                      flags=(a.seqlen_q, a.causal, a.scale, a.num_splits, a.return_lse, a.secure))
+    res, lse = _kvcache_run(a, q, k_cache, v_cache, cache_seqlens, opt, out, key)
+    return (res, lse) if a.return_lse else res
+
+
+def _kvcache_run(a, q, k_cache, v_cache, cache_seqlens, opt: dict, out, key):
+    def make():
+        return plan_kvcache(a, q, k_cache, v_cache, opt["k"], opt["v"], opt["page_table"], opt["cache_batch_idx"],
+                            opt["cache_leftpad"], out)
+
+    plan = PLANS.get_or_build(key, make) if key is not None else make()
+    return plan(q, k_cache, v_cache, dict(opt, cache_seqlens=cache_seqlens), out)
+
+
+@torch.library.custom_op("flashcore::attention_with_kvcache", mutates_args=("k_cache", "v_cache"))
+def _kvcache_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, k: Optional[Tensor],
+                v: Optional[Tensor], page_table: Optional[Tensor], cache_batch_idx: Optional[Tensor],
+                cache_leftpad: Optional[Tensor], cu_seqlens_q: Optional[Tensor], max_seqlen_q: int, causal: bool,
+                scale: float, num_splits: int, k_descale: Optional[Tensor], v_descale: Optional[Tensor],
+                return_lse: bool, secure: bool) -> tuple[Tensor, Tensor]:
+    opt = dict(k=k, v=v, page_table=page_table, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
+               cu_seqlens_q=cu_seqlens_q, k_descale=k_descale, v_descale=v_descale)
+    out, lse = kvcache_call(q, k_cache, v_cache, cache_seqlens, opt,
+                            max_seqlen_q=max_seqlen_q if cu_seqlens_q is not None else None, causal=causal,
+                            scale=scale, num_splits=num_splits, return_lse=True, out=None, secure=secure,
+                            backend="auto", validate=False)
+    return out, (lse if return_lse else q.new_empty((0,), dtype=torch.float32))
+
+
+@_kvcache_op.register_fake
+def _(q, k_cache, v_cache, cache_seqlens, k, v, page_table, cache_batch_idx, cache_leftpad, cu_seqlens_q,
+      max_seqlen_q, causal, scale, num_splits, k_descale, v_descale, return_lse, secure):
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if not return_lse:
+        return out, q.new_empty((0,), dtype=torch.float32)
+    shape = (q.shape[1], q.shape[0]) if cu_seqlens_q is not None else (q.shape[0], q.shape[2], q.shape[1])
+    return out, q.new_empty(shape, dtype=torch.float32)

@@ -140,3 +140,8 @@ class Problem:
                    layout="thd", secure=False, self_attention=False, return_lse=bool(return_lse),
                    q_strides=strides(q), k_strides=strides(k), v_strides=strides(v), o_strides=strides(o),
                    tma_addressable=False)
+
+
+def kvcache_key(route: str, q, k_cache, v_cache, tensors: tuple, out, *, flags: tuple):
+    """The plan key of a KV-cache call: q, the caches, each optional tensor (or None), out, and the flags."""
+    return _key("kvcache", (q, k_cache, v_cache, *tensors, out), (route, *flags))

@@ -112,3 +112,78 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         out[q0:q1] = o[0].transpose(0, 1)
         lse[:, q0:q1] = l[0]
     return (out, lse) if return_lse else out
+
+
+def _cache_slots(b: int, positions: Tensor, page_table, cache_batch_idx, page_size: int):
+    """(row, token) indices into a [rows, tokens, Hkv, D] cache of sequence ``b``'s logical positions."""
+    if page_table is not None:
+        pages = page_table[b].to(torch.int64)[positions // page_size]
+        return pages, positions % page_size
+    row = int(cache_batch_idx[b]) if cache_batch_idx is not None else b
+    return torch.full_like(positions, row), positions
+
+
+def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, k=None, v=None, page_table=None,
+                           cache_batch_idx=None, cache_leftpad=None, cu_seqlens_q=None, max_seqlen_q=None,
+                           causal: bool = True, scale: Optional[float] = None, num_splits: int = 0, k_descale=None,
+                           v_descale=None, return_lse: bool = False, out=None, secure: bool = False,
+                           backend: str = "reference"):
+    """Float64 reference with :func:`flashcore.attention_with_kvcache`'s signature (``num_splits``, ``out``,
+    ``secure`` and ``backend`` are accepted and ignored). Like the real call it first writes ``k``/``v`` into
+    the caches at ``cache_seqlens`` (the caches are modified). Returns float64 out (q's shape) and lse
+    (``[B, Hq, Sq]``, packed: ``[Hq, total_q]``).
+
+    Sequence ``b`` attends to cache positions ``[cache_leftpad[b], L_b)``, ``L_b = cache_seqlens[b]`` plus its
+    new tokens; causal is bottom-right: query ``i`` of ``n_b`` sees positions ``<= L_b - n_b + i``. An FP8
+    cache is read as ``stored * descale`` per (sequence, K/V head)."""
+    packed = cu_seqlens_q is not None
+    B = cu_seqlens_q.shape[0] - 1 if packed else q.shape[0]
+    paged = page_table is not None
+    page_size = k_cache.shape[1]
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    lens = cache_seqlens.tolist()
+    starts = cu_seqlens_q.tolist() if packed else None
+    out64 = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
+    Hq = q.shape[-2]
+    lse_shape = (Hq, q.shape[0]) if packed else (B, Hq, q.shape[1])
+    lse = torch.full(lse_shape, float("-inf"), dtype=torch.float64, device=q.device)
+    for b in range(B):
+        if packed:
+            q0, q1 = starts[b], starts[b + 1]
+            qs = q[q0:q1]
+        else:
+            qs = q[b]
+        n = qs.shape[0]
+        end = lens[b]
+        if k is not None:
+            kn = k[q0:q1] if packed else k[b]
+            vn = v[q0:q1] if packed else v[b]
+            pos = torch.arange(end, end + n, device=q.device)
+            rows, toks = _cache_slots(b, pos, page_table if paged else None, cache_batch_idx, page_size)
+            k_cache[rows, toks] = kn
+            v_cache[rows, toks] = vn
+            end += n
+        start = int(cache_leftpad[b]) if cache_leftpad is not None else 0
+        if n == 0:
+            continue
+        pos = torch.arange(start, end, device=q.device)
+        rows, toks = _cache_slots(b, pos, page_table if paged else None, cache_batch_idx, page_size)
+        ks = k_cache[rows, toks].to(torch.float64)  # [len, Hkv, D]
+        vs = v_cache[rows, toks].to(torch.float64)
+        if k_descale is not None:
+            ks = ks * k_descale[b].to(torch.float64).view(1, -1, 1)
+            vs = vs * v_descale[b].to(torch.float64).view(1, -1, 1)
+        i = torch.arange(n, device=q.device).view(-1, 1)
+        vis = torch.ones(n, pos.numel(), dtype=torch.bool, device=q.device)
+        if causal:
+            vis = pos.view(1, -1) <= end - n + i
+        o, l = _core(qs.transpose(0, 1).unsqueeze(0), ks.transpose(0, 1).unsqueeze(0),
+                     vs.transpose(0, 1).unsqueeze(0), vis, float(scale))
+        if packed:
+            out64[q0:q1] = o[0].transpose(0, 1)
+            lse[:, q0:q1] = l[0]
+        else:
+            out64[b] = o[0].transpose(0, 1)
+            lse[b] = l[0]
+    return (out64, lse) if return_lse else out64

@@ -3,7 +3,9 @@ parameters beside its signature (``CAPABILITIES``, a :class:`~.capabilities.Capa
 
 * ``triton/fwd.py``: the portable forward kernel (every CUDA GPU, the CPU interpreter, secure mode);
 * ``sm90/fwd.py``: the Hopper warp-specialised Gluon forward kernel, with its device parts beside it;
-* ``secure/prepass.py``: the secure mode's pre-passes.
+* ``secure/prepass.py``: the secure mode's pre-passes;
+* ``triton/decode.py``, ``triton/combine.py``, ``triton/kv_append.py``: KV-cache attention (split-KV decode,
+  its combine step, the cache append).
 
 Their host side (grids, arguments, constexprs) is in ``flashcore.launch``; which one runs is decided in
 ``flashcore.plan.select``. The validation layer and the docs read :data:`KERNELS`."""
@@ -12,13 +14,20 @@ from __future__ import annotations
 from .capabilities import Capabilities, head_dim_text
 from .secure import prepass as _secure_prepass
 from .sm90 import fwd as _sm90_fwd
+from .triton import combine as _triton_combine
+from .triton import decode as _triton_decode
 from .triton import fwd as _triton_fwd
+from .triton import kv_append as _triton_kv_append
 
 TRITON_FWD: Capabilities = _triton_fwd.CAPABILITIES
 SM90_FWD: Capabilities = _sm90_fwd.CAPABILITIES
 SECURE_PREPASS_V: Capabilities = _secure_prepass.V_CAPABILITIES
 SECURE_PREPASS_KV: Capabilities = _secure_prepass.KV_CAPABILITIES
-KERNELS: dict[str, Capabilities] = {c.name: c for c in (TRITON_FWD, SM90_FWD, SECURE_PREPASS_V, SECURE_PREPASS_KV)}
+TRITON_DECODE: Capabilities = _triton_decode.CAPABILITIES
+TRITON_DECODE_COMBINE: Capabilities = _triton_combine.CAPABILITIES
+TRITON_KV_APPEND: Capabilities = _triton_kv_append.CAPABILITIES
+KERNELS: dict[str, Capabilities] = {c.name: c for c in (TRITON_FWD, SM90_FWD, SECURE_PREPASS_V, SECURE_PREPASS_KV,
+                                                        TRITON_DECODE, TRITON_DECODE_COMBINE, TRITON_KV_APPEND)}
 # The forward kernels of the public entry points: a call is valid if one of them runs it (the portable one
 # runs everything the others do, so its declaration is the public contract)
 FORWARD = (TRITON_FWD, SM90_FWD)

@@ -15,7 +15,7 @@ from ..kernels.triton.fwd import LOG2E
 from ..plan.knobs import GluonSwitches, gluon_switches
 from .secure_prepass import key_weights_shape
 from ..plan.tables import gluon_config_error, v_stages
-from ..runtime import KernelStep, cdiv, current_stream, launch_hooks_active
+from ..runtime import KernelStep, cdiv, current_stream, launch_hooks_active, sm_count
 from ..runtime.tma import EncodedDescriptors, encode, make_descriptors, unwrap_tensordesc_launcher
 
 # Register budgets per partition (setmaxnreg): the loader needs almost nothing, the consumers get
@@ -36,12 +36,6 @@ PROGRAMS_PER_SM = {1: 2, 2: 1, 3: 1}
 DESC_ARGS = 5  # the kernel's descriptor arguments: q, k, v, o and the key weights (None where unused)
 ENCODED_SETS = 16  # encoded descriptor sets kept per plan
 
-
-def sm_count(device) -> int:
-    """SMs of the device (an H100 SXM's 132 for CPU tensors: the audit compiles without a GPU)."""
-    if device.type != "cuda":
-        return 132
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 class GluonLaunch:

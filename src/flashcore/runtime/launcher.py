@@ -24,6 +24,13 @@ def device_arch(device: torch.device):
     return torch.cuda.get_device_capability(device)
 
 
+def sm_count(device: torch.device) -> int:
+    """SMs of the device (an H100 SXM's 132 for CPU tensors: the audit compiles without a GPU)."""
+    if device.type != "cuda":
+        return 132
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b
 

@@ -1,0 +1,198 @@
+"""KV-cache attention (decode, speculative tokens, chunked prefill): the split-KV kernel, in Triton.
+
+One program serves one (sequence, K/V head, query tile, split): the query tile packs every query head of
+the K/V head (GQA packing: row ``r`` is token ``r // GROUP`` of head ``hkv * GROUP + r % GROUP``), so each
+K/V tile is read once for the whole group. The keys of a sequence are cut into ``num_splits`` ranges
+(flash-decoding); with one split the program writes the output, otherwise it writes a normalised partial
+output and its logsumexp to the workspace and ``combine.py`` merges them.
+
+The cache is addressed through a page table (``PAGED``: ``[num_pages, PAGE_SIZE, Hkv, D]``, any page size;
+a page per tile when ``PAGE_SIZE >= BLOCK_N``, a page index per key otherwise) or by row
+(``[rows, S_cache, Hkv, D]``, row ``BATCH_IDX[b]`` or ``b``). An FP8 (e4m3) cache is widened to q's dtype
+tile by tile; its per-(sequence, K/V head) descales fold into the score scale and the output.
+
+Key ``j`` of sequence ``b`` is visible to query token ``i`` (of ``n_b``) when ``LEFTPAD[b] <= j < L_b`` and,
+causal, ``j <= L_b - n_b + i`` (bottom-right), with ``L_b = CACHE_SEQLENS[b]`` (+ ``n_b`` when the new tokens
+were appended).
+
+* fast path: each split covers its share of the *true* range, and loops over it only.
+* ``SECURE``: the lengths are secret. Each split covers a fixed share of the public capacity (the page
+  table's width times the page size) and loops over all of it; visibility enters only selects, page
+  indices are clamped to real pages by arithmetic, and V is zeroed by a select where a key is not visible
+  (so stale cache contents, NaN included, never reach the output).
+
+Scores are kept in base 2 (``qk_scale = scale * log2(e)``).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..capabilities import Capabilities
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@triton.jit
+def _key_pointers(C, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_p,
+                  stride_t, stride_h, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr,
+                  HAS_BATCH_IDX: tl.constexpr, SECURE: tl.constexpr):
+    """Pointers of the [BLOCK_N, BLOCK_D] tile of cache ``C`` at logical positions ``offs_n`` of sequence ``b``."""
+    if PAGED:
+        if PAGE_SIZE % BLOCK_N == 0:  # the whole tile lies in one page (tiles start at multiples of BLOCK_N)
+            page = tl.load(PAGE_TABLE + b * stride_pt + n0 // PAGE_SIZE).to(tl.int64)
+            page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
+            row = page * stride_p + (offs_n % PAGE_SIZE).to(tl.int64) * stride_t
+        else:
+            col = offs_n // PAGE_SIZE
+            page = tl.load(PAGE_TABLE + b * stride_pt + col, mask=offs_n < capacity, other=0).to(tl.int64)
+            page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
+            row = page * stride_p + (offs_n % PAGE_SIZE).to(tl.int64) * stride_t
+    else:
+        if HAS_BATCH_IDX:
+            r = tl.minimum(tl.maximum(tl.load(BATCH_IDX + b), 0), num_pages - 1).to(tl.int64)
+        else:
+            r = b.to(tl.int64)
+        row = r * stride_p + offs_n.to(tl.int64) * stride_t
+    return C + row[:, None] + hkv * stride_h + offs_d[None, :]
+
+
+@triton.jit
+def decode_split_kernel(
+    Q, KC, VC, O, LSE, PART_O, PART_LSE,
+    CACHE_SEQLENS, PAGE_TABLE, BATCH_IDX, LEFTPAD, CU_Q, K_DESCALE, V_DESCALE,
+    qk_scale,
+    stride_qb, stride_qs, stride_qh,
+    stride_kp, stride_kt, stride_kh,
+    stride_vp, stride_vt, stride_vh,
+    stride_ob, stride_os, stride_oh,
+    stride_lb, stride_lh, stride_ls,
+    stride_pt,
+    seqlen_q, capacity, num_pages, num_heads_kv, num_splits, part_rows,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, PACKED: tl.constexpr,
+    APPENDED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr, CAUSAL: tl.constexpr,
+    SECURE: tl.constexpr, FP8: tl.constexpr, SPLIT: tl.constexpr, RETURN_LSE: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    pid_s = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    split = pid_s % num_splits
+    m_tile = pid_s // num_splits
+    b = pid_bh // num_heads_kv
+    hkv = pid_bh % num_heads_kv
+
+    # query rows: token r // GROUP of head hkv * GROUP + r % GROUP
+    offs_r = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    tok = offs_r // GROUP
+    head = hkv * GROUP + offs_r % GROUP
+    offs_d = tl.arange(0, BLOCK_D)
+    if PACKED:
+        q0 = tl.load(CU_Q + b)
+        n_q = tl.load(CU_Q + b + 1) - q0
+        tok_abs = (q0 + tok).to(tl.int64)
+        q_base = Q + tok_abs[:, None] * stride_qs
+    else:
+        n_q = seqlen_q
+        tok_abs = tok.to(tl.int64)
+        q_base = Q + b.to(tl.int64) * stride_qb + tok_abs[:, None] * stride_qs
+    row_ok = tok < n_q
+    q = tl.load(q_base + head[:, None] * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+
+    # clamped to the capacity, so unchecked lengths (CUDA-graph replays) never address past the cache
+    L = tl.load(CACHE_SEQLENS + b)
+    if APPENDED:
+        L = L + n_q
+    L = tl.minimum(tl.maximum(L, 0), capacity)
+    if HAS_LEFTPAD:
+        start = tl.minimum(tl.maximum(tl.load(LEFTPAD + b), 0), L)
+    else:
+        start = 0
+    scale2 = qk_scale
+    if FP8:
+        scale2 = scale2 * tl.load(K_DESCALE + b * num_heads_kv + hkv)
+    # the last key any row of this tile may see (causal: the tile's last real token)
+    last_tok = tl.minimum((m_tile + 1) * BLOCK_M // GROUP, n_q) - 1
+    if CAUSAL:
+        hi = tl.minimum(L, L - n_q + last_tok + 1)
+    else:
+        hi = L
+    if SECURE:
+        # public: every split covers a fixed share of the capacity
+        chunk = tl.cdiv(tl.cdiv(capacity, BLOCK_N), num_splits) * BLOCK_N
+        lo_s = split * chunk
+        hi_s = tl.minimum(lo_s + chunk, capacity)
+    else:
+        lo = (start // BLOCK_N) * BLOCK_N  # tiles start at multiples of BLOCK_N (one page per tile)
+        chunk = tl.cdiv(tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N), num_splits) * BLOCK_N
+        lo_s = lo + split * chunk
+        hi_s = tl.minimum(lo_s + chunk, hi)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    see_to = L - n_q + tok  # causal: the last key each row sees
+    for n0 in range(lo_s, hi_s, BLOCK_N):
+        offs_n = n0 + offs_n0
+        key_ok = (offs_n >= start) & (offs_n < L)
+        if SECURE:
+            load_ok = offs_n < capacity  # public bound; visibility is a select below
+        else:
+            load_ok = key_ok
+        kp = _key_pointers(KC, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
+                           stride_kp, stride_kt, stride_kh, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX, SECURE)
+        kt = tl.load(kp, mask=load_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        if FP8:
+            kt = kt.to(Q.dtype.element_ty)
+        s = tl.dot(q, tl.trans(kt), input_precision=PRECISION) * scale2
+        vis = key_ok[None, :] & row_ok[:, None]
+        if CAUSAL:
+            vis = vis & (offs_n[None, :] <= see_to[:, None])
+        s = tl.where(vis, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        vp = _key_pointers(VC, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
+                           stride_vp, stride_vt, stride_vh, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX, SECURE)
+        vt = tl.load(vp, mask=load_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        if SECURE:
+            vt = tl.where(key_ok[:, None], vt, 0.0)
+        if FP8:
+            vt = vt.to(Q.dtype.element_ty)
+        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PRECISION)
+        m_i = m_new
+
+    if FP8:
+        acc = acc * tl.load(V_DESCALE + b * num_heads_kv + hkv)
+    seen = l_i > 0.0
+    l_safe = tl.where(seen, l_i, 1.0)
+    o = acc / l_safe[:, None]
+    o = tl.where(seen[:, None], o, 0.0)
+    lse = tl.where(seen, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
+    if SPLIT:
+        # workspace [num_splits, B * Hkv, part_rows, BLOCK_D] (part_rows: the query tiles' rows)
+        rows = (split * tl.num_programs(1) + pid_bh).to(tl.int64) * part_rows + offs_r
+        tl.store(PART_O + rows[:, None] * BLOCK_D + offs_d[None, :], o)
+        tl.store(PART_LSE + rows, lse)
+    else:
+        if PACKED:
+            o_base = O + tok_abs[:, None] * stride_os
+        else:
+            o_base = O + b.to(tl.int64) * stride_ob + tok_abs[:, None] * stride_os
+        tl.store(o_base + head[:, None] * stride_oh + offs_d[None, :], o.to(O.dtype.element_ty),
+                 mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+        if RETURN_LSE:
+            tl.store(LSE + b.to(tl.int64) * stride_lb + head * stride_lh + tok_abs * stride_ls, lse, mask=row_ok)
+
+
+CAPABILITIES = Capabilities(
+    name="triton_decode", module=__name__,
+    role="KV-cache attention, split-KV: every CUDA GPU and the CPU interpreter",
+    dtypes=("fp16", "bf16", "fp32"), head_dims=tuple(range(8, 257, 8)), archs=None,
+    features=("causal", "gqa", "paged", "fp8_cache", "secure", "lse", "split_kv", "any_strides"),
+    secret=("Q", "KC", "VC"), secret_secure=("CACHE_SEQLENS", "LEFTPAD"))

@@ -1,0 +1,138 @@
+"""Launch builders of the KV-cache kernels (``kernels/triton/{decode,combine,kv_append}.py``).
+
+Each builder returns everything one launch needs (grid, positional arguments, constexprs, warps, stages),
+from public shapes only; the planner (``plan/decode.py``) and the audit's specs both use them, so the audit
+compiles exactly what runs. Pointer arguments come first, in the order of the ``*_POINTERS`` tuples."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..kernels.triton.combine import decode_combine_kernel
+from ..kernels.triton.decode import LOG2E, decode_split_kernel
+from ..kernels.triton.kv_append import kv_append_kernel
+from ..plan.tables import block_d
+from ..runtime import cdiv
+
+SPLIT_POINTERS = ("q", "k_cache", "v_cache", "out", "lse", "part_o", "part_lse", "cache_seqlens", "page_table",
+                  "cache_batch_idx", "cache_leftpad", "cu_seqlens_q", "k_descale", "v_descale")
+COMBINE_POINTERS = ("part_o", "part_lse", "out", "lse", "cu_seqlens_q")
+APPEND_POINTERS = ("k", "v", "k_cache", "v_cache", "cache_seqlens", "page_table", "cache_batch_idx", "cu_seqlens_q")
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """The split kernel's tile and schedule: ``block_m`` packed query rows (tokens x group heads) per
+    program, ``block_n`` keys per step, ``num_splits`` key ranges per (sequence, K/V head)."""
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    num_splits: int
+
+
+@dataclass(frozen=True)
+class DecodeShape:
+    """The public facts of a KV-cache call the launches are built from."""
+    batch: int
+    seqlen_q: int  # queries per sequence (packed: max_seqlen_q)
+    num_heads_q: int
+    num_heads_kv: int
+    head_dim: int
+    page_size: int  # paged: tokens per page; contiguous: S_cache
+    capacity: int
+    num_pages: int  # paged: pages in the cache; contiguous: cache rows
+    paged: bool
+    packed: bool
+    appended: bool
+    has_batch_idx: bool
+    has_leftpad: bool
+    causal: bool
+    secure: bool
+    fp8: bool
+    return_lse: bool
+    fp32: bool
+    scale: float
+
+    @property
+    def group(self) -> int:
+        return self.num_heads_q // self.num_heads_kv
+
+    @property
+    def rows(self) -> int:
+        """Packed query rows per (sequence, K/V head): every query token of every head of the group."""
+        return self.seqlen_q * self.group
+
+
+def query_tiles(shape: DecodeShape, cfg: DecodeConfig) -> int:
+    return cdiv(shape.rows, cfg.block_m)
+
+
+def workspace_shapes(shape: DecodeShape, cfg: DecodeConfig) -> tuple:
+    """(name, shape) of the split step's float32 workspace; none with one split."""
+    if cfg.num_splits == 1:
+        return ()
+    part_rows = query_tiles(shape, cfg) * cfg.block_m
+    bh = shape.batch * shape.num_heads_kv
+    return (("part_o", (cfg.num_splits, bh, part_rows, block_d(shape.head_dim))),
+            ("part_lse", (cfg.num_splits, bh, part_rows)))
+
+
+def _bsh(t: torch.Tensor, packed: bool) -> tuple:
+    """(batch, token, head) element strides of q/out/k/v in [B, S, H, D] (packed [T, H, D]: batch stride 0)."""
+    if packed:
+        return 0, t.stride(0), t.stride(1)
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def lse_strides(shape: DecodeShape, total_q: int) -> tuple:
+    """(batch, head, token) strides of lse: ``[B, Hq, Sq]``, packed ``[Hq, total_q]``."""
+    if shape.packed:
+        return 0, total_q, 1
+    return shape.num_heads_q * shape.seqlen_q, shape.seqlen_q, 1
+
+
+def build_split(shape: DecodeShape, cfg: DecodeConfig, q, k_cache, v_cache, out, page_table_stride: int):
+    """(grid, scalar args, constexprs) of the split kernel (pointers are passed per call)."""
+    total_q = q.shape[0] if shape.packed else shape.batch * shape.seqlen_q
+    part_rows = query_tiles(shape, cfg) * cfg.block_m
+    args = (shape.scale * LOG2E, *_bsh(q, shape.packed),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            *_bsh(out, shape.packed), *lse_strides(shape, total_q), page_table_stride,
+            shape.seqlen_q, shape.capacity, shape.num_pages, shape.num_heads_kv, cfg.num_splits, part_rows)
+    constexprs = dict(
+        GROUP=shape.group, HEAD_DIM=shape.head_dim, BLOCK_D=block_d(shape.head_dim), BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, PAGE_SIZE=shape.page_size if shape.paged else 1, PAGED=shape.paged,
+        PACKED=shape.packed, APPENDED=shape.appended, HAS_BATCH_IDX=shape.has_batch_idx,
+        HAS_LEFTPAD=shape.has_leftpad, CAUSAL=shape.causal, SECURE=shape.secure, FP8=shape.fp8,
+        SPLIT=cfg.num_splits > 1, RETURN_LSE=shape.return_lse, PRECISION="ieee" if shape.fp32 else "tf32")
+    grid = (cfg.num_splits * query_tiles(shape, cfg), shape.batch * shape.num_heads_kv)
+    return decode_split_kernel, grid, args, constexprs
+
+
+COMBINE_ROWS = 16  # rows per combine program
+
+
+def build_combine(shape: DecodeShape, cfg: DecodeConfig, q, out):
+    total_q = q.shape[0] if shape.packed else shape.batch * shape.seqlen_q
+    part_rows = query_tiles(shape, cfg) * cfg.block_m
+    args = (*_bsh(out, shape.packed), *lse_strides(shape, total_q), shape.seqlen_q, shape.num_heads_kv,
+            cfg.num_splits, part_rows)
+    constexprs = dict(GROUP=shape.group, HEAD_DIM=shape.head_dim, BLOCK_D=block_d(shape.head_dim),
+                      BLOCK_R=COMBINE_ROWS, PACKED=shape.packed, RETURN_LSE=shape.return_lse)
+    grid = (cdiv(part_rows, COMBINE_ROWS), shape.batch * shape.num_heads_kv)
+    return decode_combine_kernel, grid, args, constexprs
+
+
+def build_append(shape: DecodeShape, k, v, k_cache, v_cache, page_table_stride: int):
+    args = (*_bsh(k, shape.packed), *_bsh(v, shape.packed),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            page_table_stride, shape.seqlen_q, shape.num_heads_kv, shape.capacity, shape.num_pages)
+    constexprs = dict(HEAD_DIM=shape.head_dim, BLOCK_H=max(1, 1 << (shape.num_heads_kv - 1).bit_length()),
+                      BLOCK_D=block_d(shape.head_dim), PAGE_SIZE=shape.page_size if shape.paged else 1,
+                      PAGED=shape.paged, PACKED=shape.packed, HAS_BATCH_IDX=shape.has_batch_idx)
+    grid = (shape.seqlen_q, shape.batch)
+    return kv_append_kernel, grid, args, constexprs

@@ -1,0 +1,112 @@
+"""Plans of KV-cache calls: the configuration (tile, split count) chosen from public shapes only, and the
+ordered steps (append, split, combine) replayed on every call with the same key.
+
+The split count depends on the batch, the K/V heads, the query tiles, the cache's capacity (the page
+table's width times the page size) and the SM count, never on ``cache_seqlens``: a CUDA graph captured once
+stays valid for any lengths, and in secure mode the schedule reveals nothing."""
+from __future__ import annotations
+
+import torch
+
+from ..launch.triton_decode import (DecodeConfig, DecodeShape, build_append, build_combine, build_split,
+                                    query_tiles, workspace_shapes)
+from ..runtime import KernelStep, cdiv, sm_count
+
+MIN_TILES_PER_SPLIT = 4  # fewer key tiles per split and the combine's reads stop being negligible
+
+
+def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> DecodeConfig:
+    """The split kernel's configuration. ``num_splits`` 0 chooses the split count (public facts only)."""
+    d = shape.head_dim
+    block_m = 16 if shape.rows <= 16 else (32 if shape.rows <= 32 else 64)
+    if shape.fp32:
+        block_n = 32
+    else:
+        block_n = 64 if d <= 128 else 32
+    if shape.paged and shape.page_size < block_n and shape.page_size % 16 == 0:
+        block_n = shape.page_size  # one page per tile: a scalar page lookup per tile instead of one per key
+    num_warps = 4 if block_m <= 32 else 8
+    num_stages = 3 if d <= 128 else 2
+    if num_splits == 0:
+        programs = shape.batch * shape.num_heads_kv * cdiv(shape.rows, block_m)
+        tiles = cdiv(shape.capacity, block_n)
+        target = 2 * sm_count(device)  # enough programs for every SM to keep loads in flight
+        num_splits = 1 if programs >= target else min(cdiv(target, programs), max(1, tiles // MIN_TILES_PER_SPLIT),
+                                                     128)
+    return DecodeConfig(block_m, block_n, num_warps, num_stages, num_splits)
+
+
+class DecodePlan:
+    """Replayable KV-cache call: ``plan(q, k_cache, v_cache, tensors, out)`` runs append (when new tokens are
+    given), the split step and (with several splits) the combine step, and returns ``(out, lse or None)``.
+    ``tensors``: a dict of the optional tensor arguments by name (``launch.triton_decode.*_POINTERS``)."""
+    __slots__ = ("shape", "config", "append", "split", "combine", "out_shape", "lse_shape", "workspace",
+                 "page_table_stride")
+
+    def __init__(self, shape: DecodeShape, config: DecodeConfig, q, k_cache, v_cache, k, v, out, page_table):
+        self.shape, self.config = shape, config
+        pts = page_table.stride(0) if page_table is not None else 0
+        self.page_table_stride = pts
+        fn, grid, args, cx = build_split(shape, config, q, k_cache, v_cache, out, pts)
+        self.split = KernelStep(fn, grid, (None,) * 14 + tuple(args), 14, cx, config.num_warps, config.num_stages)
+        self.combine = None
+        if config.num_splits > 1:
+            fn, grid, args, cx = build_combine(shape, config, q, out)
+            self.combine = KernelStep(fn, grid, (None,) * 5 + tuple(args), 5, cx, 4, 1)
+        self.append = None
+        if shape.appended:
+            fn, grid, args, cx = build_append(shape, k, v, k_cache, v_cache, pts)
+            self.append = KernelStep(fn, grid, (None,) * 8 + tuple(args), 8, cx, 4, 1)
+        self.out_shape = tuple(q.shape)
+        total_q = q.shape[0] if shape.packed else shape.batch * shape.seqlen_q
+        self.lse_shape = None
+        if shape.return_lse:
+            self.lse_shape = (shape.num_heads_q, total_q) if shape.packed else (
+                shape.batch, shape.num_heads_q, shape.seqlen_q)
+        self.workspace = workspace_shapes(shape, config)
+
+    @property
+    def steps(self) -> tuple:
+        return tuple(s for s in (self.append, self.split, self.combine) if s is not None)
+
+    def __call__(self, q, k_cache, v_cache, tensors: dict, out=None):
+        device = q.device
+        if device.type == "cuda" and device.index != torch.cuda.current_device():
+            with torch.cuda.device(device):
+                return self._run(q, k_cache, v_cache, tensors, out)
+        return self._run(q, k_cache, v_cache, tensors, out)
+
+    def _run(self, q, k_cache, v_cache, t: dict, out):
+        device = q.device
+        if out is None:
+            out = torch.empty(self.out_shape, dtype=q.dtype, device=device)
+        lse = None if self.lse_shape is None else torch.empty(self.lse_shape, dtype=torch.float32, device=device)
+        ws = {name: torch.empty(s, dtype=torch.float32, device=device) for name, s in self.workspace}
+        dummy = t["cache_seqlens"]
+        get = lambda n: t.get(n) if t.get(n) is not None else dummy  # noqa: E731  (an unused pointer)
+        if self.append is not None:
+            self.append.run((t["k"], t["v"], k_cache, v_cache, dummy, get("page_table"), get("cache_batch_idx"),
+                             get("cu_seqlens_q")), device)
+        part_o, part_lse = ws.get("part_o", dummy), ws.get("part_lse", dummy)
+        self.split.run((q, k_cache, v_cache, out, lse if lse is not None else dummy, part_o, part_lse, dummy,
+                        get("page_table"), get("cache_batch_idx"), get("cache_leftpad"), get("cu_seqlens_q"),
+                        get("k_descale"), get("v_descale")), device)
+        if self.combine is not None:
+            self.combine.run((part_o, part_lse, out, lse if lse is not None else dummy, get("cu_seqlens_q")), device)
+        return out, lse
+
+
+def plan_kvcache(a, q, k_cache, v_cache, k, v, page_table, cache_batch_idx, cache_leftpad, out) -> DecodePlan:
+    """The plan of a validated call (``a``: ``_checks.KvcacheArgs``)."""
+    shape = DecodeShape(
+        batch=a.batch, seqlen_q=a.seqlen_q, num_heads_q=a.num_heads_q, num_heads_kv=a.num_heads_kv,
+        head_dim=a.head_dim, page_size=a.page_size, capacity=a.capacity, num_pages=k_cache.shape[0],
+        paged=a.paged, packed=a.packed, appended=a.append, has_batch_idx=cache_batch_idx is not None,
+        has_leftpad=cache_leftpad is not None, causal=a.causal, secure=a.secure, fp8=a.fp8,
+        return_lse=a.return_lse, fp32=q.dtype == torch.float32, scale=a.scale)
+    cfg = choose_config(shape, a.num_splits, q.device)
+    o = out if out is not None else torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    return DecodePlan(shape, cfg, q, k_cache, v_cache, k, v, o, page_table)
+
+
+__all__ = ["DecodePlan", "choose_config", "plan_kvcache", "query_tiles"]
