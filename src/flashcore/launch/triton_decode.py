@@ -15,7 +15,7 @@ from ..kernels.triton.kv_append import kv_append_kernel
 from ..plan.tables import block_d
 from ..runtime import cdiv
 
-SPLIT_POINTERS = ("q", "k_cache", "v_cache", "out", "lse", "part_o", "part_lse", "counters", "cache_seqlens", "page_table",
+SPLIT_POINTERS = ("q", "k_cache", "v_cache", "out", "lse", "part_o", "part_lse", "cache_seqlens", "page_table",
                   "cache_batch_idx", "cache_leftpad", "cu_seqlens_q", "k_descale", "v_descale")
 COMBINE_POINTERS = ("part_o", "part_lse", "out", "lse", "cu_seqlens_q")
 APPEND_POINTERS = ("k", "v", "k_cache", "v_cache", "cache_seqlens", "page_table", "cache_batch_idx", "cu_seqlens_q")
@@ -30,7 +30,6 @@ class DecodeConfig:
     num_warps: int
     num_stages: int
     num_splits: int
-    fused_combine: bool = False  # the last split merges (no combine launch; a per-stream counter buffer)
 
 
 @dataclass(frozen=True)
@@ -64,13 +63,6 @@ class DecodeShape:
     def rows(self) -> int:
         """Packed query rows per (sequence, K/V head): every query token of every head of the group."""
         return self.seqlen_q * self.group
-
-
-def counter_shape(shape: DecodeShape, cfg: DecodeConfig) -> tuple | None:
-    """The int32 counters of the fused combine (zero between calls), or None."""
-    if cfg.num_splits == 1 or not cfg.fused_combine:
-        return None
-    return (shape.batch * shape.num_heads_kv * query_tiles(shape, cfg),)
 
 
 def query_tiles(shape: DecodeShape, cfg: DecodeConfig) -> int:
@@ -115,7 +107,7 @@ def build_split(shape: DecodeShape, cfg: DecodeConfig, q, k_cache, v_cache, out,
         BLOCK_N=cfg.block_n, PAGE_SIZE=shape.page_size if shape.paged else 1, PAGED=shape.paged,
         PACKED=shape.packed, APPENDED=shape.appended, HAS_BATCH_IDX=shape.has_batch_idx,
         HAS_LEFTPAD=shape.has_leftpad, CAUSAL=shape.causal, SECURE=shape.secure, FP8=shape.fp8,
-        SPLIT=cfg.num_splits > 1, FUSED_COMBINE=cfg.num_splits > 1 and cfg.fused_combine, RETURN_LSE=shape.return_lse, PRECISION="ieee" if shape.fp32 else "tf32")
+        SPLIT=cfg.num_splits > 1, RETURN_LSE=shape.return_lse, PRECISION="ieee" if shape.fp32 else "tf32")
     grid = (cfg.num_splits * query_tiles(shape, cfg), shape.batch * shape.num_heads_kv)
     return decode_split_kernel, grid, args, constexprs
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 import torch
 
 from ..launch.triton_decode import (DecodeConfig, DecodeShape, build_append, build_combine, build_split,
-                                    counter_shape, query_tiles, workspace_shapes)
+                                    query_tiles, workspace_shapes)
 from ..runtime import KernelStep, cdiv, sm_count
-from ..runtime.launcher import capturing, current_stream
 
-MIN_TILES_PER_SPLIT = 2  # fewer key tiles per split and the merge's reads stop being negligible
+MIN_TILES_PER_SPLIT = 4  # fewer key tiles per split and the combine's reads stop being negligible
 
 
 def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> DecodeConfig:
@@ -23,15 +22,18 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
     if shape.fp32:
         block_n = 32
     else:
-        block_n = 128 if d <= 128 else 64
-    programs = shape.batch * shape.num_heads_kv * cdiv(shape.rows, block_m)
+        block_n = 64 if d <= 128 else 32
+    if shape.paged and shape.page_size < block_n and shape.page_size % 16 == 0:
+        block_n = shape.page_size  # one page per tile: a scalar page lookup per tile instead of one per key
+    num_warps = 4 if block_m <= 32 else 8
+    num_stages = 3 if d <= 128 else 2
     if num_splits == 0:
-        # one wave: as many splits as fit beside the other programs on the SMs (measured: filling the SMs once
-        # beats two programs per SM, whose extra splits cost more in the merge than they add in parallelism)
+        programs = shape.batch * shape.num_heads_kv * cdiv(shape.rows, block_m)
         tiles = cdiv(shape.capacity, block_n)
-        num_splits = max(1, min(sm_count(device) // programs, tiles // MIN_TILES_PER_SPLIT, 128))
-    num_warps, num_stages = (8, 3) if num_splits == 1 and d <= 128 and not shape.fp32 else (4, 2)
-    return DecodeConfig(block_m, block_n, num_warps, num_stages, num_splits, fused_combine=not shape.secure)
+        target = 2 * sm_count(device)  # enough programs for every SM to keep loads in flight
+        num_splits = 1 if programs >= target else min(cdiv(target, programs), max(1, tiles // MIN_TILES_PER_SPLIT),
+                                                     128)
+    return DecodeConfig(block_m, block_n, num_warps, num_stages, num_splits)
 
 
 class DecodePlan:
@@ -39,18 +41,16 @@ class DecodePlan:
     given), the split step and (with several splits) the combine step, and returns ``(out, lse or None)``.
     ``tensors``: a dict of the optional tensor arguments by name (``launch.triton_decode.*_POINTERS``)."""
     __slots__ = ("shape", "config", "append", "split", "combine", "out_shape", "lse_shape", "workspace",
-                 "page_table_stride", "counter_shape", "counters")
+                 "page_table_stride")
 
     def __init__(self, shape: DecodeShape, config: DecodeConfig, q, k_cache, v_cache, k, v, out, page_table):
         self.shape, self.config = shape, config
         pts = page_table.stride(0) if page_table is not None else 0
         self.page_table_stride = pts
         fn, grid, args, cx = build_split(shape, config, q, k_cache, v_cache, out, pts)
-        self.split = KernelStep(fn, grid, (None,) * 15 + tuple(args), 15, cx, config.num_warps, config.num_stages)
+        self.split = KernelStep(fn, grid, (None,) * 14 + tuple(args), 14, cx, config.num_warps, config.num_stages)
         self.combine = None
-        self.counter_shape = counter_shape(shape, config)
-        self.counters = {}  # stream -> the fused combine's counters (zero between calls; one buffer per stream)
-        if config.num_splits > 1 and self.counter_shape is None:
+        if config.num_splits > 1:
             fn, grid, args, cx = build_combine(shape, config, q, out)
             self.combine = KernelStep(fn, grid, (None,) * 5 + tuple(args), 5, cx, 4, 1)
         self.append = None
@@ -88,27 +88,12 @@ class DecodePlan:
             self.append.run((t["k"], t["v"], k_cache, v_cache, dummy, get("page_table"), get("cache_batch_idx"),
                              get("cu_seqlens_q")), device)
         part_o, part_lse = ws.get("part_o", dummy), ws.get("part_lse", dummy)
-        counters = self._counters(device) if self.counter_shape is not None else dummy
-        self.split.run((q, k_cache, v_cache, out, lse if lse is not None else dummy, part_o, part_lse, counters, dummy,
+        self.split.run((q, k_cache, v_cache, out, lse if lse is not None else dummy, part_o, part_lse, dummy,
                         get("page_table"), get("cache_batch_idx"), get("cache_leftpad"), get("cu_seqlens_q"),
                         get("k_descale"), get("v_descale")), device)
         if self.combine is not None:
             self.combine.run((part_o, part_lse, out, lse if lse is not None else dummy, get("cu_seqlens_q")), device)
         return out, lse
-
-
-    def _counters(self, device):
-        """The fused combine's counters for the current stream. Calls on one stream run in order, so they
-        share a buffer (each call leaves it zero); calls on different streams may overlap, so each stream has
-        its own. A buffer first needed while a CUDA graph is captured is made inside the graph (zeroed on
-        every replay) and not kept: graph memory must not outlive its graph."""
-        stream = current_stream(device) if device.type == "cuda" else 0
-        c = self.counters.get(stream)
-        if c is None:
-            c = torch.zeros(self.counter_shape, dtype=torch.int32, device=device)
-            if not capturing(device):
-                self.counters[stream] = c
-        return c
 
 
 def plan_kvcache(a, q, k_cache, v_cache, k, v, page_table, cache_batch_idx, cache_leftpad, out) -> DecodePlan:

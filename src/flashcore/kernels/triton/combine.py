@@ -13,33 +13,6 @@ from ..capabilities import Capabilities
 
 
 @triton.jit
-def combine_rows(PART_O, PART_LSE, rows, row_ok, split_stride, num_splits, BLOCK_R: tl.constexpr,
-                 BLOCK_D: tl.constexpr, CACHE: tl.constexpr):
-    """(out [BLOCK_R, BLOCK_D] float32, lse [BLOCK_R]) of workspace ``rows`` merged over every split.
-    ``CACHE``: the loads' cache modifier (``.cg``: bypass L1, for partials other programs just wrote)."""
-    offs_d = tl.arange(0, BLOCK_D)
-    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-    for s in range(num_splits):
-        m = tl.maximum(m, tl.load(PART_LSE + s * split_stride + rows, mask=row_ok, other=float("-inf"),
-                                  cache_modifier=CACHE))
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    denom = tl.zeros([BLOCK_R], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
-    for s in range(num_splits):
-        lse_s = tl.load(PART_LSE + s * split_stride + rows, mask=row_ok, other=float("-inf"), cache_modifier=CACHE)
-        w = tl.exp(lse_s - m_safe)
-        o_s = tl.load(PART_O + (s * split_stride + rows)[:, None] * BLOCK_D + offs_d[None, :],
-                      mask=row_ok[:, None], other=0.0, cache_modifier=CACHE)
-        denom += w
-        acc += w[:, None] * o_s
-    seen = denom > 0.0
-    d_safe = tl.where(seen, denom, 1.0)
-    o = tl.where(seen[:, None], acc / d_safe[:, None], 0.0)
-    lse = tl.where(seen, m_safe + tl.log(d_safe), float("-inf"))
-    return o, lse
-
-
-@triton.jit
 def decode_combine_kernel(
     PART_O, PART_LSE, O, LSE, CU_Q,
     stride_ob, stride_os, stride_oh,
@@ -68,10 +41,26 @@ def decode_combine_kernel(
     row_ok = (tok < n_q) & (offs_r < part_rows)
     split_stride = tl.num_programs(1).to(tl.int64) * part_rows
     rows = pid_bh.to(tl.int64) * part_rows + offs_r
-    o, lse = combine_rows(PART_O, PART_LSE, rows, row_ok, split_stride, num_splits, BLOCK_R, BLOCK_D, "")
+    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    for s in range(num_splits):
+        m = tl.maximum(m, tl.load(PART_LSE + s * split_stride + rows, mask=row_ok, other=float("-inf")))
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    denom = tl.zeros([BLOCK_R], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+    for s in range(num_splits):
+        lse_s = tl.load(PART_LSE + s * split_stride + rows, mask=row_ok, other=float("-inf"))
+        w = tl.exp(lse_s - m_safe)
+        o_s = tl.load(PART_O + (s * split_stride + rows)[:, None] * BLOCK_D + offs_d[None, :],
+                      mask=row_ok[:, None], other=0.0)
+        denom += w
+        acc += w[:, None] * o_s
+    seen = denom > 0.0
+    d_safe = tl.where(seen, denom, 1.0)
+    o = tl.where(seen[:, None], acc / d_safe[:, None], 0.0)
     tl.store(o_base + head[:, None] * stride_oh + offs_d[None, :], o.to(O.dtype.element_ty),
              mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
     if RETURN_LSE:
+        lse = tl.where(seen, m_safe + tl.log(d_safe), float("-inf"))
         tl.store(LSE + b.to(tl.int64) * stride_lb + head * stride_lh + tok_abs * stride_ls, lse, mask=row_ok)
 
 

@@ -29,10 +29,9 @@ import triton
 import triton.language as tl
 
 from ..capabilities import Capabilities
-from .combine import combine_rows
 
-LOG2E = 1.4426950408889634  # host side: qk_scale = scale * LOG2E
-LN2 = tl.constexpr(0.6931471805599453)
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
 
 
 @triton.jit
@@ -61,7 +60,7 @@ def _key_pointers(C, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_ID
 
 @triton.jit
 def decode_split_kernel(
-    Q, KC, VC, O, LSE, PART_O, PART_LSE, COUNTERS,
+    Q, KC, VC, O, LSE, PART_O, PART_LSE,
     CACHE_SEQLENS, PAGE_TABLE, BATCH_IDX, LEFTPAD, CU_Q, K_DESCALE, V_DESCALE,
     qk_scale,
     stride_qb, stride_qs, stride_qh,
@@ -74,8 +73,7 @@ def decode_split_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, PACKED: tl.constexpr,
     APPENDED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr, CAUSAL: tl.constexpr,
-    SECURE: tl.constexpr, FP8: tl.constexpr, SPLIT: tl.constexpr, FUSED_COMBINE: tl.constexpr,
-    RETURN_LSE: tl.constexpr,
+    SECURE: tl.constexpr, FP8: tl.constexpr, SPLIT: tl.constexpr, RETURN_LSE: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     pid_s = tl.program_id(0)
@@ -178,40 +176,19 @@ def decode_split_kernel(
     lse = tl.where(seen, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
     if SPLIT:
         # workspace [num_splits, B * Hkv, part_rows, BLOCK_D] (part_rows: the query tiles' rows)
-        split_stride = tl.num_programs(1).to(tl.int64) * part_rows
-        rows = pid_bh.to(tl.int64) * part_rows + offs_r
-        tl.store(PART_O + (split * split_stride + rows)[:, None] * BLOCK_D + offs_d[None, :], o)
-        tl.store(PART_LSE + split * split_stride + rows, lse)
-        if FUSED_COMBINE:
-            # the last split of this (sequence, head, query tile) to finish merges them all, which saves the
-            # combine launch. The barrier orders every thread's partial stores before the counter's release;
-            # the last program resets the counter, so the buffer is zero again for the next call.
-            tl.debug_barrier()
-            counter = COUNTERS + pid_bh * tl.cdiv(part_rows, BLOCK_M) + m_tile
-            done = tl.atomic_add(counter, 1, sem="acq_rel")
-            if done == num_splits - 1:
-                tl.store(counter, 0)
-                o, lse = combine_rows(PART_O, PART_LSE, rows, row_ok, split_stride, num_splits, BLOCK_M, BLOCK_D,
-                                      ".cg")
-                _store_rows(O, LSE, o, lse, b, head, tok_abs, row_ok, offs_d, stride_ob, stride_os, stride_oh,
-                            stride_lb, stride_lh, stride_ls, HEAD_DIM, PACKED, RETURN_LSE)
+        rows = (split * tl.num_programs(1) + pid_bh).to(tl.int64) * part_rows + offs_r
+        tl.store(PART_O + rows[:, None] * BLOCK_D + offs_d[None, :], o)
+        tl.store(PART_LSE + rows, lse)
     else:
-        _store_rows(O, LSE, o, lse, b, head, tok_abs, row_ok, offs_d, stride_ob, stride_os, stride_oh, stride_lb,
-                    stride_lh, stride_ls, HEAD_DIM, PACKED, RETURN_LSE)
+        if PACKED:
+            o_base = O + tok_abs[:, None] * stride_os
+        else:
+            o_base = O + b.to(tl.int64) * stride_ob + tok_abs[:, None] * stride_os
+        tl.store(o_base + head[:, None] * stride_oh + offs_d[None, :], o.to(O.dtype.element_ty),
+                 mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+        if RETURN_LSE:
+            tl.store(LSE + b.to(tl.int64) * stride_lb + head * stride_lh + tok_abs * stride_ls, lse, mask=row_ok)
 
-
-@triton.jit
-def _store_rows(O, LSE, o, lse, b, head, tok_abs, row_ok, offs_d, stride_ob, stride_os, stride_oh, stride_lb,
-                stride_lh, stride_ls, HEAD_DIM: tl.constexpr, PACKED: tl.constexpr, RETURN_LSE: tl.constexpr):
-    """Write the packed rows' outputs (and lse) to their tokens and heads."""
-    if PACKED:
-        o_base = O + tok_abs[:, None] * stride_os
-    else:
-        o_base = O + b.to(tl.int64) * stride_ob + tok_abs[:, None] * stride_os
-    tl.store(o_base + head[:, None] * stride_oh + offs_d[None, :], o.to(O.dtype.element_ty),
-             mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
-    if RETURN_LSE:
-        tl.store(LSE + b.to(tl.int64) * stride_lb + head * stride_lh + tok_abs * stride_ls, lse, mask=row_ok)
 
 CAPABILITIES = Capabilities(
     name="triton_decode", module=__name__,
