@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels.triton.combine import decode_combine_kernel
-from ..kernels.triton.decode import LOG2E, decode_split_kernel
+from ..kernels.triton.decode import LOG2E, decode_split_kernel, fp8_q_prescale
 from ..kernels.triton.kv_append import kv_append_kernel
 from ..plan.tables import block_d
 from ..runtime import cdiv
@@ -107,6 +107,7 @@ def build_split(shape: DecodeShape, cfg: DecodeConfig, q, k_cache, v_cache, out,
         BLOCK_N=cfg.block_n, PAGE_SIZE=shape.page_size if shape.paged else 1, PAGED=shape.paged,
         PACKED=shape.packed, APPENDED=shape.appended, HAS_BATCH_IDX=shape.has_batch_idx,
         HAS_LEFTPAD=shape.has_leftpad, CAUSAL=shape.causal, SECURE=shape.secure, FP8=shape.fp8,
+        Q_PRESCALE=fp8_q_prescale("fp16" if q.dtype == torch.float16 else "bf16") if shape.fp8 else 1.0,
         SPLIT=cfg.num_splits > 1, RETURN_LSE=shape.return_lse, PRECISION="ieee" if shape.fp32 else "tf32")
     grid = (cfg.num_splits * query_tiles(shape, cfg), shape.batch * shape.num_heads_kv)
     return decode_split_kernel, grid, args, constexprs

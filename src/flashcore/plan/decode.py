@@ -12,7 +12,7 @@ from ..launch.triton_decode import (DecodeConfig, DecodeShape, build_append, bui
                                     query_tiles, workspace_shapes)
 from ..runtime import KernelStep, cdiv, sm_count
 
-MIN_TILES_PER_SPLIT = 4  # fewer key tiles per split and the combine's reads stop being negligible
+MIN_TILES_PER_SPLIT = 2  # fewer key tiles per split and the combine's reads stop being negligible
 
 
 def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> DecodeConfig:
@@ -22,17 +22,17 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
     if shape.fp32:
         block_n = 32
     else:
-        block_n = 64 if d <= 128 else 32
-    if shape.paged and shape.page_size < block_n and shape.page_size % 16 == 0:
-        block_n = shape.page_size  # one page per tile: a scalar page lookup per tile instead of one per key
-    num_warps = 4 if block_m <= 32 else 8
-    num_stages = 3 if d <= 128 else 2
+        block_n = 128 if d <= 128 else 64
+    gather = shape.paged and shape.page_size % block_n != 0  # a page index per key, not per tile
     if num_splits == 0:
+        # One wave: as many splits as fit beside the other programs on the SMs (measured on H100, 2026-11-25:
+        # filling each SM once beat two programs per SM for a contiguous cache); per-key page gathers hide
+        # their extra latency better with two programs per SM.
         programs = shape.batch * shape.num_heads_kv * cdiv(shape.rows, block_m)
+        target = sm_count(device) * (2 if gather else 1)
         tiles = cdiv(shape.capacity, block_n)
-        target = 2 * sm_count(device)  # enough programs for every SM to keep loads in flight
-        num_splits = 1 if programs >= target else min(cdiv(target, programs), max(1, tiles // MIN_TILES_PER_SPLIT),
-                                                     128)
+        num_splits = max(1, min(target // programs, tiles // MIN_TILES_PER_SPLIT, 128))
+    num_warps, num_stages = (4, 2) if shape.fp32 or gather and num_splits > 1 else (8, 3)
     return DecodeConfig(block_m, block_n, num_warps, num_stages, num_splits)
 
 
