@@ -15,7 +15,7 @@ from . import _checks as C
 from . import reference as _ref
 from .plan.build import Plan, build
 from .plan.cache import PLANS
-from .plan.decode import plan_kvcache
+from .plan.decode import decode_serves, dense_decode_plan, plan_kvcache
 from .problem import Problem, dense_key, kvcache_key, varlen_key
 
 Tensor = torch.Tensor
@@ -23,7 +23,7 @@ _OP_ROUTE = "op"  # plan-key route of the custom ops (the eager entry points key
 
 
 def dense_plan(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure, return_lse, out=None, config=None,
-               validate=True) -> Plan:
+               validate=True):
     """Plan a dense call (q/k/v in the caller's layout, already validated). ``seqlens_q`` None, or the same
     tensor as ``seqlens_k``, is self-attention."""
     # Index q/k/v/out as [B, H, S, D] through strides (the one layout mapping, _checks.as_bhsd).
@@ -36,6 +36,8 @@ def dense_plan(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure, retur
     problem = Problem.dense(qb, kb, vb, ob, causal=causal, scale=scale, layout=layout,
                             secure=secure, self_attention=seqlens_q is None or seqlens_q is seqlens_k,
                             return_lse=return_lse)
+    if config is None and decode_serves(Sq, kb.shape[2], secure):
+        return dense_decode_plan(problem, q, k, v, o, causal=causal, scale=scale, return_lse=return_lse, bshd=bshd)
     return build(problem, qb, kb, vb, ob, lse, seqlens_q=seqlens_q, seqlens_k=seqlens_k, lse_strides=(Hq * Sq, Sq),
                  out_shape=tuple(q.shape), validate=validate, config=config)
 

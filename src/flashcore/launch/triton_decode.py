@@ -10,10 +10,16 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels.triton.combine import decode_combine_kernel
-from ..kernels.triton.decode import LOG2E, decode_split_kernel, fp8_q_prescale
+from ..kernels.triton.decode import LOG2E, decode_split_kernel
 from ..kernels.triton.kv_append import kv_append_kernel
 from ..plan.tables import block_d
 from ..runtime import cdiv
+
+def fp8_q_prescale(dtype_name: str) -> float:
+    """With an FP8 cache the products run in float16 (``kernels.triton.decode._widen_fp8``): a bfloat16 q is
+    scaled by 2**-8 on the way (its range then fits float16's; exact, and undone in the score scale)."""
+    return 1.0 if dtype_name == "fp16" else 2.0 ** -8
+
 
 SPLIT_POINTERS = ("q", "k_cache", "v_cache", "out", "lse", "part_o", "part_lse", "cache_seqlens", "page_table",
                   "cache_batch_idx", "cache_leftpad", "cu_seqlens_q", "k_descale", "v_descale")

@@ -110,3 +110,71 @@ def plan_kvcache(a, q, k_cache, v_cache, k, v, page_table, cache_batch_idx, cach
 
 
 __all__ = ["DecodePlan", "choose_config", "plan_kvcache", "query_tiles"]
+
+
+# --- dense calls with a short query -------------------------------------------------------------------------
+
+SHORT_QUERY = 16  # queries per sequence up to which a dense call may run on the decode kernel
+LONG_KEYS = 1024  # ... when it has at least this many keys (and 64 per query): measured on H100, 2026-11-25,
+# the forward kernel reached 0.15-0.5x of SDPA there, the decode kernel 1.0x (docs/perf-notes.md)
+
+
+def decode_serves(seqlen_q: int, seqlen_k: int, secure: bool) -> bool:
+    """Whether a dense call runs on the decode kernel (public shapes only)."""
+    return not secure and seqlen_q <= SHORT_QUERY and seqlen_k >= max(LONG_KEYS, 64 * seqlen_q)
+
+
+class DecodeSelection:
+    """What :func:`flashcore.plan_attention` reports for a dense call served by the decode kernel."""
+    kernel = "triton_decode"
+
+    def __init__(self, config: DecodeConfig):
+        self.config = config
+        self.rejected = (("triton_fwd", f"a short query (<= {SHORT_QUERY}) against >= {LONG_KEYS} keys reads K/V "
+                                        "once per K/V head on the split-KV decode kernel"),)
+
+    def explain(self) -> str:
+        c = self.config
+        return (f"triton_decode block_m={c.block_m} block_n={c.block_n} warps={c.num_warps} stages={c.num_stages} "
+                f"splits={c.num_splits} (not {self.rejected[0][0]}: {self.rejected[0][1]})")
+
+
+class DenseDecodePlan:
+    """A dense :func:`flashcore.attention` call run as KV-cache attention: K/V are a full contiguous cache
+    (every sequence's length is Sk, a constant tensor made once), causal stays bottom-right. Replayed like
+    :class:`~flashcore.plan.build.Plan`: ``plan(q, k, v, out=...)`` returns ``(out, lse or None)``."""
+    __slots__ = ("problem", "selection", "decode", "lens", "bshd")
+
+    def __init__(self, problem, decode: DecodePlan, lens: torch.Tensor, bshd: bool):
+        self.problem, self.decode, self.lens, self.bshd = problem, decode, lens, bshd
+        self.selection = DecodeSelection(decode.config)
+
+    @property
+    def steps(self) -> tuple:
+        return self.decode.steps
+
+    @property
+    def workspace(self) -> tuple:
+        return self.decode.workspace
+
+    def __call__(self, q, k, v, seqlens_q=None, seqlens_k=None, out=None, cu_seqlens_q=None, cu_seqlens_k=None):
+        if out is None:
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        view = (lambda t: t) if self.bshd else (lambda t: t.transpose(1, 2))  # noqa: E731  [B, S, H, D] views
+        _, lse = self.decode(view(q), view(k), view(v), {"cache_seqlens": self.lens}, view(out))
+        return out, lse
+
+
+def dense_decode_plan(problem, q, k, v, out, *, causal: bool, scale: float, return_lse: bool, bshd: bool):
+    """The decode plan of a dense call (q/k/v/out in the caller's layout)."""
+    view = (lambda t: t) if bshd else (lambda t: t.transpose(1, 2))  # noqa: E731
+    qd, kd, od = view(q), view(k), view(out)
+    B, Sq, Hq, D = qd.shape
+    Sk, Hkv = kd.shape[1], kd.shape[2]
+    shape = DecodeShape(batch=B, seqlen_q=Sq, num_heads_q=Hq, num_heads_kv=Hkv, head_dim=D, page_size=Sk,
+                        capacity=Sk, num_pages=B, paged=False, packed=False, appended=False, has_batch_idx=False,
+                        has_leftpad=False, causal=causal, secure=False, fp8=False, return_lse=return_lse,
+                        fp32=q.dtype == torch.float32, scale=scale)
+    cfg = choose_config(shape, 0, q.device)
+    lens = torch.full((B,), Sk, dtype=torch.int32, device=q.device)
+    return DenseDecodePlan(problem, DecodePlan(shape, cfg, qd, kd, view(v), None, None, od, None), lens, bshd)

@@ -38,12 +38,6 @@ FP8_WIDEN_C = tl.constexpr(2.0 ** -8)
 FP8_WIDEN = 2.0 ** -8  # what :func:`_widen_fp8`'s float16 values carry: exact bits of e4m3 x 2**-8
 
 
-def fp8_q_prescale(dtype_name: str) -> float:
-    """With an FP8 cache the products run in float16: a bfloat16 q is scaled by 2**-8 on the way (its range
-    then fits float16's; the scaling is exact and undone in the score scale); a float16 q as it is."""
-    return 1.0 if dtype_name == "fp16" else 2.0 ** -8
-
-
 @triton.jit
 def _widen_fp8(x):
     """e4m3 bytes as float16 values x 2**-8 (``FP8_WIDEN``) by moving bits: exact for every finite value,
