@@ -1,0 +1,109 @@
+"""KV-cache attention on the GPU: bf16 and FP8 caches against the float64 reference (FP8: of the dequantised
+cache), paged and contiguous, secure, CUDA-graph replay with changing lengths and page tables, and dense
+short-query calls routed to the decode kernel."""
+import pytest
+import torch
+
+import flashcore
+from flashcore import reference as R
+from conftest import capture_cuda_graph, rel_err
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda"
+
+
+def _case(B, Hq, Hkv, D, cap, page, Sq=1, fp8=False, seed=0):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    q = torch.randn(B, Sq, Hq, D, device=DEV, dtype=torch.bfloat16, generator=g)
+    cdt = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    if page:
+        width = -(-cap // page)
+        pages = B * width + 3
+        kc = torch.randn(pages, page, Hkv, D, device=DEV, generator=g).to(cdt)
+        vc = torch.randn(pages, page, Hkv, D, device=DEV, generator=g).to(cdt)
+        table = torch.randperm(pages, device=DEV, generator=g)[:B * width].view(B, width).int().contiguous()
+    else:
+        kc = torch.randn(B, cap, Hkv, D, device=DEV, generator=g).to(cdt)
+        vc = torch.randn(B, cap, Hkv, D, device=DEV, generator=g).to(cdt)
+        table = None
+    lens = torch.randint(0, cap + 1, (B,), device=DEV, generator=g).int()
+    lens[0], lens[-1] = 0, cap
+    descale = {}
+    if fp8:
+        descale = dict(k_descale=torch.rand(B, Hkv, device=DEV, generator=g) + 0.5,
+                       v_descale=torch.rand(B, Hkv, device=DEV, generator=g) + 0.5)
+    return q, kc, vc, table, lens, descale
+
+
+@pytest.mark.parametrize("page", [0, 1, 16, 64, 128])
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("Sq,splits,secure", [(1, 0, False), (4, 3, False), (1, 0, True)])
+def test_kvcache_bf16_and_fp8_match_the_reference(page, fp8, Sq, splits, secure):
+    q, kc, vc, table, lens, descale = _case(3, 32, 8, 128, 1500, page, Sq=Sq, fp8=fp8)
+    out = torch.full_like(q, float("nan"))
+    o, lse = flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table, num_splits=splits,
+                                              secure=secure, return_lse=True, out=out, **descale)
+    ro, rl = R.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table, return_lse=True, **descale)
+    assert o is out and not torch.isnan(o).any()
+    assert rel_err(o, ro) < 1e-2
+    assert torch.equal(torch.isinf(lse), torch.isinf(rl))
+    fin = torch.isfinite(rl)
+    assert rel_err(lse[fin], rl[fin]) < 1e-4
+
+
+@pytest.mark.parametrize("D,heads", [(64, (32, 32)), (256, (16, 2)), (96, (8, 8))])
+def test_kvcache_head_dims(D, heads):
+    q, kc, vc, table, lens, _ = _case(2, heads[0], heads[1], D, 700, 16, Sq=2)
+    o = flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table)
+    assert rel_err(o, R.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table)) < 1e-2
+
+
+def test_append_then_attend_on_gpu():
+    q, kc, vc, table, lens, _ = _case(3, 16, 4, 128, 600, 16, Sq=3)
+    lens.clamp_(max=600 - 3)
+    k = torch.randn(3, 3, 4, 128, device=DEV, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    kc2, vc2 = kc.clone(), vc.clone()
+    o = flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, k=k, v=v, page_table=table)
+    ro = R.attention_with_kvcache(q, kc2, vc2, cache_seqlens=lens, k=k, v=v, page_table=table)
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+    assert rel_err(o, ro) < 1e-2
+
+
+@pytest.mark.parametrize("secure", [False, True])
+def test_cuda_graph_replay_with_new_lengths_and_page_tables(secure):
+    B, cap = 4, 4096
+    q, kc, vc, table, lens, _ = _case(B, 32, 8, 128, cap, 16)
+    out = torch.empty_like(q)
+    lens_buf, table_buf = lens.clone(), table.clone()
+
+    def call():
+        return flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lens_buf, page_table=table_buf, out=out,
+                                                secure=secure)
+
+    call()
+    graph, _ = capture_cuda_graph(call)
+    for trial in range(3):
+        new_lens = torch.randint(0, cap + 1, (B,), device=DEV).int()
+        new_table = table[torch.randperm(B, device=DEV)]
+        lens_buf.copy_(new_lens)
+        table_buf.copy_(new_table)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = R.attention_with_kvcache(q, kc, vc, cache_seqlens=new_lens, page_table=new_table)
+        assert rel_err(out, ref) < 1e-2, trial
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("Sq,causal", [(1, False), (4, True)])
+def test_dense_short_query_runs_on_the_decode_kernel(layout, Sq, causal):
+    B, Hq, Hkv, D, Sk = 2, 32, 8, 128, 8192
+    shape_q, shape_k = ((B, Hq, Sq, D), (B, Hkv, Sk, D)) if layout == "bhsd" else ((B, Sq, Hq, D), (B, Sk, Hkv, D))
+    q = torch.randn(shape_q, device=DEV, dtype=torch.bfloat16)
+    k = torch.randn(shape_k, device=DEV, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    assert flashcore.plan_attention(q, k, v, causal=causal, layout=layout).selection.kernel == "triton_decode"
+    o, lse = flashcore.attention(q, k, v, causal=causal, layout=layout, return_lse=True)
+    ro, rl = R.attention(q, k, v, causal=causal, layout=layout, return_lse=True)
+    assert rel_err(o, ro) < 1e-2 and rel_err(lse, rl) < 1e-4
