@@ -4,6 +4,10 @@
 (``gpu-check``, ``sweep``, ``timeline``; each module's ``register(tools)`` adds it). A tool's options go after
 its name (``flashcore bench gpu-check --suite seed``); the benchmark's own options apply to the benchmark only.
 
+``flashcore bench --suite decode`` (or ``decode-must``: only the shapes the issue requires) runs the KV-cache decode
+suite instead (:mod:`flashcore.bench.decode`): flashcore fast and secure, SDPA, FlashAttention-4 and FlashInfer
+where installed, K/V bytes read per second against the copy ceiling of the same run.
+
 Exit codes of ``bench``: 0 the run completed (and flashcore was correct wherever it ran);
 1 flashcore was wrong, failed or could not be imported on a shape, or the CUDA context was lost; 2 usage errors (bad
 suite, unknown backend, missing file, --plot without matplotlib) and no CUDA device. The tools document their own.
@@ -18,6 +22,9 @@ from rich.console import Console
 from . import gpu_check, sweep, timeline_run
 
 DEFAULT_OUT = os.path.join("bench", "results")
+DEFAULT_REP_MS = 100.0
+DECODE_REP_MS = 25.0  # = decode_runner.DECODE_REP_MS (not imported here: the parser must not import torch)
+DECODE_TIME_BUDGET_S = 240.0  # = decode_runner.DECODE_TIME_BUDGET_S
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
@@ -32,24 +39,28 @@ def _register_bench(sub) -> None:
                        description="Check every available attention backend against the float64 reference, "
                                    "then time it (median of CUDA events, cold L2). Writes one JSON file per run.")
     p.add_argument("--suite", default="seed", metavar="SUITE",
-                   help="seed | large | all | path of a JSON suite file (default: seed)")
+                   help="seed | large | all | decode | decode-must | path of a JSON suite file (default: seed); "
+                        "decode: the KV-cache decode suite (attention_with_kvcache against its peers)")
     p.add_argument("--backends", nargs="+", metavar="NAME",
                    help="backends to run (default: all): flashcore flashcore-secure sdpa-default sdpa-cudnn "
-                        "sdpa-flash sdpa-efficient sdpa-math flex fa4 unfused")
+                        "sdpa-flash sdpa-efficient sdpa-math flex fa4 unfused; decode suite: flashcore "
+                        "flashcore-secure sdpa-default fa4 flashinfer")
     p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16", help="input dtype (default: bf16)")
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"result directory (default: {DEFAULT_OUT})")
     p.add_argument("--plot", action="store_true", help="also write a PNG chart next to the JSON")
     p.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"),
                    help="compare two result files (per shape x backend B/A) instead of running; a side may name "
                         "several runs of the same code, comma-separated (A1.json,A2.json): their medians are merged")
-    p.add_argument("--rep-ms", type=_positive_float, default=100.0, metavar="MS",
-                   help="timing budget per backend and shape, as do_bench's rep (default: 100)")
+    p.add_argument("--rep-ms", type=_positive_float, default=None, metavar="MS",
+                   help=f"timing budget per backend and shape, as do_bench's rep (default: {DEFAULT_REP_MS:g}; "
+                        f"decode suite: {DECODE_REP_MS:g})")
     p.add_argument("--tolerance", type=_positive_float, default=2e-2,
                    help="max relative error vs the float64 reference (default: 2e-2)")
     p.add_argument("--math-max-seq", type=int, default=8192, metavar="S",
                    help="skip SDPA's math backend above this sequence length (default: 8192; 0 = never skip)")
     p.add_argument("--time-budget", type=_positive_float, default=None, metavar="SECONDS",
-                   help="start no new shape after this many seconds (the table, JSON and plot cover what ran)")
+                   help="start no new shape after this many seconds (the table, JSON and plot cover what ran; "
+                        f"default: none; decode suite: {DECODE_TIME_BUDGET_S:g})")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
     p.set_defaults(func=run_bench)
     tools = p.add_subparsers(dest="bench_tool", metavar="TOOL", title="tools (flashcore bench TOOL --help)",
@@ -93,6 +104,10 @@ def _usage_error(message: str) -> int:
 def run_bench(args) -> int:
     if args.compare:
         return run_compare(*args.compare)
+    from .decode import is_decode_suite
+
+    if is_decode_suite(args.suite):
+        return run_decode_bench(args)
     from .backends import parse_backend_names
     from .suites import SuiteError, resolve_suite
 
@@ -137,7 +152,8 @@ def _run_and_save(args, shapes, names) -> int:
             target["path"] = os.path.join(args.out, result_filename(doc))
         save_document(doc, target["path"])
 
-    doc = run_suite(shapes, names, DTYPE_NAMES[args.dtype], progress=not args.no_progress, rep_ms=args.rep_ms,
+    rep_ms = DEFAULT_REP_MS if args.rep_ms is None else args.rep_ms
+    doc = run_suite(shapes, names, DTYPE_NAMES[args.dtype], progress=not args.no_progress, rep_ms=rep_ms,
                     tolerance=args.tolerance, math_max_seq=args.math_max_seq or None, suite_name=args.suite,
                     console=console, checkpoint=checkpoint, time_budget_s=args.time_budget)
     from .report import results_table, summary_table
@@ -151,6 +167,55 @@ def _run_and_save(args, shapes, names) -> int:
         png = os.path.splitext(target["path"])[0] + ".png"
         plot_document(doc, png)
         console.print(f"plot: {png}", markup=False, highlight=False)
+    return _exit_code(doc, console)
+
+
+def run_decode_bench(args) -> int:
+    """``flashcore bench --suite decode``: the same checks, options and files as the other suites."""
+    from .decode import DECODE_SUITES
+    from .decode_backends import parse_decode_backend_names
+
+    try:
+        names = parse_decode_backend_names(args.backends)
+    except ValueError as e:
+        return _usage_error(str(e))
+    if args.plot:
+        from .plot import PlotUnavailable, require_matplotlib
+
+        try:
+            require_matplotlib()
+        except PlotUnavailable as e:
+            return _usage_error(str(e))
+    import torch
+
+    if not torch.cuda.is_available():
+        return _no_cuda_message(torch)
+    from .decode_runner import run_decode_suite
+    from .report import decode_results_table, decode_summary_table
+    from .results import result_filename, save_document
+    from .runner import DTYPE_NAMES
+
+    console = _wide_console()
+    target = {}
+
+    def checkpoint(doc):
+        if "path" not in target:
+            target["path"] = os.path.join(args.out, result_filename(doc))
+        save_document(doc, target["path"])
+
+    doc = run_decode_suite(DECODE_SUITES[args.suite], names, DTYPE_NAMES[args.dtype], progress=not args.no_progress,
+                           rep_ms=DECODE_REP_MS if args.rep_ms is None else args.rep_ms, tolerance=args.tolerance,
+                           suite_name=args.suite, console=console, checkpoint=checkpoint,
+                           time_budget_s=DECODE_TIME_BUDGET_S if args.time_budget is None else args.time_budget)
+    console.print(decode_results_table(doc))
+    console.print(f"results: {target['path']}", markup=False, highlight=False)
+    if args.plot:
+        from .plot import plot_decode
+
+        png = os.path.splitext(target["path"])[0] + ".png"
+        plot_decode(doc, png)
+        console.print(f"plot: {png}", markup=False, highlight=False)
+    console.print(decode_summary_table(doc))
     return _exit_code(doc, console)
 
 

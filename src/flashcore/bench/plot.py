@@ -106,3 +106,68 @@ def _default_title(doc: dict) -> str:
     env = doc["environment"]
     gpu = (env.get("gpu") or {}).get("name", "no GPU")
     return f"Attention forward, {doc['config']['dtype']} — {gpu} — {env['date'][:10]} ({env.get('git_sha', '?')[:7]})"
+
+
+# ---------------------------------------------------------------- the decode suite
+DECODE_MARKERS = {"flashcore": "o", "flashcore-secure": "D", "sdpa-default": "s", "fa4": "^", "flashinfer": "v"}
+
+
+def decode_series(doc: dict) -> dict:
+    """backend → [(case index, K/V TB/s)] of the cases it was timed on (what the decode chart draws)."""
+    out = {}
+    for i, entry in enumerate(doc["results"]):
+        for name, r in entry["backends"].items():
+            if r["status"] == "ok" and r.get("kv_gbps") is not None:
+                out.setdefault(name, []).append((i, r["kv_gbps"] / 1000.0))
+    return out
+
+
+def plot_decode(doc: dict, path: str, title: Optional[str] = None) -> str:
+    """One marker per backend and case: K/V bytes read per second (TB/s), with the copy ceiling of the run
+    dashed (and the read-only figure dotted); the cases the issue requires come first, left of the line."""
+    matplotlib = require_matplotlib()
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    entries = doc["results"]
+    series = decode_series(doc)
+    names = sorted(series, key=lambda n: (n not in FLASHCORE_COLORS, list(doc["backends"]).index(n)
+                                          if n in doc["backends"] else 99))
+    colors = _colors(names)
+    fig, ax = plt.subplots(figsize=(max(10.0, 0.32 * len(entries) + 3), 6.5), dpi=130)
+    for name in names:
+        xs, ys = zip(*series[name])
+        is_fc = name in FLASHCORE_COLORS
+        ax.plot(xs, ys, linestyle="none", marker=DECODE_MARKERS.get(name, "x"), markersize=6 if is_fc else 5,
+                color=colors[name], markeredgecolor="black" if name == "flashcore" else colors[name],
+                markeredgewidth=0.5, label=doc["backends"].get(name, {}).get("label", name), zorder=4 if is_fc else 3)
+    c = doc.get("ceilings") or {}
+    if c.get("copy_gbps"):
+        ax.axhline(c["copy_gbps"] / 1000, linestyle="--", color="black", linewidth=1, zorder=2)
+        ax.annotate(f"copy ceiling (this run): {c['copy_gbps'] / 1000:.2f} TB/s", (1.0, c["copy_gbps"] / 1000),
+                    xycoords=("axes fraction", "data"), xytext=(-4, 3), textcoords="offset points", ha="right",
+                    va="bottom", fontsize=8)
+    if c.get("read_gbps"):
+        ax.axhline(c["read_gbps"] / 1000, linestyle=":", color="grey", linewidth=1, zorder=2)
+    must = [i for i, e in enumerate(entries) if (e.get("decode") or {}).get("must_have")]
+    if must and len(must) < len(entries):
+        ax.axvline(max(must) + 0.5, color="grey", linewidth=0.6, zorder=1)
+        for x, text, ha in ((max(must) + 0.3, "required shapes", "right"), (max(must) + 0.7, "main grid", "left")):
+            ax.annotate(text, (x, 0.0), xycoords=("data", "axes fraction"), xytext=(0, 3), textcoords="offset points",
+                        ha=ha, va="bottom", fontsize=7, color="grey")
+    ax.set_xticks(range(len(entries)))
+    ax.set_xticklabels([e["label"] for e in entries], rotation=70, ha="right", fontsize=6.5)
+    ax.set_ylabel("K/V bytes read per second (TB/s)")
+    ax.set_xlim(-0.6, max(len(entries), 1) - 0.4)
+    ax.set_ylim(bottom=0)
+    ax.grid(axis="y", alpha=0.3, zorder=0)
+    ax.spines[["top", "right"]].set_visible(False)
+    env = doc["environment"]
+    gpu = (env.get("gpu") or {}).get("name", "no GPU")
+    ax.set_title(title or f"KV-cache decode, {doc['config']['dtype']} q — {gpu} — {env['date'][:10]} "
+                          f"({env.get('git_sha', '?')[:7]})", fontsize=11)
+    ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

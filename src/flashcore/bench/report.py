@@ -187,3 +187,92 @@ def info_tables(env: dict, availability: dict, labels: dict) -> list:
         backends.add_row(name, labels[name], Text("yes", style="green") if ok else Text("no", style="red"),
                          Text(reason or "", style="dim"))
     return [versions, backends]
+
+
+# ---------------------------------------------------------------- the decode suite
+def _tbs(gbps: Optional[float]) -> str:
+    return "–" if gbps is None else f"{gbps / 1000:.2f}"
+
+
+def decode_results_table(doc: dict) -> Table:
+    """Every case × backend of a decode run: time, K/V bandwidth, fraction of the copy ceiling, error."""
+    env = doc["environment"]
+    gpu = (env.get("gpu") or {}).get("name", "no GPU")
+    table = Table(title=f"flashcore bench --suite {doc['config']['suite']} — {gpu} — {env['date']}", title_style="bold",
+                  caption=_decode_caption(doc), caption_justify="left")
+    for header in ("case", "backend", "status", "median µs", "KV TB/s", "%copy", "bf16-eq TB/s", "vs peer",
+                   "graph µs", "rel err", "note"):
+        table.add_column(header, justify="left" if header in ("case", "backend", "status", "note") else "right",
+                         no_wrap=header != "note", overflow="fold")
+    for entry in doc["results"]:
+        names = list(entry["backends"])
+        for i, name in enumerate(names):
+            r = entry["backends"][name]
+            status = Text(r["status"], style=STATUS_STYLE.get(r["status"], ""))
+            case = entry["label"] if i == 0 else ""
+            if r["status"] != "ok":
+                cells = [case, name, status] + ["–"] * 6 + [_num(r.get("rel_err"), "{:.1e}"),
+                                                           Text(r["reason"][:90], style="dim")]
+            else:
+                note = "fastest peer" if name == entry.get("fastest_peer") else ""
+                if r.get("cuda_graph_status") not in (None, "ok"):
+                    note = ", ".join(x for x in (note, r["cuda_graph_status"][:50]) if x)
+                cells = [case, name, status, f"{r['timing']['median_us']:.1f}", _tbs(r.get("kv_gbps")),
+                         _num(_pct(r.get("frac_copy_ceiling")), "{:.0f}%"),
+                         _tbs(r.get("kv_gbps_bf16_equiv")) if entry["decode"]["kv_dtype"] != "bf16" else "",
+                         _ratio(r["vs_fastest_peer"]), _num(r.get("cuda_graph_us")),
+                         _num(r.get("rel_err"), "{:.1e}"), Text(note, style="dim")]
+            table.add_row(*cells, end_section=i == len(names) - 1, style="bold" if name in FLASHCORE else None)
+    return table
+
+
+def _decode_caption(doc: dict) -> str:
+    c = doc.get("ceilings")
+    parts = []
+    if c:
+        read = f", read-only (torch.sum) {c['read_gbps'] / 1000:.2f} TB/s" if c.get("read_gbps") else ""
+        parts.append(f"ceilings (this run): copy {c['copy_gbps'] / 1000:.2f} TB/s (1 GiB D2D copy, read+written){read}; "
+                     "%copy = K/V bytes read / time / copy ceiling")
+    else:
+        parts.append("no ceilings measured: " + doc["config"].get("ceilings_error", "disabled"))
+    parts.append("KV TB/s: the bytes each backend reads (SDPA: the dense bf16 cache, also for FP8 cases); "
+                 "bf16-eq: FP8 cases at 2 bytes per element")
+    parts.append("vs peer: speed-up over the fastest non-flashcore backend; rel err vs the float64 reference")
+    if doc.get("aborted"):
+        parts.append(f"ABORTED: {doc['aborted']}")
+    if doc.get("stopped"):
+        parts.append(f"STOPPED EARLY: {doc['stopped']}")
+    return "\n".join(parts)
+
+
+def _us_tbs(result: Optional[dict]) -> Text:
+    if not result:
+        return Text("–")
+    if result.get("status") != "ok" or not result.get("timing"):
+        return Text(result.get("status", "–"), style=STATUS_STYLE.get(result.get("status"), "dim"))
+    return Text(f"{result['timing']['median_us']:.1f} ({_tbs(result.get('kv_gbps'))})")
+
+
+def decode_summary_table(doc: dict) -> Table:
+    """One row per case: µs (KV TB/s) of each backend, flashcore's %copy, secure/fast, flashcore vs best peer."""
+    names = [n for n in doc["config"]["backends"]]
+    table = Table(title="decode summary: µs (KV TB/s)", title_style="bold")
+    table.add_column("case", no_wrap=True)
+    for name in names:
+        table.add_column(name, justify="right", no_wrap=True)
+    for header in ("fc %copy", "secure/fast", "best peer", "fc vs peer", "max err"):
+        table.add_column(header, justify="right" if header != "best peer" else "left", no_wrap=True)
+    for entry in doc["results"]:
+        b = entry["backends"]
+        fc, sec = b.get("flashcore") or {}, b.get("flashcore-secure") or {}
+        fc_us, sec_us = _median_us(fc), _median_us(sec)
+        errs = [r["rel_err"] for r in b.values() if r.get("rel_err") is not None]
+        table.add_row(entry["label"] + (" *" if entry.get("decode", {}).get("must_have") else ""),
+                      *[_us_tbs(b.get(n)) for n in names],
+                      _num(_pct(fc.get("frac_copy_ceiling")), "{:.0f}%"),
+                      _num(fc_us / sec_us if (fc_us and sec_us) else None, "{:.2f}"),
+                      entry.get("fastest_peer") or "–", _ratio(fc.get("vs_fastest_peer")),
+                      _num(max(errs) if errs else None, "{:.1e}"))
+    table.caption = "* a shape the issue requires; secure/fast: fast time / secure time (throughput ratio)"
+    table.caption_justify = "left"
+    return table

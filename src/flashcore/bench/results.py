@@ -15,6 +15,18 @@ Layout of one run (``schema: "flashcore-bench/1"``)::
              "vs_fastest_peer", "host_latency_us", "cuda_graph_us", "cuda_graph_status"}}}
       ]
     }
+
+The decode suite (``flashcore bench --suite decode``, :mod:`flashcore.bench.decode`) writes the same document,
+file ``bench-decode-<gpu>-<date>-<sha>.json``, extended (checked by :func:`validate_decode_document`, which
+:func:`validate_document` runs whenever ``config.decode`` is present)::
+
+    config.decode: {name: note}        what each figure means (bytes, ceiling, check, peers' inputs)
+    ceilings: + "read_gbps", "read"    read-only bandwidth (context; fractions are of copy_gbps)
+    results[i]: + "decode": {"cache_len", "page_size", "layout", "kv_dtype", "Sq", "kv_bytes", "kv_bytes_bf16",
+                             "must_have", ...}
+                  shape: Sk = cache_len (+ "cache_len", "page_size", "layout", "kv_dtype")
+    results[i].backends[name]: + "kv_bytes", "kv_gbps", "kv_gbps_bf16_equiv", "frac_read_ceiling"
+                  frac_copy_ceiling = kv_gbps / copy_gbps (K/V bytes read, not io_bytes)
 """
 from __future__ import annotations
 
@@ -175,7 +187,12 @@ def result_filename(doc: dict) -> str:
     except (KeyError, ValueError):
         stamp = "undated"
     sha = env.get("git_sha") or "unknown"
-    return f"bench-{slug}-{stamp}-{sha[:7] if sha != 'unknown' else 'unknown'}.json"
+    kind = "bench-decode" if is_decode_document(doc) else "bench"
+    return f"{kind}-{slug}-{stamp}-{sha[:7] if sha != 'unknown' else 'unknown'}.json"
+
+
+def is_decode_document(doc: dict) -> bool:
+    return isinstance((doc.get("config") or {}).get("decode"), dict)
 
 
 # ---------------------------------------------------------------- document construction
@@ -277,6 +294,8 @@ def validate_document(doc) -> None:
                     f"$.backends.{name}")
     for i, entry in enumerate(doc["results"]):
         _validate_entry(entry, f"$.results[{i}]")
+    if "decode" in doc["config"]:
+        validate_decode_document(doc)
 
 
 def _validate_entry(entry, path: str) -> None:
@@ -295,6 +314,39 @@ def _validate_entry(entry, path: str) -> None:
             t = result["timing"]
             _expect(t["min_us"] <= t["median_us"] <= t["max_us"], f"{rpath}.timing",
                     "expected min_us <= median_us <= max_us")
+
+
+_DECODE_INFO = {"cache_len": (int, False), "page_size": (int, False), "layout": (str, False), "kv_dtype": (str, False),
+                "Sq": (int, False), "kv_bytes": (int, False), "kv_bytes_bf16": (int, False), "must_have": (bool, False)}
+_DECODE_RESULT = {"kv_bytes": (int, True), "kv_gbps": (NUMBER, True), "kv_gbps_bf16_equiv": (NUMBER, True),
+                  "frac_read_ceiling": (NUMBER, True)}
+_KV_ELEMENT_SIZE = {"bf16": 2, "fp8": 1}
+
+
+def validate_decode_document(doc) -> None:
+    """The decode suite's extension of the schema (see the module docstring): SchemaError naming the key path.
+    Also checks each case's byte count against its shape (B x cache_len x Hkv x D x 2 x element size)."""
+    _check_type(doc.get("config", {}).get("decode"), dict, "$.config.decode")
+    for i, entry in enumerate(doc["results"]):
+        path = f"$.results[{i}]"
+        _expect("decode" in entry, path, "missing key 'decode'")
+        info = entry["decode"]
+        _check_keys(info, _DECODE_INFO, f"{path}.decode")
+        _expect(info["kv_dtype"] in _KV_ELEMENT_SIZE, f"{path}.decode.kv_dtype",
+                f"expected one of {tuple(_KV_ELEMENT_SIZE)}, got {info['kv_dtype']!r}")
+        s = entry["shape"]
+        per_element = s["B"] * info["cache_len"] * s["Hkv"] * s["D"] * 2
+        _expect(info["kv_bytes"] == per_element * _KV_ELEMENT_SIZE[info["kv_dtype"]], f"{path}.decode.kv_bytes",
+                f"expected B x cache_len x Hkv x D x 2 x element size = "
+                f"{per_element * _KV_ELEMENT_SIZE[info['kv_dtype']]}, got {info['kv_bytes']}")
+        _expect(info["kv_bytes_bf16"] == per_element * 2, f"{path}.decode.kv_bytes_bf16",
+                f"expected {per_element * 2}, got {info['kv_bytes_bf16']}")
+        for name, result in entry["backends"].items():
+            rpath = f"{path}.backends.{name}"
+            _check_keys(result, _DECODE_RESULT, rpath)
+            if result["status"] == "ok":
+                for key in ("kv_bytes", "kv_gbps", "kv_gbps_bf16_equiv"):
+                    _expect(result[key] is not None, f"{rpath}.{key}", "required when status is 'ok'")
 
 
 # ---------------------------------------------------------------- files

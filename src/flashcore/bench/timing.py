@@ -162,22 +162,24 @@ def host_latency_us(fns: Sequence[Callable], calls: int = 30, budget_s: float = 
     return 1e6 * statistics.median(times)
 
 
-def cuda_graph_us(fn: Callable, calls: int = GRAPH_CALLS, replays: int = 10) -> float:
-    """Per-call time of ``calls`` calls captured in one CUDA graph (median over replays).
+def cuda_graph_us(fn, calls: int = GRAPH_CALLS, replays: int = 10) -> float:
+    """Per-call time of ``calls`` calls captured in one CUDA graph (median over replays). ``fn``: one callable,
+    or a sequence of them that the captured calls cycle through (one per input set: L2 stays cold).
 
     Raises whatever capture raises; the caller reports the backend as not capturable.
     """
+    fns = list(fn) if isinstance(fn, (list, tuple)) else [fn]
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up on a side stream, as torch.cuda.graphs requires
-        for _ in range(3):
-            fn()
+        for i in range(max(3, len(fns))):
+            fns[i % len(fns)]()
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
+        for i in range(calls):
+            fns[i % len(fns)]()
     graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -217,3 +219,18 @@ def measure_ceilings(timer: Timer, dtype: torch.dtype, rep_ms: float = 100.0) ->
         "copy": {"bytes": COPY_BYTES, "note": "device-to-device copy; bandwidth counts bytes read + written",
                  "timing": cp},
     }
+
+
+READ_BYTES = 1024 ** 3
+
+
+def measure_read_ceiling(timer: Timer, rep_ms: float = 100.0) -> dict:
+    """Read-only bandwidth: ``torch.sum`` of a 1 GiB bf16 buffer (bytes read / time). A generic reduction, not a
+    tuned stream: context for decode (which only reads), beside the copy ceiling the fractions are taken of."""
+    buf = torch.zeros(READ_BYTES // 2, dtype=torch.bfloat16, device=timer.device)
+    st = timer.stats([lambda: buf.sum(dtype=torch.float32)], flush=True, rep_ms=rep_ms)
+    del buf
+    torch.cuda.empty_cache()
+    return {"read_gbps": READ_BYTES / (st["median_us"] * 1e-6) / 1e9,
+            "read": {"bytes": READ_BYTES, "note": "torch.sum(dtype=float32) of a bf16 buffer; bytes read / time",
+                     "timing": st}}
