@@ -332,6 +332,7 @@ FP8_CACHE_DTYPE = torch.float8_e4m3fn
 _FP8_OTHER = tuple(getattr(torch, n) for n in ("float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
                    if hasattr(torch, n))
 MAX_SPLITS = 128
+SECURE_PAGE_SIZES = (16, 32, 64, 128, 256)
 
 
 @dataclass
@@ -441,6 +442,9 @@ def check_kvcache(q, k_cache, v_cache, *, cache_seqlens, k, v, page_table, cache
             raise ValueError(f"the paged cache's page size (k_cache.shape[1]) must be in [1, 256], got {page_size}")
         if page_table.shape[1] < 1 or k_cache.shape[0] < 1:
             raise ValueError("a paged cache needs at least one page and a page table at least one page wide")
+        if secure and page_size not in SECURE_PAGE_SIZES:
+            raise ValueError(f"secure=True needs a page size in {SECURE_PAGE_SIZES} (one page per key tile; the "
+                             f"per-key page gather of other sizes is not verified by the SASS gate), got {page_size}")
         capacity = page_table.shape[1] * page_size
     else:
         page_size = capacity = k_cache.shape[1]

@@ -9,12 +9,14 @@ from dataclasses import replace
 
 import torch
 
-from ..kernels import KERNELS, SM90_FWD, TRITON_FWD
+from ..kernels import KERNELS, SM90_FWD, TRITON_DECODE, TRITON_DECODE_COMBINE, TRITON_FWD
 from ..kernels.secure.prepass import attn_secure_sanitize_kv_kernel, attn_secure_zero_v_padding_kernel
 from ..kernels.triton.fwd import attn_fwd_kernel
 from ..launch.secure_prepass import PREPASS_BLOCK_S, PREPASS_WARPS, build_prepass, build_prepass_kv, key_weights_shape
 from ..launch.sm90_fwd import GluonLaunch
+from ..launch.triton_decode import DecodeShape, build_combine, build_split
 from ..launch.triton_fwd import build_launch
+from ..plan.decode import choose_config
 from ..plan import tables
 from ..plan.select import triton_config
 from ..plan.tables import Config
@@ -53,7 +55,8 @@ def _spec_from_launch(name, cfg, args, constexprs, secret, fn):
     for pname in constexprs:
         signature[pname] = "constexpr"
     return dict(name=name, fn=fn, signature=signature, constexprs=consts, attrs=attrs,
-                secret=set(secret), num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg)
+                secret=set(secret), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                maxnreg=getattr(cfg, "maxnreg", None))
 
 
 def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0), full: bool = False) -> list[dict]:
@@ -78,6 +81,7 @@ def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0), full: bool = False
                     specs.append(_audit_prepass_spec(dtype, hd, S, Hkv))
                     if dtype != torch.float32 and hd in (64, 128):  # the secure Gluon kernel's (non-causal)
                         specs.append(_audit_prepass_kv_spec(dtype, hd, S, Hkv))
+    specs += decode_specs(secure, full=full)
     if tables.is_hopper(arch):
         for dtype in (torch.bfloat16, torch.float16):
             for hd in SM90_FWD.head_dims:
@@ -178,3 +182,67 @@ def _audit_spec(dtype, hd, causal, public_diag, S, Hq, Hkv, secure, varlen, arch
 
 def _on_arch(problem: Problem, arch) -> Problem:
     return replace(problem, arch=tuple(arch) if arch is not None else None)
+
+
+# The KV-cache kernels' audited forms: (cache, page size); the fast path's page sizes 1 and 16 take the per-key page
+# gather, 128 one page per 128-key tile; secure mode takes one page per tile always (page sizes 16..256, tiles of
+# min(page, 128) keys); "rows" reads a contiguous cache through cache_batch_idx, "leftpad" with cache_leftpad.
+_AUDIT_DECODE_CACHES = (("paged", 1), ("paged", 16), ("paged", 128), ("contiguous", 0), ("rows", 0), ("leftpad", 0))
+_SECURE_DECODE_CACHES = (("paged", 16), ("paged", 64), ("paged", 128), ("contiguous", 0), ("rows", 0), ("leftpad", 0))
+# (q dtype, cache dtype, head dims): bf16 over the BLOCK_D families (72: a masked head dim), the others at 128
+_AUDIT_DECODE_DTYPES = ((torch.bfloat16, torch.bfloat16, (64, 72, 128, 256)), (torch.float32, torch.float32, (128,)),
+                        (torch.bfloat16, torch.float8_e4m3fn, (128,)), (torch.float16, torch.float8_e4m3fn, (128,)))
+# (Sq, causal, splits): one split (the output written directly), several (workspace + combine)
+_AUDIT_DECODE_FORMS = ((1, True, 1), (1, True, 7), (4, False, 3))
+
+
+def decode_specs(secure: bool, full: bool = False) -> list[dict]:
+    """The KV-cache kernels (split and combine) as launched from public shapes (``plan.decode.choose_config``).
+    Secret: the data behind q and the caches and, in secure mode, ``cache_seqlens``/``cache_leftpad``. The fast
+    path's list is the bf16 D=128 subset (its findings are reported, never fatal)."""
+    specs, names = [], set()
+    for q_dtype, cache_dtype, dims in _AUDIT_DECODE_DTYPES:
+        if not secure and (q_dtype, cache_dtype) != (torch.bfloat16, torch.bfloat16):
+            continue
+        for hd in (tuple(range(8, 257, 8)) if full else dims if secure else (128,)):
+            for cache, page in (_SECURE_DECODE_CACHES if secure else _AUDIT_DECODE_CACHES):
+                for Sq, causal, splits in _AUDIT_DECODE_FORMS:
+                    for spec in _decode_specs(q_dtype, cache_dtype, hd, cache, page, Sq, causal, splits, secure):
+                        if spec["name"] not in names:  # the combine step is shared by every cache form
+                            names.add(spec["name"])
+                            specs.append(spec)
+    return specs
+
+
+def _decode_specs(q_dtype, cache_dtype, hd, cache, page, Sq, causal, splits, secure) -> list[dict]:
+    B, Hq, Hkv, capacity = 2, 8, 2, 1024
+    paged = cache == "paged"
+    q = torch.empty(B, Sq, Hq, hd, dtype=q_dtype)
+    if paged:
+        kc = torch.empty(B * capacity // page + 1, page, Hkv, hd, dtype=cache_dtype)
+    else:
+        kc = torch.empty(B + 1, capacity, Hkv, hd, dtype=cache_dtype)
+    fp8 = cache_dtype == torch.float8_e4m3fn
+    shape = DecodeShape(batch=B, seqlen_q=Sq, num_heads_q=Hq, num_heads_kv=Hkv, head_dim=hd,
+                        page_size=page if paged else capacity, capacity=capacity, num_pages=kc.shape[0], paged=paged,
+                        packed=False, appended=False, has_batch_idx=cache == "rows", has_leftpad=cache == "leftpad",
+                        causal=causal, secure=secure, fp8=fp8, return_lse=True, fp32=q_dtype == torch.float32,
+                        scale=hd ** -0.5)
+    cfg = choose_config(shape, splits, torch.device("cpu"))
+    table = torch.empty(B, capacity // max(page, 1), dtype=torch.int32) if paged else None
+    fn, _, args, ce = build_split(shape, cfg, q, kc, kc, q, table.stride(0) if paged else 0)
+    i32 = torch.empty(B + 1, dtype=torch.int32)
+    f32 = torch.empty(4096, dtype=torch.float32)
+    descale = torch.empty(B, Hkv, dtype=torch.float32)
+    ptrs = [q, kc, kc, q, f32, f32, f32, i32, table if paged else i32, i32, i32, i32, descale, descale]
+    mode = "secure" if secure else "fast"
+    name = (f"{mode}_decode_{_ELT.get(cache_dtype, 'fp8')}_q{_ELT[q_dtype]}_d{hd}_{cache}{page or ''}_sq{Sq}"
+            f"{'_causal' if causal else ''}_splits{cfg.num_splits}_{cfg.block_m}x{cfg.block_n}w{cfg.num_warps}"
+            f"s{cfg.num_stages}")
+    specs = [_spec_from_launch(name, cfg, ptrs + list(args), ce, TRITON_DECODE.secrets(secure=secure), fn=fn)]
+    if cfg.num_splits > 1:
+        fn, _, args, ce = build_combine(shape, cfg, q, q)
+        name = f"{mode}_decode_combine_{_ELT[q_dtype]}_d{hd}_sq{Sq}_g{Hq // Hkv}"
+        specs.append(_spec_from_launch(name, replace(cfg, num_warps=4, num_stages=1), [f32, f32, q, f32, i32]
+                                       + list(args), ce, TRITON_DECODE_COMBINE.secrets(secure=secure), fn=fn))
+    return specs

@@ -107,7 +107,7 @@ def build_split(shape: DecodeShape, cfg: DecodeConfig, q, k_cache, v_cache, out,
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
             *_bsh(out, shape.packed), *lse_strides(shape, total_q), page_table_stride,
-            shape.seqlen_q, shape.capacity, shape.num_pages, shape.num_heads_kv, cfg.num_splits, part_rows)
+            shape.seqlen_q, total_q, shape.capacity, shape.num_pages, shape.num_heads_kv, cfg.num_splits, part_rows)
     constexprs = dict(
         GROUP=shape.group, HEAD_DIM=shape.head_dim, BLOCK_D=block_d(shape.head_dim), BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, PAGE_SIZE=shape.page_size if shape.paged else 1, PAGED=shape.paged,
@@ -125,7 +125,7 @@ COMBINE_ROWS = 16  # rows per combine program
 def build_combine(shape: DecodeShape, cfg: DecodeConfig, q, out):
     total_q = q.shape[0] if shape.packed else shape.batch * shape.seqlen_q
     part_rows = query_tiles(shape, cfg) * cfg.block_m
-    args = (*_bsh(out, shape.packed), *lse_strides(shape, total_q), shape.seqlen_q, shape.num_heads_kv,
+    args = (*_bsh(out, shape.packed), *lse_strides(shape, total_q), shape.seqlen_q, total_q, shape.num_heads_kv,
             cfg.num_splits, part_rows)
     constexprs = dict(GROUP=shape.group, HEAD_DIM=shape.head_dim, BLOCK_D=block_d(shape.head_dim),
                       BLOCK_R=COMBINE_ROWS, PACKED=shape.packed, RETURN_LSE=shape.return_lse)
@@ -137,7 +137,8 @@ def build_append(shape: DecodeShape, k, v, k_cache, v_cache, page_table_stride: 
     args = (*_bsh(k, shape.packed), *_bsh(v, shape.packed),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-            page_table_stride, shape.seqlen_q, shape.num_heads_kv, shape.capacity, shape.num_pages)
+            page_table_stride, shape.seqlen_q, k.shape[0] if shape.packed else shape.batch * shape.seqlen_q,
+            shape.num_heads_kv, shape.capacity, shape.num_pages)
     constexprs = dict(HEAD_DIM=shape.head_dim, BLOCK_H=max(1, 1 << (shape.num_heads_kv - 1).bit_length()),
                       BLOCK_D=block_d(shape.head_dim), PAGE_SIZE=shape.page_size if shape.paged else 1,
                       PAGED=shape.paged, PACKED=shape.packed, HAS_BATCH_IDX=shape.has_batch_idx)

@@ -64,11 +64,11 @@ class Plan:
         self.main.run(pointer_args(q, k, v, out, lse, (seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlens_k), dummy=q),
                       device, w)
         if self.problem.varlen:
-            _clear_unowned_rows(out, lse, cu_seqlens_q, end_q)
+            clear_unowned_rows(out, lse, cu_seqlens_q, end_q)
         return out, lse
 
 
-def _clear_unowned_rows(out, lse, cu_seqlens_q, end_q) -> None:
+def clear_unowned_rows(out, lse, cu_seqlens_q, end_q) -> None:
     """Rows of a packed q past ``cu_seqlens_q[-1]`` belong to no sequence, and no kernel program writes
     them: give them the value of a row that sees no key (output 0, lse -inf), as the reference does, never
     leftover memory. Eager calls know where the sequences end (the host check read it): clear just the tail.

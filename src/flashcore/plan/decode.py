@@ -11,6 +11,7 @@ import torch
 from ..launch.triton_decode import (DecodeConfig, DecodeShape, build_append, build_combine, build_split,
                                     query_tiles, workspace_shapes)
 from ..runtime import KernelStep, cdiv, sm_count
+from .build import clear_unowned_rows
 
 MIN_TILES_PER_SPLIT = 2  # fewer key tiles per split and the combine's reads stop being negligible
 
@@ -23,6 +24,10 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
         block_n = 32
     else:
         block_n = 128 if d <= 128 else 64
+    if shape.secure and shape.paged and shape.page_size < block_n:
+        # one page per tile: a per-key page gather reaches the addresses through a shared-memory layout
+        # conversion, which the SASS gate cannot tell from secret data (secure page sizes are powers of two >= 16)
+        block_n = shape.page_size
     gather = shape.paged and shape.page_size % block_n != 0  # a page index per key, not per tile
     if num_splits == 0:
         # One wave: as many splits as fit beside the other programs on the SMs (measured on H100, 2026-11-25:
@@ -33,6 +38,10 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
         tiles = cdiv(shape.capacity, block_n)
         num_splits = max(1, min(target // programs, tiles // MIN_TILES_PER_SPLIT, 128))
     num_warps, num_stages = (4, 2) if shape.fp32 or gather and num_splits > 1 else (8, 3)
+    if shape.secure and shape.paged:
+        # no software pipelining: it carries each tile's page index to the loads through shared memory, where the
+        # SASS gate cannot tell it (public) from the K/V tiles (secret) that share it
+        num_stages = 1
     return DecodeConfig(block_m, block_n, num_warps, num_stages, num_splits)
 
 
@@ -93,6 +102,8 @@ class DecodePlan:
                         get("k_descale"), get("v_descale")), device)
         if self.combine is not None:
             self.combine.run((part_o, part_lse, out, lse if lse is not None else dummy, get("cu_seqlens_q")), device)
+        if self.shape.packed:  # rows of q past cu_seqlens_q[-1] belong to no sequence: output 0, lse -inf
+            clear_unowned_rows(out, lse, t["cu_seqlens_q"], None)
         return out, lse
 
 

@@ -17,7 +17,7 @@ def decode_combine_kernel(
     PART_O, PART_LSE, O, LSE, CU_Q,
     stride_ob, stride_os, stride_oh,
     stride_lb, stride_lh, stride_ls,
-    seqlen_q, num_heads_kv, num_splits, part_rows,
+    seqlen_q, total_q, num_heads_kv, num_splits, part_rows,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
     PACKED: tl.constexpr, RETURN_LSE: tl.constexpr,
 ):
@@ -30,8 +30,9 @@ def decode_combine_kernel(
     tok = offs_r // GROUP
     head = hkv * GROUP + offs_r % GROUP
     if PACKED:
-        q0 = tl.load(CU_Q + b)
-        n_q = tl.load(CU_Q + b + 1) - q0
+        # clamped into q (and max_seqlen_q), so unchecked offsets (CUDA-graph replays) never address past it
+        q0 = tl.minimum(tl.maximum(tl.load(CU_Q + b), 0), total_q)
+        n_q = tl.minimum(tl.maximum(tl.load(CU_Q + b + 1) - q0, 0), tl.minimum(seqlen_q, total_q - q0))
         tok_abs = (q0 + tok).to(tl.int64)
         o_base = O + tok_abs[:, None] * stride_os
     else:

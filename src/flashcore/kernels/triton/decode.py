@@ -55,7 +55,9 @@ def _key_pointers(C, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_ID
     """Pointers of the [BLOCK_N, BLOCK_D] tile of cache ``C`` at logical positions ``offs_n`` of sequence ``b``."""
     if PAGED:
         if PAGE_SIZE % BLOCK_N == 0:  # the whole tile lies in one page (tiles start at multiples of BLOCK_N)
-            page = tl.load(PAGE_TABLE + b * stride_pt + n0 // PAGE_SIZE).to(tl.int64)
+            # volatile: Triton's pipeliner would otherwise copy the index through shared memory (cp.async), where
+            # the SASS gate cannot tell it (public) from the K/V tiles (secret) that share it
+            page = tl.load(PAGE_TABLE + b * stride_pt + n0 // PAGE_SIZE, volatile=SECURE).to(tl.int64)
             page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
             row = page * stride_p + (offs_n % PAGE_SIZE).to(tl.int64) * stride_t
         else:
@@ -83,7 +85,7 @@ def decode_split_kernel(
     stride_ob, stride_os, stride_oh,
     stride_lb, stride_lh, stride_ls,
     stride_pt,
-    seqlen_q, capacity, num_pages, num_heads_kv, num_splits, part_rows,
+    seqlen_q, total_q, capacity, num_pages, num_heads_kv, num_splits, part_rows,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, PACKED: tl.constexpr,
     APPENDED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr, CAUSAL: tl.constexpr,
@@ -104,8 +106,9 @@ def decode_split_kernel(
     head = hkv * GROUP + offs_r % GROUP
     offs_d = tl.arange(0, BLOCK_D)
     if PACKED:
-        q0 = tl.load(CU_Q + b)
-        n_q = tl.load(CU_Q + b + 1) - q0
+        # clamped into q (and max_seqlen_q), so unchecked offsets (CUDA-graph replays) never address past it
+        q0 = tl.minimum(tl.maximum(tl.load(CU_Q + b), 0), total_q)
+        n_q = tl.minimum(tl.maximum(tl.load(CU_Q + b + 1) - q0, 0), tl.minimum(seqlen_q, total_q - q0))
         tok_abs = (q0 + tok).to(tl.int64)
         q_base = Q + tok_abs[:, None] * stride_qs
     else:
@@ -130,7 +133,7 @@ def decode_split_kernel(
         q = (q.to(tl.float32) * Q_PRESCALE).to(tl.float16)
         scale2 = scale2 * (tl.load(K_DESCALE + b * num_heads_kv + hkv) / (Q_PRESCALE * FP8_WIDEN_C))
     # the last key any row of this tile may see (causal: the tile's last real token)
-    last_tok = tl.minimum((m_tile + 1) * BLOCK_M // GROUP, n_q) - 1
+    last_tok = tl.minimum(((m_tile + 1) * BLOCK_M - 1) // GROUP + 1, n_q) - 1
     if CAUSAL:
         hi = tl.minimum(L, L - n_q + last_tok + 1)
     else:

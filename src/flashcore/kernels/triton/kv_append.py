@@ -17,7 +17,7 @@ def kv_append_kernel(
     stride_vb, stride_vs, stride_vh,
     stride_kcp, stride_kct, stride_kch,
     stride_vcp, stride_vct, stride_vch,
-    stride_pt, seqlen_q, num_heads_kv, capacity, num_rows,
+    stride_pt, seqlen_q, total_q, num_heads_kv, capacity, num_rows,
     HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr,
     PAGED: tl.constexpr, PACKED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
 ):
@@ -26,8 +26,9 @@ def kv_append_kernel(
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
     if PACKED:
-        q0 = tl.load(CU_Q + b)
-        n_new = tl.load(CU_Q + b + 1) - q0
+        # clamped into q (and max_seqlen_q), so unchecked offsets (CUDA-graph replays) never address past it
+        q0 = tl.minimum(tl.maximum(tl.load(CU_Q + b), 0), total_q)
+        n_new = tl.minimum(tl.maximum(tl.load(CU_Q + b + 1) - q0, 0), tl.minimum(seqlen_q, total_q - q0))
         k_src = K + (q0 + tok).to(tl.int64) * stride_ks
         v_src = V + (q0 + tok).to(tl.int64) * stride_vs
     else:
