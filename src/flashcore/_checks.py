@@ -153,8 +153,9 @@ def check_seqlens(name: str, t, batch: int, device: torch.device) -> None:
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors' memory spans intersect (a conservative test on their address ranges)."""
-    if a.device != b.device or a.numel() == 0 or b.numel() == 0:
+    """Whether two tensors' memory spans intersect (a conservative test on their address ranges). False while
+    torch.compile traces: fake tensors have no addresses (the custom ops check their real tensors again)."""
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0 or torch.compiler.is_compiling():
         return False
     def span(t):
         lo = t.data_ptr() + t.element_size() * sum(s * (n - 1) for s, n in zip(t.stride(), t.shape) if s < 0)
