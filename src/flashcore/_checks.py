@@ -407,7 +407,10 @@ def check_kvcache(q, k_cache, v_cache, *, cache_seqlens, k, v, page_table, cache
             raise ValueError("cu_seqlens_q and max_seqlen_q go together: pass both or neither")
         if q.dim() != 3:
             raise ValueError(f"q must be 3-D [total_q, Hq, D] with cu_seqlens_q, got shape {tuple(q.shape)}")
-        if not isinstance(cu_seqlens_q, torch.Tensor) or cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] < 2:
+        if not isinstance(cu_seqlens_q, torch.Tensor):
+            raise TypeError(f"cu_seqlens_q must be an int32 torch.Tensor of shape [B+1], got "
+                            f"{type(cu_seqlens_q).__name__}")
+        if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] < 2:
             raise ValueError("cu_seqlens_q must be an int32 tensor of shape [B+1] (B >= 1)")
         B = cu_seqlens_q.shape[0] - 1
         _check_int32("cu_seqlens_q", cu_seqlens_q, (B + 1,), q.device)
@@ -433,9 +436,12 @@ def check_kvcache(q, k_cache, v_cache, *, cache_seqlens, k, v, page_table, cache
     if paged:
         if cache_batch_idx is not None:
             raise ValueError("cache_batch_idx indexes a contiguous cache; a paged cache (page_table) takes none")
-        if not isinstance(page_table, torch.Tensor) or page_table.dim() != 2:
-            raise ValueError(f"page_table must be an int32 tensor [B, max_pages_per_seq], got "
-                             f"{tuple(page_table.shape) if isinstance(page_table, torch.Tensor) else type(page_table).__name__}")
+        if not isinstance(page_table, torch.Tensor):
+            raise TypeError(f"page_table must be an int32 torch.Tensor [B, max_pages_per_seq], got "
+                            f"{type(page_table).__name__}")
+        if page_table.dim() != 2:
+            raise ValueError(f"page_table must be an int32 tensor [B, max_pages_per_seq], got shape "
+                             f"{tuple(page_table.shape)}")
         _check_int32("page_table", page_table, (B, page_table.shape[1]), q.device)
         page_size = k_cache.shape[1]
         if not 1 <= page_size <= 256:
