@@ -493,6 +493,9 @@ def check_kvcache(q, k_cache, v_cache, *, cache_seqlens, k, v, page_table, cache
             if tuple(t.shape) != (B, Hkv) or t.device != q.device:
                 raise ValueError(f"{name} must have shape [{B}, {Hkv}] on q's device, got {list(t.shape)} on "
                                  f"{t.device}")
+            if not t.is_contiguous():  # the kernel reads it as a packed [B, Hkv] array
+                raise ValueError(f"{name} must be contiguous (the kernels read it as a packed array), got strides "
+                                 f"{tuple(t.stride())}")
     scale = check_scale(scale, D)
     num_splits = check_int("num_splits", num_splits)
     if num_splits > MAX_SPLITS:
