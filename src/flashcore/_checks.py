@@ -545,6 +545,8 @@ def check_kvcache_values(a: KvcacheArgs, cache_seqlens, page_table, cache_batch_
     if cache_leftpad is not None:
         lp = cache_leftpad.detach().to("cpu", torch.int64)
         if bool(((lp < 0) | (lp > L)).any()):
+            if a.secure:  # both are secret: one bit, as for the lengths
+                raise ValueError("cache_leftpad must lie in [0, cache_seqlens] for every sequence")
             b = int(((lp < 0) | (lp > L)).nonzero()[0])
             raise ValueError(f"cache_leftpad[{b}]={int(lp[b])} must lie in [0, cache_seqlens[{b}]={int(L[b])}]")
     if cache_batch_idx is not None:
