@@ -142,7 +142,7 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, k=None, v=None
     page_size = k_cache.shape[1]
     if scale is None:
         scale = q.shape[-1] ** -0.5
-    lens = cache_seqlens.tolist()
+    lens = [int(cache_seqlens)] * B if isinstance(cache_seqlens, int) else cache_seqlens.tolist()
     starts = cu_seqlens_q.tolist() if packed else None
     out64 = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
     Hq = q.shape[-2]
