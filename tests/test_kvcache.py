@@ -6,6 +6,7 @@ Every input is random (never zeros), every output buffer is poisoned with NaN be
 each test draws its own seed (from its node id, printed on failure)."""
 import math
 import re
+import types
 import warnings
 import zlib
 
@@ -14,6 +15,7 @@ import torch
 
 import flashcore
 from flashcore import reference as R
+from triton.runtime.errors import InterpreterError
 from conftest import INTERPRET, rel_err
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)
@@ -113,11 +115,11 @@ def test_contiguous_matches_reference(dtype, Sq, causal, Hq, Hkv, gen):
 
 @kernel
 @pytest.mark.parametrize("Hq,Sq,L", [
-    pytest.param(3, 32, 43, marks=pytest.mark.xfail(strict=True, reason=(
+    pytest.param(3, 32, 43, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
         "decode.py: a query tile's causal key bound uses last_tok = min((m_tile+1)*BLOCK_M // GROUP, n_q) - 1; "
         "when GROUP does not divide BLOCK_M the tile's last row belongs to token (m_tile+1)*BLOCK_M // GROUP "
         "(one more), which loses its last key whenever that key starts a new BLOCK_N tile"))),
-    pytest.param(6, 11, 33, marks=pytest.mark.xfail(strict=True, reason="same bound, GROUP=6")),
+    pytest.param(6, 11, 33, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason="same bound, GROUP=6")),
     (3, 4, 40),
 ])
 def test_gqa_group_not_dividing_the_query_tile(Hq, Sq, L, gen):
@@ -146,7 +148,7 @@ def test_sq_longer_than_cache(causal, gen):
 
 # ---- paged cache ----------------------------------------------------------------------------------------
 
-PAGE_48_FP16 = pytest.mark.xfail(strict=True, reason=(
+PAGE_48_FP16 = pytest.mark.xfail(strict=True, raises=InterpreterError, reason=(
     "plan/decode.py choose_config: page_size < BLOCK_N and page_size % 16 == 0 sets BLOCK_N = page_size, so "
     "page size 48 (fp16, BLOCK_N 64) gives BLOCK_N=48 and the split kernel fails to compile: "
     "tl.arange(0, 48): arange's range must be a power of 2"))
@@ -264,6 +266,28 @@ def test_append_then_attend(dtype, Sq, layout, gen):
 
 
 @kernel
+@pytest.mark.parametrize("paged", [False, True])
+def test_every_append_lands_before_any_sequence_attends(paged, gen):
+    """"k/v are first written into the cache, then attended": where sequences share a cache row (or page),
+    a sequence sees the tokens another one appends inside its visible range, whatever the batch order; the
+    reference agrees with the kernels."""
+    Hq, Hkv, D, S = 2, 1, 16, 32
+    q = rnd(2, 1, Hq, D, gen=gen)
+    k, v = (rnd(2, 1, Hkv, D, gen=gen) for _ in range(2))
+    kc, vc = (rnd(1, S, Hkv, D, gen=gen) for _ in range(2))
+    L = lengths(10, 4)  # sequence 1 appends at slot 4, which sequence 0 (length 10) sees
+    share = dict(page_table=lengths(0, 1, 0, 1).view(2, 2)) if paged else dict(cache_batch_idx=lengths(0, 0))
+    if paged:
+        kc, vc = kc.view(2, S // 2, Hkv, D), vc.view(2, S // 2, Hkv, D)
+    (out, lse, kc2, vc2), (ref, ref_lse, kr, vr) = run_both(q, kc, vc, cache_seqlens=L, k=k, v=v, **share)
+    check(out, lse, ref, ref_lse, torch.float32)
+    assert torch.equal(kc2, kr) and torch.equal(vc2, vr)
+    after = flashcore.attention_with_kvcache(q[:1], kc2, vc2, cache_seqlens=lengths(11), backend="triton",
+                                             **({"page_table": share["page_table"][:1]} if paged else {}))
+    assert rel_err(out[:1], after.double()) < 1e-6
+
+
+@kernel
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("splits", [1, 3])
 def test_chunked_prefill_several_query_tiles(dtype, splits, gen):
@@ -352,16 +376,17 @@ def test_kernels_stay_inside_their_buffers(case, strict_interpreter, gen):
 
 
 @kernel
-@pytest.mark.parametrize("paged", [False, True])
-def test_unvalidated_wild_values_stay_inside_the_cache(paged, strict_interpreter, gen):
+@pytest.mark.parametrize("page_size", [None, 16, 5])  # contiguous; a page per key tile; a page lookup per key
+def test_unvalidated_wild_values_stay_inside_the_cache(page_size, strict_interpreter, gen):
     """validate=False (what CUDA-graph replays and torch.compile get): lengths, leftpads, page-table entries and
     batch indices out of range give some answer, never an access outside the cache (the kernels clamp), and
     the append writes nothing outside the cache."""
-    B, Sq, Hq, Hkv, D, ps, width = 3, 2, 2, 1, 16, 16, 2
+    B, Sq, Hq, Hkv, D, width = 3, 2, 2, 1, 16, 2
+    ps = page_size or 16
     q = rnd(B, Sq, Hq, D, gen=gen)
     k, v = (rnd(B, Sq, Hkv, D, gen=gen) for _ in range(2))
-    L = lengths(10**6, -7, 31)
-    if paged:
+    L = lengths(10**6, -7, 2 * ps - 1)
+    if page_size:
         kc, vc = (rnd(5, ps, Hkv, D, gen=gen) for _ in range(2))
         kw = dict(page_table=torch.tensor([[0, 99], [-3, 1], [2, 10**6]], dtype=torch.int32))
     else:
@@ -376,6 +401,21 @@ def test_unvalidated_wild_values_stay_inside_the_cache(paged, strict_interpreter
     changed = (kc != kc0).any(-1).any(-1)
     assert changed.sum() <= 2 * Sq  # at most the slots of sequences with an in-range position
     assert set(strict_interpreter) <= {"kv_append_kernel", "decode_split_kernel", "decode_combine_kernel"}
+
+
+@kernel
+@pytest.mark.parametrize("append", [False, True])
+@pytest.mark.xfail(strict=True, raises=InterpreterError, reason=(
+    "decode.py / kv_append.py trust cu_seqlens_q: unvalidated (validate=False; always under torch.compile and "
+    "CUDA-graph capture) offsets past q's rows make the split kernel load q (and store out/lse) and the append "
+    "kernel load k/v outside their buffers; the docstring promises a wrong result, never an out-of-bounds "
+    "access"))
+def test_unvalidated_wild_cu_seqlens_q_stay_inside_q(append, strict_interpreter, gen):
+    q = rnd(5, 2, 16, gen=gen)
+    kc, vc = (rnd(2, 32, 1, 16, gen=gen) for _ in range(2))
+    kw = dict(k=rnd(5, 1, 16, gen=gen), v=rnd(5, 1, 16, gen=gen)) if append else {}
+    flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lengths(3, 9), cu_seqlens_q=lengths(0, 3, 50),
+                                     max_seqlen_q=3, backend="triton", validate=False, **kw)
 
 
 # ---- packed queries, leftpad ----------------------------------------------------------------------------
@@ -426,7 +466,7 @@ def test_packed_queries(dtype, append, paged, gen):
 
 
 @kernel
-@pytest.mark.xfail(strict=True, reason=(
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
     "plan/decode.py DecodePlan: rows of a packed q past cu_seqlens_q[-1] belong to no sequence and no program "
     "writes them: out keeps the buffer's contents (NaN here) and lse garbage; the reference (and "
     "attention_varlen, plan.build._clear_unowned_rows) gives 0 and -inf"))
@@ -696,6 +736,76 @@ def test_lengths_change_nothing_but_the_answer(secure, layout, launches, gen):
     assert len(plans) == 3 and plans[0] is plans[1] is plans[2]
     assert launches[0][1] == launches[1][1] == launches[2][1] and launches[0][1]
     assert not torch.equal(results[0], results[1])
+
+
+@pytest.fixture
+def memory_trace(monkeypatch):
+    """Every load and store the interpreter executes, as (kernel, load/store, mask, which argument and which
+    byte offset in it each active lane touches): addresses relative to the arguments' storages, so buffers
+    allocated afresh per call (workspace, lse) compare equal. ``memory_trace`` is the list of records."""
+    import numpy as np
+    from triton.runtime import interpreter as I
+
+    trace, ranges, names = [], [], []
+    init = I.GridExecutor._init_args_hst
+
+    def init_args(self, args_dev, kwargs):
+        args_hst, kwargs_hst = init(self, args_dev, kwargs)
+        ranges.clear()
+        for a in list(args_hst) + list(kwargs_hst.values()):
+            if isinstance(a, torch.Tensor):
+                st = a.untyped_storage()
+                ranges.append((st.data_ptr(), st.data_ptr() + st.nbytes()))
+        names.append(getattr(self.fn, "__name__", "?"))
+        return args_hst, kwargs_hst
+
+    def record(kind, ptrs, mask):
+        p = np.asarray(ptrs, dtype=np.uint64).ravel()
+        m = np.broadcast_to(np.asarray(mask, dtype=bool), np.shape(ptrs)).ravel()
+        which = np.full(p.shape, -1, dtype=np.int64)
+        off = np.zeros(p.shape, dtype=np.uint64)
+        for i, (lo, hi) in enumerate(ranges):
+            hit = m & (p >= lo) & (p < hi) & (which < 0)
+            which[hit], off[hit] = i, p[hit] - lo
+        trace.append((names[-1], kind, m.tobytes(), which[m].tobytes(), off[m].tobytes()))
+
+    real = I._interpreter
+
+    def load(ptrs, mask, other, dtype):
+        record("load", ptrs, mask)
+        return real.load(ptrs, mask, other, dtype)
+
+    def store(ptrs, value, mask):
+        record("store", ptrs, mask)
+        return real.store(ptrs, value, mask)
+
+    proxy = types.SimpleNamespace(**{n: getattr(real, n) for n in dir(real) if not n.startswith("__")})
+    proxy.load, proxy.store = load, store
+    monkeypatch.setattr(I.GridExecutor, "_init_args_hst", init_args)
+    monkeypatch.setattr(I, "_interpreter", proxy)
+    return trace
+
+
+@kernel
+@pytest.mark.parametrize("layout", ["paged", "leftpad", "batch_idx"])
+def test_secure_memory_trace_is_independent_of_the_lengths(layout, memory_trace, gen):
+    """Secure mode: every load and store (which buffer, which bytes, which lanes) is the same whatever
+    cache_seqlens and cache_leftpad hold; the fast path's trace differs (so the comparison can see a change)."""
+    q, kc, vc, kw, _ = _secure_case(layout, torch.float16, gen)
+    out = nan_like(q)
+    traces = {}
+    for secure in (True, False):
+        for L in (lengths(96, 41, 0), lengths(5, 0, 90)):
+            over = dict(cache_seqlens=L, secure=secure)
+            if layout == "leftpad":
+                over["cache_leftpad"] = lengths(*(int(x) // 2 for x in L))
+            memory_trace.clear()
+            flashcore.attention_with_kvcache(q, kc, vc, backend="triton", return_lse=True, num_splits=2, out=out,
+                                             **dict(kw, **over))
+            assert memory_trace
+            traces.setdefault(secure, []).append(list(memory_trace))
+    assert traces[True][0] == traces[True][1], "secure mode: the memory accesses depend on the lengths"
+    assert traces[False][0] != traces[False][1]
 
 
 # ---- out=, auto on CPU, bf16, repeat calls --------------------------------------------------------------
