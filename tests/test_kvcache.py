@@ -5,6 +5,7 @@ route (``backend="auto"`` on CPU, bf16); secure mode's contract; torch.compile.
 Every input is random (never zeros), every output buffer is poisoned with NaN before a kernel writes it, and
 each test draws its own seed (from its node id, printed on failure)."""
 import math
+import os
 import re
 import types
 import warnings
@@ -12,6 +13,8 @@ import zlib
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import flashcore
 from flashcore import reference as R
@@ -806,6 +809,63 @@ def test_secure_memory_trace_is_independent_of_the_lengths(layout, memory_trace,
             traces.setdefault(secure, []).append(list(memory_trace))
     assert traces[True][0] == traces[True][1], "secure mode: the memory accesses depend on the lengths"
     assert traces[False][0] != traces[False][1]
+
+
+@st.composite
+def kvcache_calls(draw):
+    """Random calls mixing every option (GQA groups that divide the query tile; page sizes without the fp16
+    page-48 failure; packed q ending at cu_seqlens_q[-1]: the xfail tests above cover those)."""
+    B, Hkv = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    c = dict(B=B, Hkv=Hkv, Hq=Hkv * draw(st.sampled_from([1, 2, 4, 8])), D=draw(st.sampled_from([16, 24, 40, 64])),
+             Sq=draw(st.sampled_from([1, 2, 5, 17])), dtype=draw(st.sampled_from(DTYPES)),
+             causal=draw(st.booleans()), splits=draw(st.sampled_from([0, 1, 2, 5])),
+             page_size=draw(st.sampled_from([None, None, None, 1, 5, 16, 32, 64, 80])), packed=draw(st.booleans()),
+             append=draw(st.booleans()), seed=draw(st.integers(0, 2**31 - 1)))
+    c["width"] = draw(st.integers(1, 160 // (c["page_size"] or 32) + 1))
+    c["secure"] = not c["packed"] and not c["append"] and draw(st.booleans())
+    c["leftpad"] = not c["page_size"] and draw(st.booleans())
+    c["batch_idx"] = not c["page_size"] and draw(st.booleans())
+    c["lens_q"] = draw(st.lists(st.integers(0, c["Sq"]), min_size=B, max_size=B)) if c["packed"] else [c["Sq"]] * B
+    c["fill"] = draw(st.lists(st.sampled_from([0.0, 0.3, 0.7, 1.0]), min_size=2 * B, max_size=2 * B))  # of capacity
+    return c
+
+
+@kernel
+@settings(max_examples=int(os.environ.get("FLASHCORE_PROPERTY_EXAMPLES", "25")), deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(c=kvcache_calls())
+def test_property_random_calls(c):
+    B, Hq, Hkv, D, dtype, ps = c["B"], c["Hq"], c["Hkv"], c["D"], c["dtype"], c["page_size"]
+    gen = torch.Generator().manual_seed(c["seed"])
+    grow = c["lens_q"] if c["append"] else [0] * B
+    cap = max(ps or 32, 1) * c["width"]
+    cap = max(cap, max(grow) + 1)
+    if ps:
+        cap = -(-cap // ps) * ps
+    L = lengths(*(int(f * (cap - g)) for f, g in zip(c["fill"][:B], grow)))
+    kw = dict(cache_seqlens=L, causal=c["causal"], num_splits=c["splits"], secure=c["secure"])
+    if c["packed"]:
+        q, cu = _pack(c["lens_q"], Hq, D, dtype=dtype, gen=gen)
+        kw.update(cu_seqlens_q=cu, max_seqlen_q=max(1, max(c["lens_q"])))
+    else:
+        q = rnd(B, c["Sq"], Hq, D, dtype=dtype, gen=gen)
+    if c["append"]:
+        kw["k"], kw["v"] = (rnd(*q.shape[:-2], Hkv, D, dtype=dtype, gen=gen) for _ in range(2))
+    kc, vc = (rnd(B, cap, Hkv, D, dtype=dtype, gen=gen) for _ in range(2))
+    if ps:
+        kc, table = to_paged(kc, ps, gen)
+        vc, _ = to_paged(vc, ps, gen, pages=rnd(*kc.shape, dtype=dtype, gen=gen), table=table)
+        kw["page_table"] = table
+    if c["batch_idx"]:
+        kw["cache_batch_idx"] = torch.randperm(B, generator=gen).to(torch.int32)
+    if c["leftpad"]:
+        kw["cache_leftpad"] = lengths(*(int(f * int(x)) for f, x in zip(c["fill"][B:], L)))
+    kw_ref = {n: x for n, x in kw.items() if n not in ("num_splits", "secure")}
+    kc1, vc1, kr, vr = kc.clone(), vc.clone(), kc.clone(), vc.clone()
+    out, lse = flashcore.attention_with_kvcache(q, kc1, vc1, backend="triton", return_lse=True, out=nan_like(q), **kw)
+    ref, ref_lse = R.attention_with_kvcache(q, kr, vr, return_lse=True, **kw_ref)
+    check(out, lse, ref, ref_lse, dtype, packed=c["packed"], what=str(c))
+    assert torch.equal(kc1, kr) and torch.equal(vc1, vr)
 
 
 # ---- out=, auto on CPU, bf16, repeat calls --------------------------------------------------------------
