@@ -25,12 +25,14 @@ def pytest_collection_modifyitems(config, items):
 def ran(monkeypatch):
     """What flashcore's entry points actually ran, recorded during the test: ``ran.kernels``, one
     ``(kernel name, Problem)`` per plan run (the Triton or the Gluon kernel, eager or through the custom
-    ops); ``ran.reference``, the number of calls the API made to its reference backend (``backend="auto"``
-    on CPU tensors, or ``"reference"``). The test's own calls of ``flashcore.reference`` are not counted."""
+    ops; a KV-cache plan records ``("triton_decode", DecodeShape)``); ``ran.reference``, the number of calls
+    the API made to its reference backend (``backend="auto"`` on CPU tensors, or ``"reference"``). The test's
+    own calls of ``flashcore.reference`` are not counted."""
     import types
 
     from flashcore import api
     from flashcore.plan.build import Plan
+    from flashcore.plan.decode import DecodePlan
 
     rec = types.SimpleNamespace(kernels=[], reference=0)
     plan_call = Plan.__call__
@@ -52,10 +54,17 @@ def ran(monkeypatch):
 
     from flashcore import ops
 
+    decode_call = DecodePlan.__call__
+
+    def call_decode(self, *args, **kwargs):
+        rec.kernels.append(("triton_decode", self.shape))
+        return decode_call(self, *args, **kwargs)
+
     real_ref = api._ref
     monkeypatch.setattr(Plan, "__call__", call)
+    monkeypatch.setattr(DecodePlan, "__call__", call_decode)
     monkeypatch.setattr(api, "_ref", _ReferenceSpy())
-    monkeypatch.setattr(ops, "_ref", _ReferenceSpy())  # the varlen reference runs as a custom op (ops.py)
+    monkeypatch.setattr(ops, "_ref", _ReferenceSpy())  # the varlen and KV-cache references run from ops.py
     return rec
 
 
@@ -68,7 +77,7 @@ def strict_interpreter(monkeypatch):
       kernel's name and the offending addresses);
     * undefined lanes: a masked load without ``other=`` leaves its masked-off lanes undefined (on a GPU they
       keep whatever the registers held); the interpreter fills zeros, which hides a kernel that depends on
-      them. Here they are NaN (floating point) or -1 (integers).
+      them. Here they are NaN (floating point, FP8 included) or -1 (signed integers).
 
     Returns the list of the checked launches' kernel names."""
     import types
@@ -116,7 +125,12 @@ def strict_interpreter(monkeypatch):
         if other is None:
             dtype_tt = ptrs.get_element_ty()
             dtype_np = I._get_np_dtype(dtype_tt)
-            fill = np.nan if np.issubdtype(dtype_np, np.floating) else -1
+            if np.issubdtype(dtype_np, np.floating):
+                fill = np.nan
+            elif np.issubdtype(dtype_np, np.unsignedinteger):  # FP8 is held as uint8: 0xff is e4m3's NaN
+                fill = np.iinfo(dtype_np).max
+            else:
+                fill = -1
             other = I.TensorHandle(np.full(ptrs.data.shape, fill, dtype=dtype_np), dtype_tt)
         return masked_load(self, ptrs, mask, other, *args)
 

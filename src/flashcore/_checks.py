@@ -153,8 +153,9 @@ def check_seqlens(name: str, t, batch: int, device: torch.device) -> None:
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors' memory spans intersect (a conservative test on their address ranges)."""
-    if a.device != b.device or a.numel() == 0 or b.numel() == 0:
+    """Whether two tensors' memory spans intersect (a conservative test on their address ranges). False while
+    torch.compile traces: fake tensors have no addresses (the custom ops check their real tensors again)."""
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0 or torch.compiler.is_compiling():
         return False
     def span(t):
         lo = t.data_ptr() + t.element_size() * sum(s * (n - 1) for s, n in zip(t.stride(), t.shape) if s < 0)
@@ -407,7 +408,10 @@ def check_kvcache(q, k_cache, v_cache, *, cache_seqlens, k, v, page_table, cache
             raise ValueError("cu_seqlens_q and max_seqlen_q go together: pass both or neither")
         if q.dim() != 3:
             raise ValueError(f"q must be 3-D [total_q, Hq, D] with cu_seqlens_q, got shape {tuple(q.shape)}")
-        if not isinstance(cu_seqlens_q, torch.Tensor) or cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] < 2:
+        if not isinstance(cu_seqlens_q, torch.Tensor):
+            raise TypeError(f"cu_seqlens_q must be an int32 torch.Tensor of shape [B+1], got "
+                            f"{type(cu_seqlens_q).__name__}")
+        if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] < 2:
             raise ValueError("cu_seqlens_q must be an int32 tensor of shape [B+1] (B >= 1)")
         B = cu_seqlens_q.shape[0] - 1
         _check_int32("cu_seqlens_q", cu_seqlens_q, (B + 1,), q.device)
@@ -433,9 +437,12 @@ def check_kvcache(q, k_cache, v_cache, *, cache_seqlens, k, v, page_table, cache
     if paged:
         if cache_batch_idx is not None:
             raise ValueError("cache_batch_idx indexes a contiguous cache; a paged cache (page_table) takes none")
-        if not isinstance(page_table, torch.Tensor) or page_table.dim() != 2:
-            raise ValueError(f"page_table must be an int32 tensor [B, max_pages_per_seq], got "
-                             f"{tuple(page_table.shape) if isinstance(page_table, torch.Tensor) else type(page_table).__name__}")
+        if not isinstance(page_table, torch.Tensor):
+            raise TypeError(f"page_table must be an int32 torch.Tensor [B, max_pages_per_seq], got "
+                            f"{type(page_table).__name__}")
+        if page_table.dim() != 2:
+            raise ValueError(f"page_table must be an int32 tensor [B, max_pages_per_seq], got shape "
+                             f"{tuple(page_table.shape)}")
         _check_int32("page_table", page_table, (B, page_table.shape[1]), q.device)
         page_size = k_cache.shape[1]
         if not 1 <= page_size <= 256:
@@ -490,6 +497,9 @@ def check_kvcache(q, k_cache, v_cache, *, cache_seqlens, k, v, page_table, cache
             if tuple(t.shape) != (B, Hkv) or t.device != q.device:
                 raise ValueError(f"{name} must have shape [{B}, {Hkv}] on q's device, got {list(t.shape)} on "
                                  f"{t.device}")
+            if not t.is_contiguous():  # the kernel reads it as a packed [B, Hkv] array
+                raise ValueError(f"{name} must be contiguous (the kernels read it as a packed array), got strides "
+                                 f"{tuple(t.stride())}")
     scale = check_scale(scale, D)
     num_splits = check_int("num_splits", num_splits)
     if num_splits > MAX_SPLITS:
@@ -539,6 +549,8 @@ def check_kvcache_values(a: KvcacheArgs, cache_seqlens, page_table, cache_batch_
     if cache_leftpad is not None:
         lp = cache_leftpad.detach().to("cpu", torch.int64)
         if bool(((lp < 0) | (lp > L)).any()):
+            if a.secure:  # both are secret: one bit, as for the lengths
+                raise ValueError("cache_leftpad must lie in [0, cache_seqlens] for every sequence")
             b = int(((lp < 0) | (lp > L)).nonzero()[0])
             raise ValueError(f"cache_leftpad[{b}]={int(lp[b])} must lie in [0, cache_seqlens[{b}]={int(L[b])}]")
     if cache_batch_idx is not None:

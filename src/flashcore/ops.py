@@ -187,6 +187,14 @@ def kvcache_call(q, k_cache, v_cache, cache_seqlens, opt: dict, *, max_seqlen_q,
     if validate and not torch.compiler.is_compiling() and not C.capturing(q.device):
         C.check_kvcache_values(a, cache_seqlens, opt["page_table"], opt["cache_batch_idx"], opt["cache_leftpad"],
                                opt["cu_seqlens_q"], q.shape[0], k_cache.shape[0], k_cache.shape[0])
+    if torch.compiler.is_compiling():
+        # Both routes run inside the opaque op, on the route the caller chose: the reference's per-sequence loop
+        # reads the lengths (data-dependent: fullgraph tracing cannot follow it).
+        res, lse = torch.ops.flashcore.attention_with_kvcache(
+            q, k_cache, v_cache, cache_seqlens, *(opt[n] for n in KV_OPTIONAL[:6]), a.seqlen_q, a.causal, a.scale,
+            a.num_splits, opt["k_descale"], opt["v_descale"], a.return_lse, a.secure, backend)
+        res = out.copy_(res) if out is not None else res
+        return (res, lse) if a.return_lse else res
     if not a.kernel:
         res, lse = _ref.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, **opt,
                                                max_seqlen_q=max_seqlen_q, causal=a.causal, scale=a.scale,
@@ -194,12 +202,6 @@ def kvcache_call(q, k_cache, v_cache, cache_seqlens, opt: dict, *, max_seqlen_q,
         res = res.to(q.dtype)
         res = out.copy_(res) if out is not None else res
         return (res, lse.float()) if a.return_lse else res
-    if torch.compiler.is_compiling():
-        res, lse = torch.ops.flashcore.attention_with_kvcache(
-            q, k_cache, v_cache, cache_seqlens, *(opt[n] for n in KV_OPTIONAL[:6]), a.seqlen_q, a.causal, a.scale,
-            a.num_splits, opt["k_descale"], opt["v_descale"], a.return_lse, a.secure)
-        res = out.copy_(res) if out is not None else res
-        return (res, lse) if a.return_lse else res
     key = kvcache_key(backend, q, k_cache, v_cache, tuple(opt[n] for n in KV_OPTIONAL) + (cache_seqlens,), out,
                       flags=(a.seqlen_q, a.causal, a.scale, a.num_splits, a.return_lse, a.secure))
     res, lse = _kvcache_run(a, q, k_cache, v_cache, cache_seqlens, opt, out, key)
@@ -220,19 +222,19 @@ def _kvcache_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tens
                 v: Optional[Tensor], page_table: Optional[Tensor], cache_batch_idx: Optional[Tensor],
                 cache_leftpad: Optional[Tensor], cu_seqlens_q: Optional[Tensor], max_seqlen_q: int, causal: bool,
                 scale: float, num_splits: int, k_descale: Optional[Tensor], v_descale: Optional[Tensor],
-                return_lse: bool, secure: bool) -> tuple[Tensor, Tensor]:
+                return_lse: bool, secure: bool, backend: str) -> tuple[Tensor, Tensor]:
     opt = dict(k=k, v=v, page_table=page_table, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
                cu_seqlens_q=cu_seqlens_q, k_descale=k_descale, v_descale=v_descale)
     out, lse = kvcache_call(q, k_cache, v_cache, cache_seqlens, opt,
                             max_seqlen_q=max_seqlen_q if cu_seqlens_q is not None else None, causal=causal,
                             scale=scale, num_splits=num_splits, return_lse=True, out=None, secure=secure,
-                            backend="auto", validate=False)
+                            backend=backend, validate=False)
     return out, (lse if return_lse else q.new_empty((0,), dtype=torch.float32))
 
 
 @_kvcache_op.register_fake
 def _(q, k_cache, v_cache, cache_seqlens, k, v, page_table, cache_batch_idx, cache_leftpad, cu_seqlens_q,
-      max_seqlen_q, causal, scale, num_splits, k_descale, v_descale, return_lse, secure):
+      max_seqlen_q, causal, scale, num_splits, k_descale, v_descale, return_lse, secure, backend):
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if not return_lse:
         return out, q.new_empty((0,), dtype=torch.float32)

@@ -133,7 +133,8 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, k=None, v=None
     the caches at ``cache_seqlens`` (the caches are modified). Returns float64 out (q's shape) and lse
     (``[B, Hq, Sq]``, packed: ``[Hq, total_q]``).
 
-    Sequence ``b`` attends to cache positions ``[cache_leftpad[b], L_b)``, ``L_b = cache_seqlens[b]`` plus its
+    Every sequence's new tokens are written before any sequence attends (this matters only where sequences
+    share cache rows or pages). Sequence ``b`` attends to cache positions ``[cache_leftpad[b], L_b)``, ``L_b = cache_seqlens[b]`` plus its
     new tokens; causal is bottom-right: query ``i`` of ``n_b`` sees positions ``<= L_b - n_b + i``. An FP8
     cache is read as ``stored * descale`` per (sequence, K/V head)."""
     packed = cu_seqlens_q is not None
@@ -142,28 +143,26 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, k=None, v=None
     page_size = k_cache.shape[1]
     if scale is None:
         scale = q.shape[-1] ** -0.5
-    lens = cache_seqlens.tolist()
+    lens = [int(cache_seqlens)] * B if isinstance(cache_seqlens, int) else cache_seqlens.tolist()
     starts = cu_seqlens_q.tolist() if packed else None
     out64 = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
     Hq = q.shape[-2]
     lse_shape = (Hq, q.shape[0]) if packed else (B, Hq, q.shape[1])
     lse = torch.full(lse_shape, float("-inf"), dtype=torch.float64, device=q.device)
-    for b in range(B):
-        if packed:
-            q0, q1 = starts[b], starts[b + 1]
-            qs = q[q0:q1]
-        else:
-            qs = q[b]
-        n = qs.shape[0]
-        end = lens[b]
-        if k is not None:
-            kn = k[q0:q1] if packed else k[b]
-            vn = v[q0:q1] if packed else v[b]
-            pos = torch.arange(end, end + n, device=q.device)
+    def tokens(b):  # sequence b's query (and new token) rows
+        return slice(starts[b], starts[b + 1]) if packed else b
+
+    if k is not None:  # every sequence's new tokens are written before any sequence attends (as the kernels do)
+        for b in range(B):
+            kn, vn = k[tokens(b)], v[tokens(b)]
+            pos = torch.arange(lens[b], lens[b] + kn.shape[0], device=q.device)
             rows, toks = _cache_slots(b, pos, page_table if paged else None, cache_batch_idx, page_size)
             k_cache[rows, toks] = kn
             v_cache[rows, toks] = vn
-            end += n
+    for b in range(B):
+        qs = q[tokens(b)]
+        n = qs.shape[0]
+        end = lens[b] + (n if k is not None else 0)
         start = int(cache_leftpad[b]) if cache_leftpad is not None else 0
         if n == 0:
             continue
@@ -181,8 +180,8 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, k=None, v=None
         o, l = _core(qs.transpose(0, 1).unsqueeze(0), ks.transpose(0, 1).unsqueeze(0),
                      vs.transpose(0, 1).unsqueeze(0), vis, float(scale))
         if packed:
-            out64[q0:q1] = o[0].transpose(0, 1)
-            lse[:, q0:q1] = l[0]
+            out64[tokens(b)] = o[0].transpose(0, 1)
+            lse[:, tokens(b)] = l[0]
         else:
             out64[b] = o[0].transpose(0, 1)
             lse[b] = l[0]

@@ -1,0 +1,1019 @@
+"""``flashcore.attention_with_kvcache`` on CPU: the Triton kernels (split, combine, append) under the interpreter,
+fp16 and fp32, against the float64 reference (``flashcore.reference.attention_with_kvcache``); the reference
+route (``backend="auto"`` on CPU, bf16); secure mode's contract; torch.compile.
+
+Every input is random (never zeros), every output buffer is poisoned with NaN before a kernel writes it, and
+each test draws its own seed (from its node id, printed on failure)."""
+import math
+import os
+import re
+import types
+import warnings
+import zlib
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import flashcore
+from flashcore import reference as R
+from triton.runtime.errors import InterpreterError
+from conftest import INTERPRET, rel_err
+
+warnings.filterwarnings("ignore", category=RuntimeWarning)
+
+TOL = {torch.float16: 2e-3, torch.float32: 1e-5}  # whole-tensor relative error against the float64 reference
+ROW_TOL = {torch.float16: 1e-2, torch.float32: 1e-5}  # per query row (one wrong row must not hide in the mean)
+DTYPES = [torch.float16, torch.float32]
+kernel = pytest.mark.interp  # tests that run the kernels (backend="triton" on CPU tensors)
+
+
+@pytest.fixture
+def gen(request):
+    """A generator seeded from the test's node id: a different seed for every test and parameter set."""
+    seed = zlib.crc32(request.node.nodeid.encode())
+    return torch.Generator().manual_seed(seed)  # gen.initial_seed() names it in failure messages
+
+
+def rnd(*shape, dtype=torch.float32, gen, scale=1.0):
+    return (torch.randn(*shape, generator=gen) * scale).to(dtype)
+
+
+def lengths(*values):
+    return torch.tensor(values, dtype=torch.int32)
+
+
+def nan_like(t):
+    return torch.full_like(t, float("nan"))
+
+
+def to_paged(cache, page_size, gen, extra_pages=3, pages=None, table=None):
+    """A paged copy of the logical cache ``cache`` [B, capacity, H, D] (capacity a multiple of the page size):
+    pages in a shuffled order, ``extra_pages`` pages that no sequence uses (random contents). With ``table``
+    given, reuse that page assignment (and the page pool ``pages``)."""
+    B, cap, H, D = cache.shape
+    width = cap // page_size
+    assert width * page_size == cap
+    if table is None:
+        n = B * width + extra_pages
+        table = torch.randperm(n, generator=gen)[: B * width].view(B, width).to(torch.int32)
+        pages = rnd(n, page_size, H, D, dtype=cache.dtype, gen=gen)
+    pages[table.view(-1).long()] = cache.reshape(B * width, page_size, H, D)
+    return pages, table
+
+
+def check(out, lse, ref, ref_lse, dtype, packed=False, what=""):
+    """out/lse of a kernel call against the reference's (float64); ``what`` names the case in failures."""
+    assert out.dtype == dtype and out.shape == ref.shape, what
+    assert not torch.isnan(out).any(), f"{what}: NaN in the output (a row left unwritten?)"
+    err = rel_err(out, ref)
+    assert err < TOL[dtype], f"{what}: relative error {err:.3g}"
+    row_err = (out.double() - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1.0)
+    bad = (row_err > ROW_TOL[dtype]).nonzero()
+    assert bad.numel() == 0, f"{what}: rows {bad[:8].tolist()} off by up to {row_err.max().item():.3g}"
+    seen = torch.isfinite(ref_lse)
+    rows_seen = seen.t() if packed else seen.transpose(1, 2)  # [total_q, Hq] / [B, Sq, Hq], like out[..., 0]
+    assert bool((out[~rows_seen] == 0).all()), f"{what}: a row that sees no key is not exactly 0"
+    if lse is not None:
+        assert lse.dtype == torch.float32 and lse.shape == ref_lse.shape, what
+        assert torch.equal(torch.isfinite(lse), seen), f"{what}: lse finite where the reference's is not (or -inf)"
+        assert bool((lse[~seen] == float("-inf")).all()), f"{what}: a row that sees no key has lse != -inf"
+        assert torch.allclose(lse[seen].double(), ref_lse[seen], atol=1e-4, rtol=1e-5), what
+
+
+def run_both(q, k_cache, v_cache, *, backend="triton", **kw):
+    """The call (on copies of the caches, output poisoned) and the reference (on other copies): returns
+    (out, lse, caches after), (ref, ref_lse, reference's caches after)."""
+    kc, vc = k_cache.clone(), v_cache.clone()
+    out = nan_like(q)
+    res, lse = flashcore.attention_with_kvcache(q, kc, vc, backend=backend, return_lse=True, out=out, **kw)
+    assert res is out
+    kr, vr = k_cache.clone(), v_cache.clone()
+    ref, ref_lse = R.attention_with_kvcache(q, kr, vr, return_lse=True, **kw)
+    return (res, lse, kc, vc), (ref, ref_lse, kr, vr)
+
+
+# ---- contiguous cache: lengths, Sq, causal, GQA -----------------------------------------------------------
+
+
+@kernel
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("Sq", [1, 4])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("Hq,Hkv", [(4, 1), (2, 2)])
+def test_contiguous_matches_reference(dtype, Sq, causal, Hq, Hkv, gen):
+    """cache_seqlens 0, 1, the full capacity and random values in one batch."""
+    B, S, D = 5, 96, 32
+    q = rnd(B, Sq, Hq, D, dtype=dtype, gen=gen)
+    kc, vc = (rnd(B, S, Hkv, D, dtype=dtype, gen=gen) for _ in range(2))
+    L = lengths(0, 1, S, *torch.randint(2, S, (2,), generator=gen).tolist())
+    (out, lse, kc2, vc2), (ref, ref_lse, _, _) = run_both(q, kc, vc, cache_seqlens=L, causal=causal)
+    check(out, lse, ref, ref_lse, dtype, what=f"seed {gen.initial_seed()} L={L.tolist()}")
+    assert torch.equal(kc2, kc) and torch.equal(vc2, vc)  # no k/v: the caches are read only
+    assert bool((out[0] == 0).all()) and bool((lse[0] == float("-inf")).all())  # L=0: no key at all
+    if causal and Sq > 1:  # L=1: only the last query row sees the one key
+        assert bool((out[1, :-1] == 0).all()) and bool(torch.isfinite(lse[1, :, -1]).all())
+
+
+@kernel
+@pytest.mark.parametrize("Hq,Sq,L", [
+    pytest.param(3, 32, 43, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+        "decode.py: a query tile's causal key bound uses last_tok = min((m_tile+1)*BLOCK_M // GROUP, n_q) - 1; "
+        "when GROUP does not divide BLOCK_M the tile's last row belongs to token (m_tile+1)*BLOCK_M // GROUP "
+        "(one more), which loses its last key whenever that key starts a new BLOCK_N tile"))),
+    pytest.param(6, 11, 33, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason="same bound, GROUP=6")),
+    (3, 4, 40),
+])
+def test_gqa_group_not_dividing_the_query_tile(Hq, Sq, L, gen):
+    """GQA groups of 3 and 6 (Hq/Hkv not a power of two): the packed query rows (token x group head) of a tile
+    end in the middle of a token."""
+    S, D = 64, 16
+    q = rnd(1, Sq, Hq, D, gen=gen)
+    kc, vc = (rnd(1, S, 1, D, gen=gen) for _ in range(2))
+    (out, lse, _, _), (ref, ref_lse, _, _) = run_both(q, kc, vc, cache_seqlens=lengths(L), causal=True)
+    check(out, lse, ref, ref_lse, torch.float32, what=f"Hq={Hq} Sq={Sq} L={L}")
+
+
+@kernel
+@pytest.mark.parametrize("causal", [False, True])
+def test_sq_longer_than_cache(causal, gen):
+    """Sq > cache_seqlens without append: under causal the first rows see no key (zeros, lse -inf)."""
+    B, Sq, Hq, Hkv, S, D = 2, 6, 2, 1, 32, 16
+    q = rnd(B, Sq, Hq, D, gen=gen)
+    kc, vc = (rnd(B, S, Hkv, D, gen=gen) for _ in range(2))
+    L = lengths(2, 3)
+    (out, lse, _, _), (ref, ref_lse, _, _) = run_both(q, kc, vc, cache_seqlens=L, causal=causal)
+    check(out, lse, ref, ref_lse, torch.float32)
+    if causal:
+        assert bool((lse[0, :, :4] == float("-inf")).all()) and bool(torch.isfinite(lse[0, :, 4:]).all())
+
+
+# ---- paged cache ----------------------------------------------------------------------------------------
+
+@kernel
+@pytest.mark.parametrize("dtype,page_size", [
+    (torch.float16, 1), (torch.float16, 16), (torch.float16, 48),
+    (torch.float16, 64), (torch.float16, 128), (torch.float32, 1), (torch.float32, 16), (torch.float32, 48),
+    (torch.float32, 64),
+])
+@pytest.mark.parametrize("Sq", [1, 3])
+def test_paged_equals_contiguous(dtype, page_size, Sq, gen):
+    """The same logical cache, contiguous and paged (shuffled pages, spare pages, unused table entries naming
+    pages out of range): the same answer as the reference and as the contiguous cache. Page sizes that are and
+    are not multiples of the key tile (a page per tile, or a page lookup per key)."""
+    B, Hq, Hkv, D = 3, 4, 2, 32
+    width = max(1, 144 // page_size)
+    cap = width * page_size
+    q = rnd(B, Sq, Hq, D, dtype=dtype, gen=gen)
+    kc, vc = (rnd(B, cap, Hkv, D, dtype=dtype, gen=gen) for _ in range(2))
+    L = lengths(cap, int(torch.randint(1, cap, (1,), generator=gen)), min(page_size, cap - 1) or 1)
+    kp, table = to_paged(kc, page_size, gen)
+    vp, _ = to_paged(vc, page_size, gen, pages=rnd(*kp.shape, dtype=dtype, gen=gen), table=table)
+    # entries past each sequence's last page are never read (non-secure): make them invalid
+    used = (L + page_size - 1) // page_size
+    table = table.clone()
+    for b in range(B):
+        table[b, int(used[b]):] = torch.tensor([-1, 10**6], dtype=torch.int32).repeat(width)[: width - int(used[b])]
+    (out, lse, kp2, vp2), (ref, ref_lse, _, _) = run_both(q, kp, vp, cache_seqlens=L, page_table=table, causal=True)
+    check(out, lse, ref, ref_lse, dtype, what=f"page {page_size} L={L.tolist()} seed {gen.initial_seed()}")
+    assert torch.equal(kp2, kp) and torch.equal(vp2, vp)
+    contiguous = flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=L, backend="triton", out=nan_like(q))
+    assert rel_err(out, contiguous.double()) < TOL[dtype]
+
+
+@kernel
+@pytest.mark.parametrize("paged", [False, True])
+def test_cache_batch_idx_and_page_table_select_the_rows(paged, gen):
+    """cache_batch_idx picks rows of a larger contiguous cache (in any order, a row twice); the same content in
+    pages gives the same answer."""
+    B, Sq, Hq, Hkv, S, D = 3, 2, 4, 2, 64, 32
+    rows = 5
+    q = rnd(B, Sq, Hq, D, gen=gen)
+    kc, vc = (rnd(rows, S, Hkv, D, gen=gen) for _ in range(2))
+    idx = lengths(4, 0, 4)
+    L = lengths(50, 9, 64)
+    (out, lse, kc2, vc2), (ref, ref_lse, _, _) = run_both(q, kc, vc, cache_seqlens=L, cache_batch_idx=idx)
+    check(out, lse, ref, ref_lse, torch.float32)
+    assert torch.equal(kc2, kc) and torch.equal(vc2, vc)
+    gathered = flashcore.attention_with_kvcache(q, kc[idx.long()], vc[idx.long()], cache_seqlens=L,
+                                                backend="triton", out=nan_like(q))
+    assert rel_err(out, gathered.double()) < 1e-6
+    if paged:
+        kp, table = to_paged(kc[idx.long()], 16, gen)
+        vp, _ = to_paged(vc[idx.long()], 16, gen, pages=rnd(*kp.shape, gen=gen), table=table)
+        res = flashcore.attention_with_kvcache(q, kp, vp, cache_seqlens=L, page_table=table, backend="triton",
+                                               out=nan_like(q))
+        assert rel_err(res, ref) < TOL[torch.float32]
+
+
+# ---- append, then attend --------------------------------------------------------------------------------
+
+
+def _appended_slots(L, n, cap, B, table=None, page_size=None, idx=None, rows=None):
+    """Boolean mask over the physical cache's [rows, tokens] of the slots the append writes."""
+    if table is None:
+        m = torch.zeros(rows, cap, dtype=torch.bool)
+        for b in range(B):
+            r = int(idx[b]) if idx is not None else b
+            m[r, int(L[b]): int(L[b]) + int(n[b])] = True
+        return m
+    m = torch.zeros(rows, page_size, dtype=torch.bool)
+    for b in range(B):
+        for p in range(int(L[b]), int(L[b]) + int(n[b])):
+            m[int(table[b, p // page_size]), p % page_size] = True
+    return m
+
+
+@kernel
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("Sq", [1, 4])
+@pytest.mark.parametrize("layout", ["contiguous", "batch_idx", "paged16", "paged1"])
+def test_append_then_attend(dtype, Sq, layout, gen):
+    """k/v are written at cache_seqlens (up to the cache's last slot) and attended; the caches afterwards are
+    the reference's, and nothing outside the appended slots changed."""
+    B, Hq, Hkv, D, cap = 3, 4, 2, 32, 48
+    q = rnd(B, Sq, Hq, D, dtype=dtype, gen=gen)
+    k, v = (rnd(B, Sq, Hkv, D, dtype=dtype, gen=gen) for _ in range(2))
+    L = lengths(0, 17, cap - Sq)  # empty, middle, ends at the capacity
+    kw = dict(cache_seqlens=L, k=k, v=v, causal=True)
+    logical_k, logical_v = (rnd(B, cap, Hkv, D, dtype=dtype, gen=gen) for _ in range(2))
+    table = page_size = idx = None
+    if layout == "contiguous":
+        kc, vc = logical_k, logical_v
+    elif layout == "batch_idx":
+        idx = lengths(2, 4, 0)
+        kc, vc = (rnd(5, cap, Hkv, D, dtype=dtype, gen=gen) for _ in range(2))
+        kw["cache_batch_idx"] = idx
+    else:
+        page_size = int(layout[5:])
+        kc, table = to_paged(logical_k, page_size, gen)
+        vc, _ = to_paged(logical_v, page_size, gen, pages=rnd(*kc.shape, dtype=dtype, gen=gen), table=table)
+        kw["page_table"] = table
+    L_before = L.clone()
+    (out, lse, kc2, vc2), (ref, ref_lse, kr, vr) = run_both(q, kc, vc, **kw)
+    check(out, lse, ref, ref_lse, dtype, what=f"{layout} seed {gen.initial_seed()}")
+    assert torch.equal(L, L_before), "cache_seqlens was modified"
+    assert torch.equal(kc2, kr) and torch.equal(vc2, vr), "the caches after the call differ from the reference's"
+    slots = _appended_slots(L, [Sq] * B, cap, B, table, page_size, idx, rows=kc.shape[0])
+    assert torch.equal(kc2[~slots], kc[~slots]) and torch.equal(vc2[~slots], vc[~slots])
+    assert not torch.equal(kc2[slots], kc[slots])
+    # the new tokens are in the cache: attending to it without k/v gives the same answer
+    again = flashcore.attention_with_kvcache(q, kc2, vc2, backend="triton", out=nan_like(q),
+                                             **dict(kw, k=None, v=None, cache_seqlens=L + Sq))
+    assert torch.equal(again, out)
+
+
+@kernel
+@pytest.mark.parametrize("paged", [False, True])
+def test_every_append_lands_before_any_sequence_attends(paged, gen):
+    """"k/v are first written into the cache, then attended": where sequences share a cache row (or page),
+    a sequence sees the tokens another one appends inside its visible range, whatever the batch order; the
+    reference agrees with the kernels."""
+    Hq, Hkv, D, S = 2, 1, 16, 32
+    q = rnd(2, 1, Hq, D, gen=gen)
+    k, v = (rnd(2, 1, Hkv, D, gen=gen) for _ in range(2))
+    kc, vc = (rnd(1, S, Hkv, D, gen=gen) for _ in range(2))
+    L = lengths(10, 4)  # sequence 1 appends at slot 4, which sequence 0 (length 10) sees
+    share = dict(page_table=lengths(0, 1, 0, 1).view(2, 2)) if paged else dict(cache_batch_idx=lengths(0, 0))
+    if paged:
+        kc, vc = kc.view(2, S // 2, Hkv, D), vc.view(2, S // 2, Hkv, D)
+    (out, lse, kc2, vc2), (ref, ref_lse, kr, vr) = run_both(q, kc, vc, cache_seqlens=L, k=k, v=v, **share)
+    check(out, lse, ref, ref_lse, torch.float32)
+    assert torch.equal(kc2, kr) and torch.equal(vc2, vr)
+    after = flashcore.attention_with_kvcache(q[:1], kc2, vc2, cache_seqlens=lengths(11), backend="triton",
+                                             **({"page_table": share["page_table"][:1]} if paged else {}))
+    assert rel_err(out[:1], after.double()) < 1e-6
+
+
+@kernel
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("splits", [1, 3])
+def test_chunked_prefill_several_query_tiles(dtype, splits, gen):
+    """A chunk of 24 new tokens x a group of 4 heads = 96 query rows: two query tiles with different causal key
+    bounds, split or not, appended into a paged cache first. Sequence 1's first tile of 64 rows (tokens 0-15)
+    sees keys up to 127 and its second tile up to 135: a bound taken from the wrong tile stops at a multiple of
+    every key-tile size."""
+    B, Sq, Hq, Hkv, D, ps, width = 2, 24, 8, 2, 32, 16, 9
+    q = rnd(B, Sq, Hq, D, dtype=dtype, gen=gen)
+    k, v = (rnd(B, Sq, Hkv, D, dtype=dtype, gen=gen) for _ in range(2))
+    kc, table = to_paged(rnd(B, ps * width, Hkv, D, dtype=dtype, gen=gen), ps, gen)
+    vc, _ = to_paged(rnd(B, ps * width, Hkv, D, dtype=dtype, gen=gen), ps, gen,
+                     pages=rnd(*kc.shape, dtype=dtype, gen=gen), table=table)
+    (out, lse, kc2, vc2), (ref, ref_lse, kr, vr) = run_both(q, kc, vc, cache_seqlens=lengths(0, 112), k=k, v=v,
+                                                            page_table=table, num_splits=splits)
+    check(out, lse, ref, ref_lse, dtype, what=f"seed {gen.initial_seed()}")
+    assert torch.equal(kc2, kr) and torch.equal(vc2, vr)
+
+
+@kernel
+def test_append_at_the_last_slot_of_a_full_cache(gen):
+    """cache_seqlens + Sq == capacity exactly, one sequence appending into its last page's last slot."""
+    B, Sq, Hq, Hkv, D, ps, width = 2, 1, 2, 2, 16, 16, 3
+    cap = ps * width
+    q = rnd(B, Sq, Hq, D, gen=gen)
+    k, v = (rnd(B, Sq, Hkv, D, gen=gen) for _ in range(2))
+    kp, table = to_paged(rnd(B, cap, Hkv, D, gen=gen), ps, gen)
+    vp, _ = to_paged(rnd(B, cap, Hkv, D, gen=gen), ps, gen, pages=rnd(*kp.shape, gen=gen), table=table)
+    L = lengths(cap - 1, 0)
+    (out, lse, kc2, vc2), (ref, ref_lse, kr, vr) = run_both(q, kp, vp, cache_seqlens=L, k=k, v=v,
+                                                            page_table=table)
+    check(out, lse, ref, ref_lse, torch.float32)
+    assert torch.equal(kc2, kr) and torch.equal(vc2, vr)
+    assert torch.equal(kc2[int(table[0, -1]), ps - 1], k[0, 0])
+
+
+@kernel
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_odd_head_counts_head_dim_and_scale(dtype, gen):
+    """Hkv=3 (the append kernel's head block is padded to 4), D=40 (not a power of two), an explicit scale."""
+    B, Sq, Hq, Hkv, D, S = 2, 3, 6, 3, 40, 50
+    q = rnd(B, Sq, Hq, D, dtype=dtype, gen=gen)
+    kc, vc = (rnd(B, S, Hkv, D, dtype=dtype, gen=gen) for _ in range(2))
+    k, v = (rnd(B, Sq, Hkv, D, dtype=dtype, gen=gen) for _ in range(2))
+    (out, lse, kc2, vc2), (ref, ref_lse, kr, vr) = run_both(q, kc, vc, cache_seqlens=lengths(47, 12), k=k, v=v,
+                                                            scale=0.3, num_splits=2)
+    check(out, lse, ref, ref_lse, dtype)
+    assert torch.equal(kc2, kr) and torch.equal(vc2, vr)
+
+
+@kernel
+@pytest.mark.parametrize("case", ["contiguous", "paged1", "paged16", "paged64-secure", "packed-append",
+                                  "leftpad-splits", "fp8-append-paged16"])
+def test_kernels_stay_inside_their_buffers(case, strict_interpreter, gen):
+    """Under the strict interpreter (every unmasked access inside an argument's storage, masked-off lanes
+    undefined): each layout's kernels (append, split, combine) touch only their own buffers and never depend
+    on a masked-off lane."""
+    B, Sq, Hq, Hkv, D, cap = 2, 2, 4, 2, 32, 64
+    dtype = torch.float16 if "fp8" in case else torch.float32
+    kw = dict(cache_seqlens=lengths(cap - Sq, 9), causal=True, num_splits=3 if "splits" in case else 0)
+    q = rnd(B, Sq, Hq, D, dtype=dtype, gen=gen)
+    logical = [rnd(B, cap, Hkv, D, gen=gen) for _ in range(2)]
+    if "fp8" in case:
+        logical = [t.to(torch.float8_e4m3fn) for t in logical]
+        kw.update(k_descale=torch.rand(B, Hkv, generator=gen) + 0.5, v_descale=torch.rand(B, Hkv, generator=gen) + 0.5)
+    kc, vc = logical
+    if "paged" in case:
+        ps = int(re.search(r"paged(\d+)", case).group(1))
+        kc, table = to_paged(logical[0], ps, gen, extra_pages=0)
+        vc, _ = to_paged(logical[1], ps, gen, pages=torch.empty_like(kc), table=table)
+        kw["page_table"] = table
+    if "packed" in case:
+        q, cu = _pack([2, 1], Hq, D, dtype=dtype, gen=gen)
+        kw.update(cu_seqlens_q=cu, max_seqlen_q=2)
+    if "append" in case:
+        n = q.shape[0] if "packed" in case else None
+        shape = (n, Hkv, D) if n is not None else (B, Sq, Hkv, D)
+        kw["k"], kw["v"] = (rnd(*shape, gen=gen).to(kc.dtype) for _ in range(2))
+    if "secure" in case:
+        kw["secure"] = True
+    if "leftpad" in case:
+        kw["cache_leftpad"] = lengths(5, 9)
+    (out, lse, kc2, vc2), (ref, ref_lse, kr, vr) = run_both(q, kc, vc, **kw)
+    check(out, lse, ref, ref_lse, dtype, packed="packed" in case)
+    assert torch.equal(kc2.view(torch.uint8), kr.view(torch.uint8))
+    assert strict_interpreter and set(strict_interpreter) <= {"kv_append_kernel", "decode_split_kernel",
+                                                              "decode_combine_kernel"}
+
+
+@kernel
+@pytest.mark.parametrize("page_size", [None, 64, 5])  # contiguous; a page per key tile; a page lookup per key
+def test_unvalidated_wild_values_stay_inside_the_cache(page_size, strict_interpreter, gen):
+    """validate=False (what CUDA-graph replays and torch.compile get): lengths, leftpads, page-table entries and
+    batch indices out of range give some answer, never an access outside the cache (the kernels clamp), and
+    the append writes nothing outside the cache."""
+    B, Sq, Hq, Hkv, D, width = 3, 2, 2, 1, 16, 2
+    ps = page_size or 16
+    q = rnd(B, Sq, Hq, D, gen=gen)
+    k, v = (rnd(B, Sq, Hkv, D, gen=gen) for _ in range(2))
+    L = lengths(10**6, -7, 2 * ps - 1)
+    if page_size:
+        kc, vc = (rnd(5, ps, Hkv, D, gen=gen) for _ in range(2))
+        kw = dict(page_table=torch.tensor([[0, 99], [-3, 1], [2, 10**6]], dtype=torch.int32))
+    else:
+        kc, vc = (rnd(2, ps * width, Hkv, D, gen=gen) for _ in range(2))
+        kw = dict(cache_batch_idx=lengths(5, -1, 1), cache_leftpad=lengths(-4, 10**5, 40))
+    for secure in (False, True):
+        out = flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=L, backend="triton", validate=False,
+                                               secure=secure, num_splits=2, out=nan_like(q), **kw)
+        assert not torch.isnan(out).any()
+    kc0 = kc.clone()
+    flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=L, k=k, v=v, backend="triton", validate=False, **kw)
+    changed = (kc != kc0).any(-1).any(-1)
+    assert changed.sum() <= 2 * Sq  # at most the slots of sequences with an in-range position
+    assert set(strict_interpreter) <= {"kv_append_kernel", "decode_split_kernel", "decode_combine_kernel"}
+
+
+@kernel
+@pytest.mark.parametrize("append", [False, True])
+@pytest.mark.xfail(strict=True, raises=InterpreterError, reason=(
+    "decode.py / kv_append.py trust cu_seqlens_q: unvalidated (validate=False; always under torch.compile and "
+    "CUDA-graph capture) offsets past q's rows make the split kernel load q (and store out/lse) and the append "
+    "kernel load k/v outside their buffers; the docstring promises a wrong result, never an out-of-bounds "
+    "access"))
+def test_unvalidated_wild_cu_seqlens_q_stay_inside_q(append, strict_interpreter, gen):
+    q = rnd(5, 2, 16, gen=gen)
+    kc, vc = (rnd(2, 32, 1, 16, gen=gen) for _ in range(2))
+    kw = dict(k=rnd(5, 1, 16, gen=gen), v=rnd(5, 1, 16, gen=gen)) if append else {}
+    flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lengths(3, 9), cu_seqlens_q=lengths(0, 3, 50),
+                                     max_seqlen_q=3, backend="triton", validate=False, **kw)
+
+
+# ---- packed queries, leftpad ----------------------------------------------------------------------------
+
+
+def _pack(lens, *rest, dtype, gen):
+    cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(lens).cumsum(0)
+    return rnd(int(cu[-1]), *rest, dtype=dtype, gen=gen), cu
+
+
+@kernel
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("append", [False, True])
+@pytest.mark.parametrize("paged", [False, True])
+def test_packed_queries(dtype, append, paged, gen):
+    """q [total_q, Hq, D] with cu_seqlens_q (a zero-length sequence among them); lse [Hq, total_q]; with append
+    each sequence writes its own number of tokens."""
+    lens_q = [3, 0, 5, 1]
+    B, Hq, Hkv, D, cap = len(lens_q), 4, 2, 32, 64
+    q, cu = _pack(lens_q, Hq, D, dtype=dtype, gen=gen)
+    kw = dict(cu_seqlens_q=cu, max_seqlen_q=5, causal=True)
+    L = lengths(20, 7, 0, cap - 1)  # with append, sequence 3 writes its one token into the last slot
+    if append:
+        kw["k"], kw["v"] = (rnd(q.shape[0], Hkv, D, dtype=dtype, gen=gen) for _ in range(2))
+    kc, vc = (rnd(B, cap, Hkv, D, dtype=dtype, gen=gen) for _ in range(2))
+    table = None
+    if paged:
+        kc, table = to_paged(kc, 16, gen)
+        vc, _ = to_paged(vc, 16, gen, pages=rnd(*kc.shape, dtype=dtype, gen=gen), table=table)
+        kw["page_table"] = table
+    (out, lse, kc2, vc2), (ref, ref_lse, kr, vr) = run_both(q, kc, vc, cache_seqlens=L, **kw)
+    assert lse.shape == (Hq, q.shape[0])
+    check(out, lse, ref, ref_lse, dtype, packed=True, what=f"seed {gen.initial_seed()}")
+    assert torch.equal(kc2, kr) and torch.equal(vc2, vr)
+    if append:
+        slots = _appended_slots(L, lens_q, cap, B, table, 16 if paged else None, rows=kc.shape[0])
+        assert torch.equal(kc2[~slots], kc[~slots])
+    # the same as one padded call per sequence
+    for b, n in enumerate(lens_q):
+        if n == 0 or append:
+            continue
+        sl = slice(int(cu[b]), int(cu[b + 1]))
+        one = flashcore.attention_with_kvcache(
+            q[sl].unsqueeze(0), kc if paged else kc[b:b + 1], vc if paged else vc[b:b + 1], cache_seqlens=L[b:b + 1],
+            page_table=table[b:b + 1] if paged else None, backend="triton", out=nan_like(q[sl].unsqueeze(0)))
+        assert rel_err(out[sl], one[0].double()) < TOL[dtype]
+
+
+@kernel
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "plan/decode.py DecodePlan: rows of a packed q past cu_seqlens_q[-1] belong to no sequence and no program "
+    "writes them: out keeps the buffer's contents (NaN here) and lse garbage; the reference (and "
+    "attention_varlen, plan.build._clear_unowned_rows) gives 0 and -inf"))
+def test_packed_rows_past_the_last_sequence_are_zero(gen):
+    Hq, Hkv, D = 2, 1, 16
+    q = rnd(7, Hq, D, gen=gen)
+    cu = torch.tensor([0, 3, 5], dtype=torch.int32)  # q has 7 rows, the sequences end at 5
+    kc, vc = (rnd(2, 32, Hkv, D, gen=gen) for _ in range(2))
+    (out, lse, _, _), (ref, ref_lse, _, _) = run_both(q, kc, vc, cache_seqlens=lengths(10, 32), cu_seqlens_q=cu,
+                                                      max_seqlen_q=3)
+    check(out, lse, ref, ref_lse, torch.float32, packed=True)
+
+
+@kernel
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("Sq", [1, 4])
+@pytest.mark.parametrize("append", [False, True])
+def test_cache_leftpad(causal, Sq, append, gen):
+    """Sequence b attends to [cache_leftpad[b], L_b): leftpad 0, inside, equal to the length (no key); the
+    left padding holds NaN, which must not reach the output."""
+    B, Hq, Hkv, D, S = 4, 4, 2, 32, 80
+    q = rnd(B, Sq, Hq, D, gen=gen)
+    kc, vc = (rnd(B, S, Hkv, D, gen=gen) for _ in range(2))
+    L = lengths(40, 70, 5, 33)
+    pad = lengths(0, 37, 5, 32)
+    for b in range(B):
+        kc[b, : int(pad[b])] = float("nan")
+        vc[b, : int(pad[b])] = float("inf")
+    kw = dict(cache_seqlens=L, cache_leftpad=pad, causal=causal)
+    if append:
+        kw["k"], kw["v"] = (rnd(B, Sq, Hkv, D, gen=gen) for _ in range(2))
+    (out, lse, kc2, vc2), (ref, ref_lse, kr, vr) = run_both(q, kc, vc, **kw)
+    check(out, lse, ref, ref_lse, torch.float32, what=f"seed {gen.initial_seed()}")
+    assert torch.equal(kc2.nan_to_num(), kr.nan_to_num()) and torch.equal(vc2.nan_to_num(), vr.nan_to_num())
+    if not append:
+        assert bool((out[2] == 0).all())  # leftpad == length: sees nothing
+        split, split_lse = flashcore.attention_with_kvcache(q, kc, vc, backend="triton", num_splits=3,
+                                                            return_lse=True, out=nan_like(q), **kw)
+        check(split, split_lse, ref, ref_lse, torch.float32, what="3 splits")
+
+
+# ---- split-KV -------------------------------------------------------------------------------------------
+
+
+@kernel
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["contiguous", "paged", "packed"])
+def test_split_counts_agree(dtype, layout, gen):
+    """num_splits 1, 3, 7 (more splits than some sequences have tiles) and auto give the same output and lse."""
+    B, Sq, Hq, Hkv, D, cap = 3, 2, 4, 2, 32, 192
+    L = lengths(cap, 70, 3)
+    kc, vc = (rnd(B, cap, Hkv, D, dtype=dtype, gen=gen) for _ in range(2))
+    kw = dict(cache_seqlens=L, causal=True)
+    if layout == "packed":
+        q, cu = _pack([2, 1, 2], Hq, D, dtype=dtype, gen=gen)
+        kw.update(cu_seqlens_q=cu, max_seqlen_q=2)
+    else:
+        q = rnd(B, Sq, Hq, D, dtype=dtype, gen=gen)
+    if layout == "paged":
+        kc, table = to_paged(kc, 64, gen)
+        vc, _ = to_paged(vc, 64, gen, pages=rnd(*kc.shape, dtype=dtype, gen=gen), table=table)
+        kw["page_table"] = table
+    ref, ref_lse = R.attention_with_kvcache(q, kc, vc, return_lse=True, **kw)
+    outs = {}
+    for splits in (1, 3, 7, 0):
+        out, lse = flashcore.attention_with_kvcache(q, kc, vc, backend="triton", num_splits=splits, return_lse=True,
+                                                   out=nan_like(q), **kw)
+        check(out, lse, ref, ref_lse, dtype, packed=layout == "packed", what=f"num_splits={splits}")
+        outs[splits] = (out, lse)
+    for splits in (3, 7, 0):
+        assert rel_err(outs[splits][0], outs[1][0].double()) < TOL[dtype]
+        assert torch.allclose(outs[splits][1], outs[1][1], atol=1e-5, rtol=1e-5)
+
+
+@kernel
+def test_split_plans_launch_the_combine(ran):
+    from flashcore.plan.decode import DecodePlan
+
+    seen = []
+    real = DecodePlan.__call__
+
+    def spy(self, *a, **k):
+        seen.append(self)
+        return real(self, *a, **k)
+
+    q = torch.randn(1, 1, 2, 16)
+    kc, vc = torch.randn(1, 64, 2, 16), torch.randn(1, 64, 2, 16)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(DecodePlan, "__call__", spy)
+        for splits in (1, 3):
+            flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lengths(50), num_splits=splits, backend="triton")
+    assert [p.config.num_splits for p in seen] == [1, 3]
+    assert seen[0].combine is None and seen[1].combine is not None
+    assert [name for name, _ in ran.kernels] == ["triton_decode"] * 2 and ran.reference == 0
+
+
+# ---- FP8 cache ------------------------------------------------------------------------------------------
+
+
+@kernel
+@pytest.mark.parametrize("append", [False, True])
+def test_fp8_cache_with_descales(append, gen):
+    B, Sq, Hq, Hkv, D, S = 2, 2, 4, 2, 32, 48
+    q = rnd(B, Sq, Hq, D, dtype=torch.float16, gen=gen)
+    kc, vc = (rnd(B, S, Hkv, D, gen=gen).to(torch.float8_e4m3fn) for _ in range(2))
+    kd, vd = (torch.rand(B, Hkv, generator=gen) + 0.25 for _ in range(2))
+    kw = dict(cache_seqlens=lengths(30, 9), k_descale=kd, v_descale=vd)
+    if append:
+        kw["k"], kw["v"] = (rnd(B, Sq, Hkv, D, gen=gen).to(torch.float8_e4m3fn) for _ in range(2))
+    (out, lse, kc2, vc2), (ref, ref_lse, kr, vr) = run_both(q, kc, vc, **kw)
+    check(out, lse, ref, ref_lse, torch.float16)
+    assert torch.equal(kc2.view(torch.uint8), kr.view(torch.uint8))
+    assert torch.equal(vc2.view(torch.uint8), vr.view(torch.uint8))
+
+
+# ---- secure mode ----------------------------------------------------------------------------------------
+
+
+def _secure_case(layout, dtype, gen, Sq=2, causal=True):
+    """A secure call's inputs: (q, k_cache, v_cache, kw, L, how to poison the padding, table or None)."""
+    B, Hq, Hkv, D, cap = 3, 4, 2, 32, 96
+    q = rnd(B, Sq, Hq, D, dtype=dtype, gen=gen)
+    L = lengths(cap, 41, 0)
+    kw = dict(cache_seqlens=L, causal=causal, secure=True)
+    kc, vc = (rnd(B, cap, Hkv, D, dtype=dtype, gen=gen) for _ in range(2))
+    table = None
+    if layout == "paged":
+        kc, table = to_paged(kc, 16, gen)
+        vc, _ = to_paged(vc, 16, gen, pages=rnd(*kc.shape, dtype=dtype, gen=gen), table=table)
+        used = (L + 15) // 16
+        for b in range(B):  # unused entries: any real page (secure mode reads every entry)
+            table[b, int(used[b]):] = torch.randint(0, kc.shape[0], (table.shape[1] - int(used[b]),), generator=gen,
+                                                    dtype=torch.int32)
+        kw["page_table"] = table
+    elif layout == "batch_idx":
+        kc, vc = (rnd(4, cap, Hkv, D, dtype=dtype, gen=gen) for _ in range(2))
+        kw["cache_batch_idx"] = lengths(3, 0, 2)
+    elif layout == "leftpad":
+        kw["cache_leftpad"] = lengths(10, 40, 0)
+
+    def padding_slots():
+        """[rows, tokens] mask of the slots no sequence sees (past its length, before its leftpad, or unused
+        pages)."""
+        if table is not None:
+            m = torch.ones(kc.shape[0], kc.shape[1], dtype=torch.bool)
+            for b in range(B):
+                for p in range(int(L[b])):
+                    m[int(table[b, p // 16]), p % 16] = False
+            return m
+        m = torch.ones(kc.shape[0], cap, dtype=torch.bool)
+        for b in range(B):
+            r = int(kw["cache_batch_idx"][b]) if "cache_batch_idx" in kw else b
+            lo = int(kw["cache_leftpad"][b]) if "cache_leftpad" in kw else 0
+            m[r, lo:int(L[b])] = False
+        return m
+
+    return q, kc, vc, kw, padding_slots()
+
+
+SECURE_LAYOUTS = ["contiguous", "paged", "batch_idx", "leftpad"]
+
+
+@kernel
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", SECURE_LAYOUTS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_secure_matches_reference(dtype, layout, causal, gen):
+    q, kc, vc, kw, _ = _secure_case(layout, dtype, gen, causal=causal)
+    (out, lse, kc2, vc2), (ref, ref_lse, _, _) = run_both(q, kc, vc, **kw)
+    check(out, lse, ref, ref_lse, dtype, what=f"secure {layout} seed {gen.initial_seed()}")
+    assert torch.equal(kc2, kc) and torch.equal(vc2, vc)
+    fast, fast_lse = flashcore.attention_with_kvcache(q, kc, vc, backend="triton", return_lse=True, out=nan_like(q),
+                                                      **dict(kw, secure=False))
+    assert rel_err(out, fast.double()) < TOL[dtype]
+
+
+@kernel
+@pytest.mark.parametrize("secure", [False, True])
+@pytest.mark.parametrize("layout", SECURE_LAYOUTS)
+def test_padding_contents_do_not_change_a_bit(secure, layout, gen):
+    """Whatever the cache holds where no sequence looks (past the length, before the leftpad, pages no sequence
+    uses): random values, NaN, +-Inf; and whatever real page the unused page-table entries name (secure mode
+    reads every entry). The output and lse keep every bit (secure mode by contract; the fast path never loads
+    those slots)."""
+    q, kc, vc, kw, pad = _secure_case(layout, torch.float16, gen, Sq=3)
+    kw["secure"] = secure
+
+    def call(kc, vc, **over):
+        return flashcore.attention_with_kvcache(q, kc, vc, backend="triton", return_lse=True, num_splits=3,
+                                                out=nan_like(q), **dict(kw, **over))
+
+    base, base_lse = call(kc, vc)
+    assert not torch.isnan(base).any()
+    fills = [lambda t: rnd(*t.shape, dtype=t.dtype, gen=gen, scale=100.0), float("nan"), float("inf"),
+             float("-inf")]
+    for fill in fills:
+        k2, v2 = kc.clone(), vc.clone()
+        for t in (k2, v2):
+            t[pad] = fill(t)[pad] if callable(fill) else fill
+        out, lse = call(k2, v2)
+        assert torch.equal(out, base) and torch.equal(lse, base_lse), f"fill {fill}"
+    if layout == "paged":
+        table = kw["page_table"].clone()
+        L = kw["cache_seqlens"]
+        for b in range(table.shape[0]):
+            used = (int(L[b]) + 15) // 16
+            table[b, used:] = torch.randint(0, kc.shape[0], (table.shape[1] - used,), generator=gen,
+                                            dtype=torch.int32)
+        k2, v2 = kc.clone(), vc.clone()
+        k2[pad], v2[pad] = float("nan"), float("inf")
+        out, lse = call(k2, v2, page_table=table)
+        assert torch.equal(out, base) and torch.equal(lse, base_lse)
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Every KV-cache plan run during the test: (the DecodePlan object, [(kernel, grid, scalar args, constexprs)
+    of each kernel launched])."""
+    from flashcore.plan.decode import DecodePlan
+    from flashcore.runtime.launcher import KernelStep
+
+    runs = []
+    plan_call, step_run = DecodePlan.__call__, KernelStep.run
+
+    def call(self, *a, **k):
+        runs.append((self, []))
+        return plan_call(self, *a, **k)
+
+    def run(self, ptrs, device):
+        if runs:
+            launch = (self.fn.__name__, tuple(self.grid), self.scalars, tuple(sorted(self.constexprs.items())))
+            runs[-1][1].append(launch)
+        return step_run(self, ptrs, device)
+
+    monkeypatch.setattr(DecodePlan, "__call__", call)
+    monkeypatch.setattr(KernelStep, "run", run)
+    return runs
+
+
+@kernel
+@pytest.mark.parametrize("secure", [False, True])
+@pytest.mark.parametrize("layout", ["contiguous", "paged", "leftpad"])
+def test_lengths_change_nothing_but_the_answer(secure, layout, launches, gen):
+    """Only cache_seqlens (and cache_leftpad) change between calls: the same plan object, the same kernels with
+    the same grids, scalar arguments and constexprs, no new plan in the cache (auto num_splits depends on
+    public shapes only, so a CUDA graph replays for any lengths, and secure mode's schedule tells nothing);
+    each answer is still right."""
+    from flashcore.plan.cache import PLANS
+
+    q, kc, vc, kw, _ = _secure_case(layout, torch.float32, gen)
+    kw["secure"] = secure
+    cap = 96
+    results = []
+    for i, L in enumerate((lengths(cap, 41, 0), lengths(1, cap, 57), lengths(0, 0, 0))):
+        kw["cache_seqlens"] = L
+        if "cache_leftpad" in kw:
+            kw["cache_leftpad"] = lengths(*(min(int(x), 3) for x in L))
+        if i == 1:
+            n_plans = len(PLANS)
+        out, lse = flashcore.attention_with_kvcache(q, kc, vc, backend="triton", return_lse=True, out=nan_like(q),
+                                                   **kw)
+        ref, ref_lse = R.attention_with_kvcache(q, kc, vc, return_lse=True, **kw)
+        check(out, lse, ref, ref_lse, torch.float32, what=f"L={L.tolist()}")
+        results.append(out)
+    assert len(PLANS) == n_plans
+    plans = [p for p, _ in launches]
+    assert len(plans) == 3 and plans[0] is plans[1] is plans[2]
+    assert launches[0][1] == launches[1][1] == launches[2][1] and launches[0][1]
+    assert not torch.equal(results[0], results[1])
+
+
+@pytest.fixture
+def memory_trace(monkeypatch):
+    """Every load and store the interpreter executes, as (kernel, load/store, mask, which argument and which
+    byte offset in it each active lane touches): addresses relative to the arguments' storages, so buffers
+    allocated afresh per call (workspace, lse) compare equal. ``memory_trace`` is the list of records."""
+    import numpy as np
+    from triton.runtime import interpreter as I
+
+    trace, ranges, names = [], [], []
+    init = I.GridExecutor._init_args_hst
+
+    def init_args(self, args_dev, kwargs):
+        args_hst, kwargs_hst = init(self, args_dev, kwargs)
+        ranges.clear()
+        for a in list(args_hst) + list(kwargs_hst.values()):
+            if isinstance(a, torch.Tensor):
+                st = a.untyped_storage()
+                ranges.append((st.data_ptr(), st.data_ptr() + st.nbytes()))
+        names.append(getattr(self.fn, "__name__", "?"))
+        return args_hst, kwargs_hst
+
+    def record(kind, ptrs, mask):
+        p = np.asarray(ptrs, dtype=np.uint64).ravel()
+        m = np.broadcast_to(np.asarray(mask, dtype=bool), np.shape(ptrs)).ravel()
+        which = np.full(p.shape, -1, dtype=np.int64)
+        off = np.zeros(p.shape, dtype=np.uint64)
+        for i, (lo, hi) in enumerate(ranges):
+            hit = m & (p >= lo) & (p < hi) & (which < 0)
+            which[hit], off[hit] = i, p[hit] - lo
+        trace.append((names[-1], kind, m.tobytes(), which[m].tobytes(), off[m].tobytes()))
+
+    real = I._interpreter
+
+    def load(ptrs, mask, other, dtype):
+        record("load", ptrs, mask)
+        return real.load(ptrs, mask, other, dtype)
+
+    def store(ptrs, value, mask):
+        record("store", ptrs, mask)
+        return real.store(ptrs, value, mask)
+
+    proxy = types.SimpleNamespace(**{n: getattr(real, n) for n in dir(real) if not n.startswith("__")})
+    proxy.load, proxy.store = load, store
+    monkeypatch.setattr(I.GridExecutor, "_init_args_hst", init_args)
+    monkeypatch.setattr(I, "_interpreter", proxy)
+    return trace
+
+
+@kernel
+@pytest.mark.parametrize("layout", ["paged", "leftpad", "batch_idx"])
+def test_secure_memory_trace_is_independent_of_the_lengths(layout, memory_trace, gen):
+    """Secure mode: every load and store (which buffer, which bytes, which lanes) is the same whatever
+    cache_seqlens and cache_leftpad hold; the fast path's trace differs (so the comparison can see a change)."""
+    q, kc, vc, kw, _ = _secure_case(layout, torch.float16, gen)
+    out = nan_like(q)
+    traces = {}
+    for secure in (True, False):
+        for L in (lengths(96, 41, 0), lengths(5, 0, 90)):
+            over = dict(cache_seqlens=L, secure=secure)
+            if layout == "leftpad":
+                over["cache_leftpad"] = lengths(*(int(x) // 2 for x in L))
+            memory_trace.clear()
+            flashcore.attention_with_kvcache(q, kc, vc, backend="triton", return_lse=True, num_splits=2, out=out,
+                                             **dict(kw, **over))
+            assert memory_trace
+            traces.setdefault(secure, []).append(list(memory_trace))
+    assert traces[True][0] == traces[True][1], "secure mode: the memory accesses depend on the lengths"
+    assert traces[False][0] != traces[False][1]
+
+
+@st.composite
+def kvcache_calls(draw):
+    """Random calls mixing every option (GQA groups that divide the query tile and packed q ending at
+    cu_seqlens_q[-1]: the xfail tests above cover the others)."""
+    B, Hkv = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    c = dict(B=B, Hkv=Hkv, Hq=Hkv * draw(st.sampled_from([1, 2, 4, 8])), D=draw(st.sampled_from([16, 24, 40, 64])),
+             Sq=draw(st.sampled_from([1, 2, 5, 17])), dtype=draw(st.sampled_from(DTYPES)),
+             causal=draw(st.booleans()), splits=draw(st.sampled_from([0, 1, 2, 5])),
+             page_size=draw(st.sampled_from([None, None, None, 1, 5, 16, 48, 64, 80])), packed=draw(st.booleans()),
+             append=draw(st.booleans()), seed=draw(st.integers(0, 2**31 - 1)))
+    c["width"] = draw(st.integers(1, 160 // (c["page_size"] or 32) + 1))
+    c["secure"] = not c["packed"] and not c["append"] and draw(st.booleans())
+    c["leftpad"] = not c["page_size"] and draw(st.booleans())
+    c["batch_idx"] = not c["page_size"] and draw(st.booleans())
+    c["lens_q"] = draw(st.lists(st.integers(0, c["Sq"]), min_size=B, max_size=B)) if c["packed"] else [c["Sq"]] * B
+    c["fill"] = draw(st.lists(st.sampled_from([0.0, 0.3, 0.7, 1.0]), min_size=2 * B, max_size=2 * B))  # of capacity
+    return c
+
+
+@kernel
+@settings(max_examples=int(os.environ.get("FLASHCORE_PROPERTY_EXAMPLES", "25")), deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(c=kvcache_calls())
+def test_property_random_calls(c):
+    B, Hq, Hkv, D, dtype, ps = c["B"], c["Hq"], c["Hkv"], c["D"], c["dtype"], c["page_size"]
+    gen = torch.Generator().manual_seed(c["seed"])
+    grow = c["lens_q"] if c["append"] else [0] * B
+    cap = max(ps or 32, 1) * c["width"]
+    cap = max(cap, max(grow) + 1)
+    if ps:
+        cap = -(-cap // ps) * ps
+    L = lengths(*(int(f * (cap - g)) for f, g in zip(c["fill"][:B], grow)))
+    kw = dict(cache_seqlens=L, causal=c["causal"], num_splits=c["splits"], secure=c["secure"])
+    if c["packed"]:
+        q, cu = _pack(c["lens_q"], Hq, D, dtype=dtype, gen=gen)
+        kw.update(cu_seqlens_q=cu, max_seqlen_q=max(1, max(c["lens_q"])))
+    else:
+        q = rnd(B, c["Sq"], Hq, D, dtype=dtype, gen=gen)
+    if c["append"]:
+        kw["k"], kw["v"] = (rnd(*q.shape[:-2], Hkv, D, dtype=dtype, gen=gen) for _ in range(2))
+    kc, vc = (rnd(B, cap, Hkv, D, dtype=dtype, gen=gen) for _ in range(2))
+    if ps:
+        kc, table = to_paged(kc, ps, gen)
+        vc, _ = to_paged(vc, ps, gen, pages=rnd(*kc.shape, dtype=dtype, gen=gen), table=table)
+        kw["page_table"] = table
+    if c["batch_idx"]:
+        kw["cache_batch_idx"] = torch.randperm(B, generator=gen).to(torch.int32)
+    if c["leftpad"]:
+        kw["cache_leftpad"] = lengths(*(int(f * int(x)) for f, x in zip(c["fill"][B:], L)))
+    kw_ref = {n: x for n, x in kw.items() if n not in ("num_splits", "secure")}
+    kc1, vc1, kr, vr = kc.clone(), vc.clone(), kc.clone(), vc.clone()
+    out, lse = flashcore.attention_with_kvcache(q, kc1, vc1, backend="triton", return_lse=True, out=nan_like(q), **kw)
+    ref, ref_lse = R.attention_with_kvcache(q, kr, vr, return_lse=True, **kw_ref)
+    check(out, lse, ref, ref_lse, dtype, packed=c["packed"], what=str(c))
+    assert torch.equal(kc1, kr) and torch.equal(vc1, vr)
+
+
+# ---- out=, auto on CPU, bf16, repeat calls --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["reference", "auto"] + (["triton"] if INTERPRET else []))
+@pytest.mark.parametrize("splits", [1, 3])
+def test_out_buffer_is_returned_and_filled(backend, splits, gen):
+    B, Sq, Hq, Hkv, D, S = 2, 3, 4, 2, 32, 64
+    q = rnd(B, Sq, Hq, D, gen=gen)
+    kc, vc = (rnd(B, S, Hkv, D, gen=gen) for _ in range(2))
+    L = lengths(64, 20)
+    out = nan_like(q)
+    res = flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=L, out=out, num_splits=splits, backend=backend)
+    assert res is out and not torch.isnan(out).any()
+    assert rel_err(out, R.attention_with_kvcache(q, kc, vc, cache_seqlens=L)) < 1e-5
+    res, lse = flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=L, out=out, return_lse=True,
+                                                num_splits=splits, backend=backend)
+    assert res is out and lse.shape == (B, Hq, Sq)
+
+
+def test_auto_backend_on_cpu_runs_the_reference(ran, gen):
+    B, Sq, Hq, Hkv, D, S = 2, 2, 4, 2, 16, 32
+    q = rnd(B, Sq, Hq, D, gen=gen)
+    kc, vc = (rnd(B, S, Hkv, D, gen=gen) for _ in range(2))
+    k, v = (rnd(B, Sq, Hkv, D, gen=gen) for _ in range(2))
+    kr, vr = kc.clone(), vc.clone()
+    out, lse = flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=5, k=k, v=v, return_lse=True)
+    assert ran.reference == 1 and ran.kernels == []
+    ref, ref_lse = R.attention_with_kvcache(q, kr, vr, cache_seqlens=lengths(5, 5), k=k, v=v, return_lse=True)
+    assert out.dtype == q.dtype and lse.dtype == torch.float32
+    assert rel_err(out, ref) < 1e-6 and torch.equal(lse, ref_lse.float())
+    assert torch.equal(kc, kr) and torch.equal(vc, vr)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_bf16_on_the_reference_route(packed, gen):
+    Hq, Hkv, D, S = 4, 2, 32, 40
+    if packed:
+        q, cu = _pack([3, 1], Hq, D, dtype=torch.bfloat16, gen=gen)
+        kw = dict(cu_seqlens_q=cu, max_seqlen_q=3)
+    else:
+        q, kw = rnd(2, 3, Hq, D, dtype=torch.bfloat16, gen=gen), {}
+    kc, vc = (rnd(2, S, Hkv, D, dtype=torch.bfloat16, gen=gen) for _ in range(2))
+    L = lengths(17, 0)
+    out, lse = flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=L, backend="reference", return_lse=True,
+                                                out=nan_like(q), **kw)
+    ref, ref_lse = R.attention_with_kvcache(q, kc, vc, cache_seqlens=L, return_lse=True, **kw)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, ref.to(torch.bfloat16))
+    assert torch.equal(lse, ref_lse.float())
+    if INTERPRET:  # the interpreter computes bf16 wrongly: the kernel route refuses it
+        with pytest.raises(ValueError, match="bfloat16"):
+            flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=L, backend="triton", **kw)
+
+
+@kernel
+def test_repeat_calls_reuse_the_plan_with_new_tensors(launches, gen):
+    """A plan is replayed with each call's own tensors: new caches, q and lengths of the same shapes give their
+    own answers (nothing of the first call is baked into the plan)."""
+    B, Sq, Hq, Hkv, D, S = 2, 2, 4, 2, 32, 64
+    for i in range(3):
+        q = rnd(B, Sq, Hq, D, gen=gen)
+        kc, vc = (rnd(B, S, Hkv, D, gen=gen) for _ in range(2))
+        k, v = (rnd(B, Sq, Hkv, D, gen=gen) for _ in range(2))
+        L = torch.randint(0, S - Sq + 1, (B,), generator=gen, dtype=torch.int32)
+        (out, lse, kc2, vc2), (ref, ref_lse, kr, vr) = run_both(q, kc, vc, cache_seqlens=L, k=k, v=v, num_splits=2)
+        check(out, lse, ref, ref_lse, torch.float32)
+        assert torch.equal(kc2, kr) and torch.equal(vc2, vr)
+    assert launches[0][0] is launches[1][0] is launches[2][0]
+
+
+@kernel
+def test_strided_inputs(gen):
+    """Views with a unit last stride but no other contiguity: q a slice, K and V caches interleaved in one
+    [pages, page_size, 2, Hkv, D] buffer, k/v slices."""
+    B, Sq, Hq, Hkv, D, ps, width = 2, 2, 4, 2, 32, 16, 4
+    q = rnd(B, Sq, Hq, 2 * D, gen=gen)[..., D:]
+    kv = rnd(B * width + 1, ps, 2, Hkv, D, gen=gen)
+    table = torch.randperm(B * width + 1, generator=gen)[: B * width].view(B, width).to(torch.int32)
+    knew = rnd(B, Sq, 2, Hkv, D, gen=gen)
+    kw = dict(cache_seqlens=lengths(40, 3), page_table=table, k=knew[:, :, 0], v=knew[:, :, 1])
+    kv_ref = kv.clone()
+    out = flashcore.attention_with_kvcache(q, kv[:, :, 0], kv[:, :, 1], backend="triton", out=nan_like(q), **kw)
+    ref = R.attention_with_kvcache(q, kv_ref[:, :, 0], kv_ref[:, :, 1], **kw)
+    assert rel_err(out, ref) < TOL[torch.float32] and torch.equal(kv, kv_ref)
+
+
+# ---- torch.compile --------------------------------------------------------------------------------------
+
+
+def _compile_case(gen, append):
+    B, Sq, Hq, Hkv, D, S = 2, 2, 4, 2, 16, 40
+    q = rnd(B, Sq, Hq, D, gen=gen)
+    kc, vc = (rnd(B, S, Hkv, D, gen=gen) for _ in range(2))
+    k, v = (rnd(B, Sq, Hkv, D, gen=gen) for _ in range(2)) if append else (None, None)
+    return q, kc, vc, k, v, lengths(5, 30)
+
+
+@pytest.mark.parametrize("backend", ["auto"] + (["triton"] if INTERPRET else []))
+@pytest.mark.parametrize("append", [False, True])
+def test_torch_compile_fullgraph(backend, append, ran, gen):
+    """torch.compile(fullgraph=True) traces through a function that calls attention_with_kvcache (the custom op
+    flashcore::attention_with_kvcache, which mutates the caches): the route asked for runs (the kernels for
+    backend="triton", the reference for "auto" on CPU), the answer and the caches are the reference's."""
+    q, kc, vc, k, v, L = _compile_case(gen, append)
+
+    def f(q, kc, vc, L, k, v):
+        out, lse = flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=L, k=k, v=v, backend=backend,
+                                                    return_lse=True, num_splits=2)
+        return out * 2, lse
+
+    torch._dynamo.reset()
+    kr, vr = kc.clone(), vc.clone()
+    out2, lse = torch.compile(f, fullgraph=True, backend="aot_eager")(q, kc, vc, L, k, v)
+    ref, ref_lse = R.attention_with_kvcache(q, kr, vr, cache_seqlens=L, k=k, v=v, return_lse=True)
+    if backend == "triton":
+        assert [name for name, _ in ran.kernels] == ["triton_decode"] and ran.reference == 0
+    else:
+        assert ran.reference == 1 and ran.kernels == []
+    check(out2 / 2, lse, ref, ref_lse, torch.float32)
+    assert torch.equal(kc, kr) and torch.equal(vc, vr)
+
+
+def test_kvcache_op_is_registered_with_a_fake_impl():
+    import flashcore.ops  # noqa: F401
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    assert hasattr(torch.ops.flashcore, "attention_with_kvcache")
+    with FakeTensorMode():
+        q = torch.empty(2, 3, 4, 64, dtype=torch.float16)
+        kc = torch.empty(2, 50, 2, 64, dtype=torch.float16)
+        L = torch.empty(2, dtype=torch.int32)
+        schema = torch.ops.flashcore.attention_with_kvcache.default._schema
+        args = {a.name: None for a in schema.arguments}
+        args.update(q=q, k_cache=kc, v_cache=kc, cache_seqlens=L, max_seqlen_q=3, causal=True, scale=0.125,
+                    num_splits=0, return_lse=True, secure=False)
+        if "backend" in args:
+            args["backend"] = "auto"
+        out, lse = torch.ops.flashcore.attention_with_kvcache(**args)
+        assert out.shape == q.shape and out.dtype == q.dtype
+        assert lse.shape == (2, 4, 3) and lse.dtype == torch.float32
+
+
+def test_scale_and_int_cache_seqlens(gen):
+    """An explicit scale; cache_seqlens as a Python int (the same length for every sequence)."""
+    q = rnd(2, 1, 2, 16, gen=gen)
+    kc, vc = (rnd(2, 20, 2, 16, gen=gen) for _ in range(2))
+    a = flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=7, scale=0.3, backend="reference")
+    b = R.attention_with_kvcache(q, kc, vc, cache_seqlens=lengths(7, 7), scale=0.3)
+    assert torch.equal(R.attention_with_kvcache(q, kc, vc, cache_seqlens=7, scale=0.3), b)  # the same signature
+    c = R.attention_with_kvcache(q, kc, vc, cache_seqlens=lengths(7, 7))
+    assert rel_err(a, b) < 1e-6 and rel_err(a, c) > 1e-3
+    assert math.isclose(float(flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=0).abs().sum()), 0.0)

@@ -1,0 +1,301 @@
+"""Bad input to ``flashcore.attention_with_kvcache`` gets a ValueError/TypeError naming the argument, on every
+backend, before anything runs: in particular nothing is written into the caches (the append comes first)."""
+import os
+
+import pytest
+import torch
+
+import flashcore
+
+BACKENDS = ["reference", "auto"] + (["triton"] if os.environ.get("TRITON_INTERPRET") == "1" else [])
+B, SQ, HQ, HKV, D, S = 2, 2, 4, 2, 32, 16  # capacity S; paged: 5 pages of 8, tables 2 wide (capacity 16)
+
+
+def t(*shape, dtype=torch.float16):
+    return (torch.randn(*shape) + 0.5).to(dtype)  # random, never zeros
+
+
+def i32(*values):
+    return torch.tensor(values, dtype=torch.int32)
+
+
+def base(paged=False):
+    """A valid call that appends: q, caches, cache_seqlens, k/v (and the page table)."""
+    a = dict(q=t(B, SQ, HQ, D), k=t(B, SQ, HKV, D), v=t(B, SQ, HKV, D), cache_seqlens=i32(3, 5))
+    if paged:
+        a.update(k_cache=t(5, 8, HKV, D), v_cache=t(5, 8, HKV, D), page_table=i32(4, 1, 0, 2).view(B, 2))
+    else:
+        a.update(k_cache=t(B, S, HKV, D), v_cache=t(B, S, HKV, D))
+    return a
+
+
+def fp8(a):
+    return dict(k_cache=a["k_cache"].to(torch.float8_e4m3fn), v_cache=a["v_cache"].to(torch.float8_e4m3fn),
+                k=a["k"].to(torch.float8_e4m3fn), v=a["v"].to(torch.float8_e4m3fn))
+
+
+def call(a):
+    a = dict(a)
+    return flashcore.attention_with_kvcache(a.pop("q"), a.pop("k_cache"), a.pop("v_cache"), **a)
+
+
+def bits(x):
+    return x.view(torch.uint8) if x.dtype == torch.float8_e4m3fn else x
+
+
+# (case id, paged base, overrides (a dict, or a function of the base call's arguments), exception, message)
+CASES = [
+    # page table
+    ("page entry past the pages", True, dict(page_table=i32(4, 1, 0, 5).view(B, 2), cache_seqlens=i32(3, 9)),
+     ValueError, r"page_table\[1, 1\]=5 is not a page"),
+    ("page entry negative", True, dict(page_table=i32(-1, 1, 0, 2).view(B, 2)), ValueError, r"page_table\[0, 0\]=-1"),
+    ("page entry of an appended slot", True, dict(page_table=i32(4, 1, 0, 7).view(B, 2), cache_seqlens=i32(3, 7)),
+     ValueError, r"page_table\[1, 1\]=7"),  # 7 + 2 new tokens reach the second page
+    ("page_table int64", True, lambda a: dict(page_table=a["page_table"].long()), TypeError,
+     "page_table must be int32"),
+    ("page_table rows", True, dict(page_table=i32(0, 1, 2, 3, 4, 0).view(3, 2)), ValueError,
+     r"page_table must have shape \[2, 2\]"),
+    ("page_table 1-D", True, dict(page_table=i32(0, 1)), ValueError, "page_table must be an int32 tensor"),
+    ("page_table a list", True, dict(page_table=[[4, 1], [0, 2]]), TypeError, "page_table must be an int32"),
+    ("page_table strided", True, dict(page_table=i32(4, 9, 1, 9, 0, 9, 2, 9).view(B, 4)[:, ::2]), ValueError,
+     "page_table must be contiguous"),
+    ("page_table with cache_batch_idx", True, dict(cache_batch_idx=i32(0, 1)), ValueError, "cache_batch_idx"),
+    ("page size 0", True, dict(k_cache=t(5, 0, HKV, D), v_cache=t(5, 0, HKV, D)), ValueError, "page size"),
+    ("page size 257", True, dict(k_cache=t(2, 257, HKV, D), v_cache=t(2, 257, HKV, D)), ValueError, "page size"),
+    ("leftpad with pages", True, dict(cache_leftpad=i32(0, 0)), ValueError, "cache_leftpad is only for a contiguous"),
+    # lengths
+    ("lengths plus new tokens past capacity", False, dict(cache_seqlens=i32(3, 15)), ValueError,
+     r"cache_seqlens\[1\]=15 plus 2 new tokens does not fit the cache's capacity 16"),
+    ("paged lengths plus new tokens past capacity", True, dict(cache_seqlens=i32(15, 0)), ValueError,
+     r"cache_seqlens\[0\]=15 plus 2 new tokens"),
+    ("length past capacity", False, dict(k=None, v=None, cache_seqlens=i32(3, 17)), ValueError,
+     r"cache_seqlens\[1\]=17 does not fit"),
+    ("length negative", False, dict(cache_seqlens=i32(-1, 3)), ValueError, r"cache_seqlens\[0\]=-1"),
+    ("cache_seqlens int64", False, dict(cache_seqlens=torch.tensor([3, 5])), TypeError, "cache_seqlens must be int32"),
+    ("cache_seqlens float", False, dict(cache_seqlens=torch.tensor([3.0, 5.0])), TypeError,
+     "cache_seqlens must be int32"),
+    ("cache_seqlens shape", False, dict(cache_seqlens=i32(3, 5, 1)), ValueError,
+     r"cache_seqlens must have shape \[2\]"),
+    ("cache_seqlens 2-D", False, dict(cache_seqlens=i32(3, 5).view(2, 1)), ValueError, "cache_seqlens must have shape"),
+    ("cache_seqlens strided", False, dict(cache_seqlens=i32(3, 0, 5, 0)[::2]), ValueError,
+     "cache_seqlens must be contiguous"),
+    ("cache_seqlens on another device", False, dict(cache_seqlens=i32(3, 5).to("meta")), ValueError,
+     "cache_seqlens must be on q's device"),
+    ("cache_seqlens a list", False, dict(cache_seqlens=[3, 5]), TypeError, "cache_seqlens must be an int32"),
+    ("cache_seqlens a bool", False, dict(cache_seqlens=True), TypeError, "cache_seqlens must be an int32"),
+    ("cache_seqlens a float", False, dict(cache_seqlens=3.0), TypeError, "cache_seqlens must be an int32"),
+    ("int cache_seqlens past capacity", False, dict(cache_seqlens=15), ValueError, r"cache_seqlens\[0\]=15"),
+    ("leftpad past the length", False, dict(cache_leftpad=i32(0, 6)), ValueError, r"cache_leftpad\[1\]=6"),
+    ("leftpad negative", False, dict(cache_leftpad=i32(-2, 0)), ValueError, r"cache_leftpad\[0\]=-2"),
+    ("leftpad int64", False, dict(cache_leftpad=torch.tensor([0, 0])), TypeError, "cache_leftpad must be int32"),
+    # k / v
+    ("k without v", False, dict(v=None), ValueError, "k and v go together: got k without v"),
+    ("v without k", False, dict(k=None), ValueError, "k and v go together: got v without k"),
+    ("k dtype", False, lambda a: dict(k=a["k"].float()), TypeError, "k must have the cache's dtype"),
+    ("v dtype", False, lambda a: dict(v=a["v"].float()), TypeError, "v must have the cache's dtype"),
+    ("k shape", False, dict(k=t(B, SQ + 1, HKV, D)), ValueError, r"k must have shape \[2, 2, 2, 32\]"),
+    ("v heads", False, dict(v=t(B, SQ, HQ, D)), ValueError, "v must have shape"),
+    ("k a list", False, lambda a: dict(k=a["k"].tolist()), TypeError, "k must be a torch.Tensor"),
+    ("k strided", False, dict(k=t(B, SQ, HKV, 2 * D)[..., ::2]), ValueError, "k must have a unit stride"),
+    ("k overlapping k_cache", False, lambda a: dict(k=a["k_cache"][:, :SQ]), ValueError,
+     "k must not overlap k_cache"),
+    ("v overlapping v_cache", False, lambda a: dict(v=a["v_cache"][:, S - SQ:]), ValueError,
+     "v must not overlap v_cache"),
+    # q
+    ("q int", False, dict(q=torch.ones(B, SQ, HQ, D, dtype=torch.int32)), TypeError, "q must be float16"),
+    ("q float64", False, lambda a: dict(q=a["q"].double()), TypeError, "q must be float16"),
+    ("q not a tensor", False, dict(q=None), TypeError, "q must be a torch.Tensor"),
+    ("q 3-D without cu_seqlens_q", False, dict(q=t(B * SQ, HQ, D)), ValueError, "q must be 4-D"),
+    ("q 5-D", False, dict(q=t(B, SQ, HQ, D, 1)), ValueError, "q must be 4-D"),
+    ("q empty", False, dict(q=t(B, 0, HQ, D)), ValueError, "q must have B >= 1 and Sq >= 1"),
+    ("q head dim", False, dict(q=t(B, SQ, HQ, 16)), ValueError, "head dim 32 must equal q's head dim 16"),
+    ("q heads", False, dict(q=t(B, SQ, 3, D)), ValueError, r"q heads \(3\) must be a multiple"),
+    ("q strided", False, dict(q=t(B, SQ, HQ, 2 * D)[..., ::2]), ValueError, "q must have a unit stride"),
+    ("q batch", False, dict(q=t(3, SQ, HQ, D)), ValueError, "k_cache has 2 cache rows but the batch is 3"),
+    ("q bf16, caches fp16", False, lambda a: dict(q=a["q"].bfloat16()), TypeError,
+     "k_cache must have q's dtype torch.bfloat16"),
+    # caches
+    ("k_cache dtype", False, lambda a: dict(k_cache=a["k_cache"].float()), TypeError,
+     "k_cache must have q's dtype"),
+    ("v_cache dtype", False, lambda a: dict(v_cache=a["v_cache"].float()), TypeError,
+     "v_cache must have q's dtype"),
+    ("k_cache int8", False, lambda a: dict(k_cache=a["k_cache"].to(torch.int8)), TypeError, "k_cache must have"),
+    ("k_cache not a tensor", False, dict(k_cache="cache"), TypeError, "k_cache must be a torch.Tensor"),
+    ("k_cache 3-D", False, dict(k_cache=t(B, S, HKV * D), v_cache=t(B, S, HKV * D)), ValueError,
+     "k_cache must be 4-D"),
+    ("caches of different shapes", False, dict(v_cache=t(B, S + 1, HKV, D)), ValueError,
+     "k_cache and v_cache must have the same shape"),
+    ("caches of different dtypes", False, lambda a: dict(v_cache=a["v_cache"].to(torch.float8_e4m3fn),
+                                                         k_descale=torch.ones(B, HKV), v_descale=torch.ones(B, HKV)),
+     TypeError, "k_cache and v_cache must share one dtype"),
+    ("k_cache strided", False, dict(k_cache=t(B, S, HKV, 2 * D)[..., ::2]), ValueError,
+     "k_cache must have a unit stride"),
+    ("cache head dim", False, dict(k_cache=t(B, S, HKV, 16), v_cache=t(B, S, HKV, 16)), ValueError, "head dim 16"),
+    ("cache heads", False, dict(k_cache=t(B, S, 3, D), v_cache=t(B, S, 3, D)), ValueError,
+     r"multiple of the number of k/v cache heads \(3\)"),
+    # cache_batch_idx
+    ("cache_batch_idx past the rows", False, dict(cache_batch_idx=i32(0, 2)), ValueError,
+     r"cache_batch_idx\[1\]=2 is not a row of the cache \(it has 2\)"),
+    ("cache_batch_idx negative", False, dict(cache_batch_idx=i32(-1, 0)), ValueError, r"cache_batch_idx\[0\]=-1"),
+    ("cache_batch_idx int64", False, dict(cache_batch_idx=torch.tensor([0, 1])), TypeError,
+     "cache_batch_idx must be int32"),
+    ("cache_batch_idx shape", False, dict(cache_batch_idx=i32(0, 1, 0)), ValueError,
+     r"cache_batch_idx must have shape \[2\]"),
+    # FP8
+    ("FP8 cache without descales", False, fp8, ValueError, "an FP8 cache needs k_descale"),
+    ("FP8 cache without v_descale", False, lambda a: dict(fp8(a), k_descale=torch.ones(B, HKV)), ValueError,
+     "an FP8 cache needs v_descale"),
+    ("descale for a fp16 cache", False, dict(k_descale=torch.ones(B, HKV)), ValueError,
+     "k_descale is only for an FP8"),
+    ("v_descale for a fp16 cache", False, dict(v_descale=torch.ones(B, HKV)), ValueError,
+     "v_descale is only for an FP8"),
+    ("descale fp16", False, lambda a: dict(fp8(a), k_descale=torch.ones(B, HKV).half(), v_descale=torch.ones(B, HKV)),
+     TypeError, "k_descale must be a float32"),
+    ("descale shape", False, lambda a: dict(fp8(a), k_descale=torch.ones(B, HQ), v_descale=torch.ones(B, HKV)),
+     ValueError, r"k_descale must have shape \[2, 2\]"),
+    ("descale transposed", False, lambda a: dict(fp8(a), k_descale=torch.ones(HKV, B).t(),
+                                                 v_descale=torch.ones(B, HKV)),
+     ValueError, "k_descale must be contiguous"),  # the kernel reads [B, Hkv] packed: a view gave wrong results
+    ("float8_e5m2 cache", False, lambda a: dict(k_cache=a["k_cache"].to(torch.float8_e5m2),
+                                                v_cache=a["v_cache"].to(torch.float8_e5m2), k=None, v=None),
+     TypeError, "k_cache is torch.float8_e5m2: the only FP8 cache format is torch.float8_e4m3fn"),
+    ("FP8 cache with fp32 q", False, lambda a: dict(fp8(a), q=a["q"].float(), k_descale=torch.ones(B, HKV),
+                                                   v_descale=torch.ones(B, HKV)),
+     TypeError, "FP8 .* cache needs q in float16 or bfloat16"),
+    # packed q
+    ("cu_seqlens_q without max_seqlen_q", False,
+     lambda a: dict(q=t(3, HQ, D), k=t(3, HKV, D), v=t(3, HKV, D), cu_seqlens_q=i32(0, 1, 3)), ValueError,
+     "cu_seqlens_q and max_seqlen_q go together"),
+    ("max_seqlen_q without cu_seqlens_q", False, dict(max_seqlen_q=2), ValueError,
+     "cu_seqlens_q and max_seqlen_q go together"),
+    ("max_seqlen_q too small", False,
+     dict(q=t(3, HQ, D), k=t(3, HKV, D), v=t(3, HKV, D), cu_seqlens_q=i32(0, 1, 3), max_seqlen_q=1), ValueError,
+     "max_seqlen_q=1 is smaller than a real query length"),
+    ("max_seqlen_q a float", False,
+     dict(q=t(3, HQ, D), k=t(3, HKV, D), v=t(3, HKV, D), cu_seqlens_q=i32(0, 1, 3), max_seqlen_q=2.5), ValueError,
+     "max_seqlen_q must be a whole number"),
+    ("cu_seqlens_q decreasing", False,
+     dict(q=t(3, HQ, D), k=t(3, HKV, D), v=t(3, HKV, D), cu_seqlens_q=i32(0, 2, 1), max_seqlen_q=2), ValueError,
+     "cu_seqlens_q must start at 0 and be non-decreasing"),
+    ("cu_seqlens_q past q", False,
+     dict(q=t(3, HQ, D), k=t(3, HKV, D), v=t(3, HKV, D), cu_seqlens_q=i32(0, 2, 4), max_seqlen_q=2), ValueError,
+     "cu_seqlens_q ends at 4 but q has only 3 tokens"),
+    ("cu_seqlens_q int64", False,
+     dict(q=t(3, HQ, D), k=t(3, HKV, D), v=t(3, HKV, D), cu_seqlens_q=torch.tensor([0, 1, 3]), max_seqlen_q=2),
+     TypeError, "cu_seqlens_q must be int32"),
+    ("packed k of q's 4-D shape", False,
+     dict(q=t(3, HQ, D), cu_seqlens_q=i32(0, 1, 3), max_seqlen_q=2), ValueError, r"k must have shape \[3, 2, 32\]"),
+    ("cu_seqlens_q a list", False,
+     dict(q=t(3, HQ, D), k=t(3, HKV, D), v=t(3, HKV, D), cu_seqlens_q=[0, 1, 3], max_seqlen_q=2), TypeError,
+     "cu_seqlens_q must be an int32"),
+    ("cu_seqlens_q 2-D", False,
+     dict(q=t(3, HQ, D), k=t(3, HKV, D), v=t(3, HKV, D), cu_seqlens_q=i32(0, 1, 3).view(1, 3), max_seqlen_q=2),
+     ValueError, r"cu_seqlens_q must be an int32 tensor of shape \[B\+1\]"),
+    ("packed q 4-D", False, dict(cu_seqlens_q=i32(0, 1, 3), max_seqlen_q=2), ValueError, "q must be 3-D"),
+    # secure
+    ("secure with k/v", False, dict(secure=True), ValueError, "secure=True does not append"),
+    ("secure with packed q", False,
+     dict(q=t(3, HQ, D), k=None, v=None, cu_seqlens_q=i32(0, 1, 3), max_seqlen_q=2, secure=True), ValueError,
+     "secure=True does not take cu_seqlens_q"),
+    ("secure, unused page entry out of range", True,
+     dict(k=None, v=None, secure=True, page_table=i32(4, 1, 0, 9).view(B, 2)), ValueError,
+     r"page_table\[1, 1\]=9"),  # every entry is read in secure mode, so every entry must be a page
+    ("secure, length past capacity", False, dict(k=None, v=None, secure=True, cache_seqlens=i32(3, 17)), ValueError,
+     r"cache_seqlens must lie in \[0, 16\]"),
+    # flags and numbers
+    ("causal a str", False, dict(causal="yes"), TypeError, "causal must be a bool"),
+    ("causal an int", False, dict(causal=1), TypeError, "causal must be a bool"),
+    ("secure an int", False, dict(secure=0), TypeError, "secure must be a bool"),
+    ("return_lse None", False, dict(return_lse=None), TypeError, "return_lse must be a bool"),
+    ("validate an int", False, dict(validate=1), TypeError, "validate must be a bool"),
+    ("num_splits negative", False, dict(num_splits=-1), ValueError, "num_splits must be >= 0"),
+    ("num_splits too big", False, dict(num_splits=129), ValueError, r"num_splits must be in \[0, 128\]"),
+    ("num_splits fractional", False, dict(num_splits=2.5), ValueError, "num_splits must be a whole number"),
+    ("num_splits a str", False, dict(num_splits="2"), TypeError, "num_splits must be an int"),
+    ("num_splits a bool", False, dict(num_splits=True), TypeError, "num_splits must be an int"),
+    ("num_splits a tensor", False, dict(num_splits=torch.tensor(2)), TypeError, "num_splits must be an int"),
+    ("scale negative", False, dict(scale=-0.1), ValueError, "scale must be a positive"),
+    ("scale a str", False, dict(scale="0.1"), TypeError, "scale must be a real number"),
+    ("backend unknown", False, dict(backend="cuda"), ValueError, "backend must be one of"),
+    # out
+    ("out overlapping k_cache", False, lambda a: dict(out=a["k_cache"].view(-1)[: B * SQ * HQ * D].view(B, SQ, HQ, D)),
+     ValueError, "out must not overlap k_cache"),
+    ("out overlapping v_cache", True, lambda a: dict(out=a["v_cache"].view(-1)[: B * SQ * HQ * D].view(B, SQ, HQ, D)),
+     ValueError, "out must not overlap v_cache"),
+    ("out overlapping k", False, lambda a: (lambda buf: dict(out=buf.view(B, SQ, HQ, D),
+                                                             k=buf[: B * SQ * HKV * D].view(B, SQ, HKV, D)))(
+        t(B * SQ * HQ * D)), ValueError, "out must not overlap k"),
+    ("out overlapping q", False, lambda a: dict(out=a["q"]), ValueError, "out must not overlap q"),
+    ("out shape", False, dict(out=t(B, SQ, HQ, 16)), ValueError, "out must match q's shape"),
+    ("out dtype", False, dict(out=t(B, SQ, HQ, D, dtype=torch.float32)), ValueError, "out must match"),
+    ("out strided", False, dict(out=t(B, HQ, SQ, D).transpose(1, 2)), ValueError, "out must be contiguous"),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name,paged,over,exc,match", CASES, ids=[c[0] for c in CASES])
+def test_kvcache_bad_input(name, paged, over, exc, match, backend):
+    a = base(paged)
+    a.update(over(a) if callable(over) else over)
+    a.setdefault("backend", backend)
+    before = [bits(a[n]).clone() for n in ("k_cache", "v_cache") if isinstance(a[n], torch.Tensor)]
+    with pytest.raises(exc, match=match):
+        call(a)
+    after = [bits(a[n]) for n in ("k_cache", "v_cache") if isinstance(a[n], torch.Tensor)]
+    assert all(torch.equal(x, y) for x, y in zip(before, after)), "a refused call wrote into the cache"
+
+
+def test_every_case_is_valid_once_mended():
+    """The base calls themselves are accepted (so each case fails for its own reason), on both layouts."""
+    for paged in (False, True):
+        a = base(paged)
+        out = call(a)
+        assert out.shape == a["q"].shape and not torch.isnan(out).any()
+
+
+@pytest.mark.interp
+def test_kernel_route_refuses_what_the_interpreter_gets_wrong():
+    a = base()
+    a.update(q=a["q"].bfloat16(), k_cache=a["k_cache"].bfloat16(), v_cache=a["v_cache"].bfloat16(),
+             k=a["k"].bfloat16(), v=a["v"].bfloat16(), backend="triton")
+    before = a["k_cache"].clone()
+    with pytest.raises(ValueError, match="bfloat16"):
+        call(a)
+    assert torch.equal(a["k_cache"], before)
+    a = base()
+    a.update(q=a["q"].requires_grad_(), backend="triton")
+    with pytest.raises(RuntimeError, match="q requires grad"):
+        call(a)
+
+
+def test_triton_on_cpu_without_the_interpreter_is_explained(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        call(dict(base(), backend="triton"))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_validate_false_still_checks_the_metadata(backend):
+    """validate=False skips the host's reading of values, never the metadata checks."""
+    a = dict(base(), backend=backend, validate=False)
+    with pytest.raises(TypeError, match="cache_seqlens must be int32"):
+        call(dict(a, cache_seqlens=torch.tensor([3, 5])))
+    with pytest.raises(ValueError, match="k and v go together"):
+        call(dict(a, v=None))
+    with pytest.raises(ValueError, match="secure=True does not append"):
+        call(dict(a, secure=True))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("what", ["cache_seqlens", "cache_leftpad"])
+def test_secure_range_errors_do_not_tell_the_secret_values(what, backend):
+    """secure=True: cache_seqlens and cache_leftpad are secret; a range error says that some value is out of
+    range (one bit), never which sequence or what value."""
+    a = dict(base(), k=None, v=None, secure=True, backend=backend, cache_seqlens=i32(3, 13))
+    if what == "cache_seqlens":
+        a["cache_seqlens"] = i32(3, 29)
+    else:
+        a["cache_leftpad"] = i32(0, 14)
+    with pytest.raises(ValueError, match=what) as e:
+        call(a)
+    assert not any(str(x) in str(e.value) for x in (29, 13, 14, "[1]")), str(e.value)
