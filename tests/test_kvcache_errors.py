@@ -198,8 +198,11 @@ CASES = [
      dict(q=t(3, HQ, D), k=None, v=None, cu_seqlens_q=i32(0, 1, 3), max_seqlen_q=2, secure=True), ValueError,
      "secure=True does not take cu_seqlens_q"),
     ("secure, unused page entry out of range", True,
-     dict(k=None, v=None, secure=True, page_table=i32(4, 1, 0, 9).view(B, 2)), ValueError,
+     dict(k=None, v=None, secure=True, k_cache=t(5, 16, HKV, D), v_cache=t(5, 16, HKV, D),
+          page_table=i32(4, 1, 0, 9).view(B, 2)), ValueError,
      r"page_table\[1, 1\]=9"),  # every entry is read in secure mode, so every entry must be a page
+    ("secure, page size not a verified one", True, dict(k=None, v=None, secure=True), ValueError,
+     r"secure=True needs a page size in \(16, 32, 64, 128, 256\).*got 8"),
     ("secure, length past capacity", False, dict(k=None, v=None, secure=True, cache_seqlens=i32(3, 17)), ValueError,
      r"cache_seqlens must lie in \[0, 16\]"),
     # flags and numbers
