@@ -1006,3 +1006,24 @@ def test_scale_and_int_cache_seqlens(gen):
     c = R.attention_with_kvcache(q, kc, vc, cache_seqlens=lengths(7, 7))
     assert rel_err(a, b) < 1e-6 and rel_err(a, c) > 1e-3
     assert math.isclose(float(flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=0).abs().sum()), 0.0)
+
+
+@kernel
+def test_a_repeat_call_skips_the_metadata_checks_but_not_the_value_checks(monkeypatch, gen):
+    """The second call with the same public facts is a plan-cache hit (no metadata checks, no planning); the
+    values (lengths past the capacity here) are still checked on the host."""
+    from flashcore import _checks
+
+    q = rnd(2, 1, 4, 16, gen=gen)
+    kc, vc = (rnd(2, 32, 2, 16, gen=gen) for _ in range(2))
+    L = lengths(5, 32)
+    first = flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=L, backend="triton")
+
+    def refuse(*a, **k):
+        raise AssertionError("metadata checked again on a plan-cache hit")
+
+    monkeypatch.setattr(_checks, "check_kvcache", refuse)
+    again = flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=L, backend="triton")
+    assert torch.equal(first, again)
+    with pytest.raises(ValueError, match=r"cache_seqlens\[1\]=33"):
+        flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lengths(5, 33), backend="triton")

@@ -179,7 +179,24 @@ KV_OPTIONAL = ("k", "v", "page_table", "cache_batch_idx", "cache_leftpad", "cu_s
 def kvcache_call(q, k_cache, v_cache, cache_seqlens, opt: dict, *, max_seqlen_q, causal, scale, num_splits,
                  return_lse, out, secure, backend, validate):
     """:func:`flashcore.attention_with_kvcache` after its argument conversion: check, then the reference, the
-    custom op (tracing) or the cached plan."""
+    custom op (tracing) or the cached plan.
+
+    A repeat call whose plan key (every public fact of the arguments, with the flags' types) matches an earlier
+    kernel call skips the metadata checks and the planning: a dictionary lookup, the value checks (eager,
+    ``validate``) and the launches."""
+    key = None
+    if not torch.compiler.is_compiling():
+        key = kvcache_key(backend, q, k_cache, v_cache, tuple(opt[n] for n in KV_OPTIONAL) + (cache_seqlens,), out,
+                          flags=(max_seqlen_q, causal, scale, num_splits, return_lse, secure, validate))
+        plan = PLANS.get(key) if key is not None else None
+        if plan is not None:
+            a = plan.args
+            if validate and not C.capturing(q.device):
+                C.check_kvcache_values(a, cache_seqlens, opt["page_table"], opt["cache_batch_idx"],
+                                       opt["cache_leftpad"], opt["cu_seqlens_q"], q.shape[0], k_cache.shape[0],
+                                       k_cache.shape[0])
+            res, lse = plan(q, k_cache, v_cache, dict(opt, cache_seqlens=cache_seqlens), out)
+            return (res, lse) if a.return_lse else res
     a = C.check_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, **opt, max_seqlen_q=max_seqlen_q,
                         causal=causal, scale=scale, num_splits=num_splits, return_lse=return_lse, out=out,
                         secure=secure, backend=backend)
@@ -202,8 +219,6 @@ def kvcache_call(q, k_cache, v_cache, cache_seqlens, opt: dict, *, max_seqlen_q,
         res = res.to(q.dtype)
         res = out.copy_(res) if out is not None else res
         return (res, lse.float()) if a.return_lse else res
-    key = kvcache_key(backend, q, k_cache, v_cache, tuple(opt[n] for n in KV_OPTIONAL) + (cache_seqlens,), out,
-                      flags=(a.seqlen_q, a.causal, a.scale, a.num_splits, a.return_lse, a.secure))
     res, lse = _kvcache_run(a, q, k_cache, v_cache, cache_seqlens, opt, out, key)
     return (res, lse) if a.return_lse else res
 

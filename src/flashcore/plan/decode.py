@@ -50,10 +50,11 @@ class DecodePlan:
     given), the split step and (with several splits) the combine step, and returns ``(out, lse or None)``.
     ``tensors``: a dict of the optional tensor arguments by name (``launch.triton_decode.*_POINTERS``)."""
     __slots__ = ("shape", "config", "append", "split", "combine", "out_shape", "lse_shape", "workspace",
-                 "page_table_stride")
+                 "page_table_stride", "args")
 
     def __init__(self, shape: DecodeShape, config: DecodeConfig, q, k_cache, v_cache, k, v, out, page_table):
         self.shape, self.config = shape, config
+        self.args = None  # the validated arguments (``_checks.KvcacheArgs``) of the call that made the plan
         pts = page_table.stride(0) if page_table is not None else 0
         self.page_table_stride = pts
         fn, grid, args, cx = build_split(shape, config, q, k_cache, v_cache, out, pts)
@@ -117,7 +118,9 @@ def plan_kvcache(a, q, k_cache, v_cache, k, v, page_table, cache_batch_idx, cach
         return_lse=a.return_lse, fp32=q.dtype == torch.float32, scale=a.scale)
     cfg = choose_config(shape, a.num_splits, q.device)
     o = out if out is not None else torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    return DecodePlan(shape, cfg, q, k_cache, v_cache, k, v, o, page_table)
+    plan = DecodePlan(shape, cfg, q, k_cache, v_cache, k, v, o, page_table)
+    plan.args = a
+    return plan
 
 
 __all__ = ["DecodePlan", "choose_config", "plan_kvcache", "query_tiles"]
