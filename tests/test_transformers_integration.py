@@ -91,9 +91,18 @@ def logits(model, ids, mask=None, **kw):
 
 
 def greedy(model, ids, mask, n, **kw):
+    """(new tokens [B, n], each step's logits [B, n, V])."""
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False, **kw)
-    return out[:, ids.shape[1]:]
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                             output_logits=True, return_dict_in_generate=True, **kw)
+    return out.sequences[:, ids.shape[1]:], torch.stack(out.logits, 1)
+
+
+def assert_same_generation(ours, ref, ids, mask, n, **kw):
+    got, got_logits = greedy(ours, ids, mask, n, **kw)
+    want, want_logits = greedy(ref, ids, mask, n, **kw)
+    assert torch.equal(got, want)
+    assert rel(got_logits, want_logits) < TOL  # every step's logits, not only their argmax
 
 
 # ------------------------------------------------------------------------------------------- registration
@@ -170,8 +179,7 @@ def test_logits_chunked_with_cache(models, calls):
 def test_greedy_generation_batch1(models, calls):
     ref, ours = models
     ids, mask = batch([21], 21, seed=4)
-    want = greedy(ref, ids, mask, 8)
-    assert torch.equal(greedy(ours, ids, mask, 8), want)
+    assert_same_generation(ours, ref, ids, mask, 8)
     # prefill through the dense kernel, every decode step through the KV-cache kernel
     assert [c[0] for c in calls] == ["attention"] * 2 + ["attention_with_kvcache"] * 14
 
@@ -180,19 +188,27 @@ def test_greedy_generation_batch1(models, calls):
 def test_greedy_generation_left_padded_batch(models, calls):
     ref, ours = models
     ids, mask = batch([23, 9, 3, 18], 23, seed=5)
-    want = greedy(ref, ids, mask, 8)
-    assert torch.equal(greedy(ours, ids, mask, 8), want)
+    assert_same_generation(ours, ref, ids, mask, 8)
     assert [c[0] for c in calls] == ["attention_varlen"] * 2 + ["attention_with_kvcache"] * 14
     assert calls[-1][1] == (4, 1, 4, 16)
 
 
 @kernels
-def test_greedy_generation_static_cache(models):
-    """A StaticCache: keys past the last query are empty slots (the mask function marks them)."""
+def test_static_cache(models):
+    """A StaticCache: keys past the last query are empty slots (the mask function marks them), with a padding
+    mask (generation) and without one (a forward pass: prefill, then two decode steps)."""
     ref, ours = models
-    ids, mask = batch([13, 6], 13, seed=6)
-    kw = dict(cache_implementation="static")
-    assert torch.equal(greedy(ours, ids, mask, 5, **kw), greedy(ref, ids, mask, 5, **kw))
+    ids, mask = batch([19, 6], 19, seed=6)
+    assert_same_generation(ours, ref, ids, mask, 5, cache_implementation="static")
+    ids, got = torch.randint(3, 128, (1, 21), generator=torch.Generator().manual_seed(6)), []
+    for model in (ref, ours):
+        cache, parts = transformers.StaticCache(config=model.config, max_cache_len=40), []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            for lo, hi in ((0, 19), (19, 20), (20, 21)):
+                parts.append(logits(model, ids[:, lo:hi], None, past_key_values=cache, use_cache=True))
+        got.append(torch.cat(parts, 1))
+    assert rel(got[1], got[0]) < TOL
 
 
 # ------------------------------------------------------------- the attention function against transformers' sdpa
