@@ -229,6 +229,7 @@ MASKS = {  # name: (2-D mask rows over positions [0, past + Sq), q_offset, Sq, m
     "right, chunk of 20": ([[1] * 22 + [0] * 3, [0] * 5 + [1] * 20], 5, 20, "causal"),
     "bidirectional, padding": ([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]], 0, 6, "bidirectional"),
     "bidirectional, 20": ([[1] * 17 + [0] * 3, [0] * 20], 0, 20, "bidirectional"),
+    "bidirectional, all empty": ([[0] * 20, [0] * 20], 0, 20, "bidirectional"),
 }
 
 
@@ -252,7 +253,69 @@ def test_attention_function_matches_sdpa(name, calls, case):
     got, weights = attn(module, q, k, v, mu.ALL_MASK_ATTENTION_FUNCTIONS[name](**args), scaling=0.3)
     assert weights is None and got.shape == (B, Sq, 4, 16) and got.is_contiguous()
     assert (got - want).abs().max().item() < 1e-5
-    assert calls and all(c[0] != "attention" or case.startswith("bidirectional") for c in calls)
+    assert (calls or case.endswith("all empty")) and all(c[0] != "attention" or case.startswith("bidirectional")
+                                                          for c in calls)
+
+
+def _sdpa_and_ours(name, module, q, k, v, sdpa_mask, our_mask, scaling=0.3):
+    want, _ = sdpa_attention_forward(module, q, k, v, sdpa_mask, scaling=scaling)
+    got, _ = AttentionInterface._global_mapping[name](module, q, k, v, our_mask, scaling=scaling)
+    return got, want
+
+
+@kernels
+def test_other_masks_reaching_the_attention_function(name):
+    """Masks that did not come from flashcore's mask function: a plain 2-D padding mask (FlashAttention's
+    convention: causality from the module), a 4-D bidirectional padding mask, and none at all from a module
+    without ``is_causal`` (causal: transformers' default)."""
+    g = torch.Generator().manual_seed(10)
+    q = torch.randn(2, 4, 20, 16, generator=g) * 3
+    k, v = torch.randn(2, 2, 20, 16, generator=g) * 3, torch.randn(2, 2, 20, 16, generator=g)
+    pad = torch.ones(2, 20, dtype=torch.bool)
+    pad[0, :6] = False
+    args = dict(batch_size=2, q_length=20, kv_length=20, attention_mask=pad, allow_is_causal_skip=False)
+    got, want = _sdpa_and_ours(name, _Module(), q, k, v, mu.sdpa_mask(**args), pad.long())
+    assert (got - want).abs().max().item() < 1e-5
+    bidir = mu.sdpa_mask(**args, mask_function=mu.bidirectional_mask_function)
+    got, want = _sdpa_and_ours(name, _Module(is_causal=False), q, k, v, bidir, bidir)
+    assert (got - want).abs().max().item() < 1e-5
+    bare = torch.nn.Module()
+    bare.num_key_value_groups = 2
+    got, want = _sdpa_and_ours(name, bare, q, k, v, None, None)
+    assert (got - want).abs().max().item() < 1e-5
+
+
+def test_chunked_attention_raises_naming_the_setting():
+    cfg = config()
+    cfg.attention_chunk_size = 8
+    with pytest.raises(NotImplementedError, match=r"config\.attention_chunk_size"):
+        fc_hf.mask_function(batch_size=1, q_length=4, kv_length=4, local_size=8, config=cfg)
+
+
+def test_traced_decode_refuses_what_it_cannot_check():
+    q, k, v = (t.transpose(1, 2) for t in _qkv(Sq=20, K=20))
+    with pytest.raises(NotImplementedError, match="decode steps only"):
+        fc_hf._traced_decode(q, k, v, None, True, None, "reference")
+    q, k, v = (t.transpose(1, 2) for t in _qkv(Sq=1, K=20))
+    with pytest.raises(ValueError, match="own padding mask"):
+        fc_hf._traced_decode(q, k, v, torch.ones(1, 1, 1, 20, dtype=torch.bool), True, None, "reference")
+
+
+@kernels
+def test_unchecked_masks_skip_the_host_check(calls, monkeypatch):
+    """register(validate_masks=False): a left-padded generation still equals sdpa's, every decode step runs the
+    KV-cache kernel, and no step reads the mask back to the host."""
+    ours_name = fc_hf.register("fcore_nocheck", backend="triton", validate_masks=False)
+    ref, ours = twins(ours_name)
+    ids, mask = batch([23, 9, 3, 18], 23, seed=5)
+    want = greedy(ref, ids, mask, 6)
+    host = []
+    real = fc_hf._host_lengths
+    monkeypatch.setattr(fc_hf, "_host_lengths", lambda pm, spec: host.append(spec.host is None) or real(pm, spec))
+    got = greedy(ours, ids, mask, 6)
+    assert torch.equal(got[0], want[0]) and rel(got[1], want[1]) < TOL
+    assert [c[0] for c in calls] == ["attention_varlen"] * 2 + ["attention_with_kvcache"] * 10
+    assert host == [True, False]  # the prefill's layers (one sync, for the unpadding); none in the decode steps
 
 
 @kernels

@@ -382,9 +382,7 @@ def _decode_fits(pm, spec: _MaskSpec, Sq: int, opt: _Options) -> bool:
                 fits = bool((run & ((end == frame) | (count == 0))).all())  # an empty sequence: zeros
             else:
                 fits = bool(run.all())
-            if not fits:
-                _host_lengths(pm, spec)  # raises for a mask with holes; otherwise right padding: the exact path
-            spec.ok = fits
+            spec.ok = fits  # when not: _padded_prefill, exact for right padding; it raises for a mask with holes
     return spec.ok
 
 
