@@ -230,6 +230,7 @@ MASKS = {  # name: (2-D mask rows over positions [0, past + Sq), q_offset, Sq, m
     "bidirectional, padding": ([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]], 0, 6, "bidirectional"),
     "bidirectional, 20": ([[1] * 17 + [0] * 3, [0] * 20], 0, 20, "bidirectional"),
     "bidirectional, all empty": ([[0] * 20, [0] * 20], 0, 20, "bidirectional"),
+    "bidirectional, no padding": ([[1] * 20, [1] * 20], 0, 20, "bidirectional"),
 }
 
 
@@ -253,8 +254,8 @@ def test_attention_function_matches_sdpa(name, calls, case):
     got, weights = attn(module, q, k, v, mu.ALL_MASK_ATTENTION_FUNCTIONS[name](**args), scaling=0.3)
     assert weights is None and got.shape == (B, Sq, 4, 16) and got.is_contiguous()
     assert (got - want).abs().max().item() < 1e-5
-    assert (calls or case.endswith("all empty")) and all(c[0] != "attention" or case.startswith("bidirectional")
-                                                          for c in calls)
+    routes = {"bidirectional, all empty": [], "bidirectional, no padding": ["attention"]}  # (dense: no padding)
+    assert [c[0] for c in calls] == routes[case] if case in routes else calls and "attention" not in dict(calls)
 
 
 def _sdpa_and_ours(name, module, q, k, v, sdpa_mask, our_mask, scaling=0.3):
