@@ -38,11 +38,14 @@ exactly raises (``ValueError`` for masks, ``NotImplementedError`` for features: 
 soft-capping, attention sinks, dropout while training, position biases, packed sequences, a V head dim that
 differs from Q's).
 
-**Host syncs.** Prefill syncs (padding lengths for varlen; the plan of the dense call). A decode step makes
-one sync per forward pass, not per layer, to check the padding mask's shape (one run of True positions per
-sequence); ``register(validate_masks=False)`` drops that check, leaving a decode step without host syncs
-— only for masks that are contiguous by construction (``generate`` with left padding, or no padding),
-since a mask with holes would then give a wrong result.
+**Host syncs.** A prefill with a padding mask reads the per-sequence bounds back once (dense or varlen, and
+varlen's cumulative lengths; ``attention_varlen`` checks them on the host too). A decode step with a padding
+mask makes one sync per forward pass, not per layer, to check the mask's shape (one run of True positions per
+sequence; transformers' own sdpa mask creation syncs once per step there too); ``register(validate_masks=False)``
+drops that check, leaving a decode step without host syncs — only for masks that are contiguous by construction
+(``generate`` with left padding, or no padding), since a mask with holes would then give a wrong result. Without a
+padding mask (transformers 5.24 drops an all-ones mask in ``generate``; 5.17 passes it on) a decode step has no
+sync either way.
 
 **torch.compile.** transformers compiles the decode steps of ``generate`` with a static cache on CUDA (prefill
 stays eager). Traced, the mask function returns the bare padding mask and the attention function runs only
@@ -368,9 +371,9 @@ def _traced_decode(q, k, v, pm, causal: bool, scale, backend):
 
 
 def _decode_fits(pm, spec: _MaskSpec, Sq: int, opt: _Options) -> bool:
-    """Whether the KV-cache kernel (keys [start, end), causal alignment at ``end``) is exact for this mask.
-    Causal with several queries also needs end == frame (no right padding) or an empty sequence. Checked once per mask (a sync),
-    unless validate_masks=False."""
+    """Whether the KV-cache kernel (keys [start, end), causal alignment at ``end``) is exact for this mask: one
+    run per sequence; causal with several queries also end == frame (no right padding) or an empty sequence.
+    Checked once per mask (a sync), unless validate_masks=False."""
     if spec.ok is None:
         if not opt.validate_masks:
             spec.ok = True
