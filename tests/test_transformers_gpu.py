@@ -3,7 +3,8 @@
 
     python3 -m pytest -q tests/test_transformers_gpu.py
 
-* logits: flashcore's error against an fp32 copy of the same model stays within 1.5x of sdpa's own bf16 error;
+* logits: flashcore's error against an fp32 copy of the same model stays within 2x (+2e-3) of sdpa's own bf16
+  error (both printed), and within 3e-2 of sdpa's logits;
 * greedy generation (batch 1; a left-padded batch of 8 with different prompt lengths): the first 32 tokens
   equal sdpa's, or a sequence departs at a near tie: the top-2 gap of sdpa's logits at the first differing
   token is at most ``TIE`` and the two logit vectors at that step agree within bf16 noise;
@@ -99,7 +100,7 @@ def test_logits_within_bf16_noise(models, calls, lengths):
     real = mask.bool()  # padding rows: unspecified in sdpa's fused kernels
     err_sdpa, err = rel(got_sdpa[real], want[real]), rel(got[real], want[real])
     print(f"{arch} {len(lengths)}x{max(lengths)}: rel err vs fp32: sdpa {err_sdpa:.2e}, flashcore {err:.2e}")
-    assert err <= 1.5 * err_sdpa + 1e-3, (err, err_sdpa)
+    assert err <= 2 * err_sdpa + 2e-3, (err, err_sdpa)
     assert rel(got[real], got_sdpa[real]) < 3e-2
     want_calls = {1: "attention", 8: "attention_varlen"}[len(lengths)]
     assert calls == [want_calls] * SHAPE["num_hidden_layers"]
