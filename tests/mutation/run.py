@@ -3,6 +3,7 @@
     python -m tests.mutation.run --target kernels --budget 40
     python -m tests.mutation.run --target checks --files src/flashcore/_checks.py --budget 60
     python -m tests.mutation.run --target sass --budget 80 --seed 1
+    python -m tests.mutation.run --target transformers --budget 40
     python -m tests.mutation.run --target kernels --list            # the candidate mutants, nothing run
     python -m tests.mutation.run --target sass --only ID [ID ...]   # re-run chosen mutants
 
@@ -75,6 +76,7 @@ KERNEL = "src/flashcore/kernels/triton/fwd.py"
 CHECKS = "src/flashcore/_checks.py"
 TAINT = "src/flashcore/audit/sass/taint.py"
 ISA = "src/flashcore/audit/sass/isa.py"
+HF = "src/flashcore/integrations/transformers.py"
 
 TARGETS = {
     "kernels": Target(
@@ -97,6 +99,10 @@ TARGETS = {
         exclude={TAINT: ("_Analyzer._record_why", "_Analyzer._read_reason", "_Analyzer.trace", "_reg_sort_key",
                          "_Env.const_secret_name")},
         note="the SASS taint analyser: abstract interpreter and opcode tables / instruction semantics"),
+    "transformers": Target(
+        "transformers", (HF,), {HF: None},
+        ("tests/test_transformers_integration.py",),
+        note="the transformers integration (mask mapping, routing, refusals); needs transformers installed"),
 }
 
 OPERATORS = ("cmp", "binop", "const", "bool", "drop-select", "drop-kwarg", "drop-stmt", "drop-entry")

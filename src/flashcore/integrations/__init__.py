@@ -1,1 +1,2 @@
-"""Integrations with other libraries' attention interfaces (empty until the serving issue adds transformers)."""
+"""Integrations with other libraries' attention interfaces: ``transformers`` (Hugging Face transformers >= 5;
+the ``flashcore[transformers]`` extra), imported on demand."""

@@ -15,6 +15,8 @@ to ``--out`` (default ``$OUT`` or ``.``). docs/perf-notes.md says which version 
   with a time budget, a ``--quick`` smoke mode and a summary table (docs/security.md §4);
 * ``robustness``: compute-sanitizer (memcheck, racecheck, synccheck) over every kernel family, and 8 threads
   calling at once against single-threaded results (issue 24's reports, audit/results/robustness-*).
+* ``hf_generate``: transformers generation (a random 8-layer Llama of 8B width, bf16) with flashcore as the
+  attention implementation beside ``sdpa``: prefill and decode tokens/s, batch 1 and 32, prompt 2048, 256 new tokens.
 """
 from __future__ import annotations
 
