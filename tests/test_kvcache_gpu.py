@@ -6,6 +6,7 @@ import torch
 
 import flashcore
 from flashcore import reference as R
+from flashcore._checks import SECURE_PAGE_SIZES
 from conftest import capture_cuda_graph, rel_err
 
 pytestmark = pytest.mark.gpu
@@ -40,6 +41,10 @@ def _case(B, Hq, Hkv, D, cap, page, Sq=1, fp8=False, seed=0):
 @pytest.mark.parametrize("Sq,splits,secure", [(1, 0, False), (4, 3, False), (1, 0, True)])
 def test_kvcache_bf16_and_fp8_match_the_reference(page, fp8, Sq, splits, secure):
     q, kc, vc, table, lens, descale = _case(3, 32, 8, 128, 1500, page, Sq=Sq, fp8=fp8)
+    if secure and page and page not in SECURE_PAGE_SIZES:
+        with pytest.raises(ValueError, match="secure=True needs a page size"):
+            flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table, secure=True, **descale)
+        return
     out = torch.full_like(q, float("nan"))
     o, lse = flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table, num_splits=splits,
                                               secure=secure, return_lse=True, out=out, **descale)
