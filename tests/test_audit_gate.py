@@ -4,7 +4,7 @@ for sm_90a and analysed, with zero violations required. Without it a secret-depe
 IEEE-division slow path in the secure kernel passes every test and only the CLI step catches it.
 
 The subset: every kernel family in the list (the secure Triton kernel, both pre-passes, the secure Gluon
-kernel), both dtype families, every head-dim class of the default audit (8, 64, 72: a masked head dim,
+kernel, the KV-cache split and combine kernels), both dtype families, every head-dim class of the default audit (8, 64, 72: a masked head dim,
 128, 256), every causal mode (none, secret diagonal, public diagonal), GQA and not, both sequence lengths
 (a tile multiple and a partial tile). A negative control (the fast kernel's varlen form, whose loop bounds
 come from the cumulative lengths) must be flagged, so the gate is not passing because it sees nothing.
@@ -37,6 +37,12 @@ SECURE_SUBSET = (
     "secure_prepass_kv_bf16_d128_s1000_hkv2",
     "secure_gluon_ws_bf16_d128_causal_s1000_gqa4_lse_",
     "secure_gluon_ws_fp16_d64_full_s4096_gqa1_",
+    # the KV-cache kernels: a paged cache (the form the gate once flagged through the pipeliner's shared-memory copy
+    # of the page index), FP8 with fp16 q, a left-padded contiguous cache in fp32, and the combine step
+    "secure_decode_bf16_qbf16_d128_paged16_sq1_causal_splits7_",
+    "secure_decode_fp8_qfp16_d128_paged64_sq4_splits3_",
+    "secure_decode_fp32_qfp32_d128_leftpad_sq1_causal_splits1_",
+    "secure_decode_combine_bf16_d128_sq1_g4",
 )
 NEGATIVE_CONTROL = "fast_bf16_d64_causal_s1000_gqa4_varlen_"
 
