@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import flashcore
+from flashcore._checks import SECURE_PAGE_SIZES
 from conftest import INTERPRET
 
 from flashcore.bench import cli as bench_cli
@@ -393,7 +394,11 @@ def test_decode_pipeline_end_to_end_on_cpu(fake_gpu):
     assert doc["complete"] and [e["key"] for e in doc["results"]] == [c.key for c in cases]
     for entry, c in zip(doc["results"], cases):
         b = entry["backends"]
-        for name in ("flashcore", "flashcore-secure", "sdpa-default"):
+        secure_ok = not c.page_size or c.page_size in SECURE_PAGE_SIZES
+        if not secure_ok:  # a page size secure mode refuses is recorded as unsupported, with the reason
+            assert b["flashcore-secure"]["status"] == "unsupported", b["flashcore-secure"]
+            assert "page sizes" in b["flashcore-secure"]["reason"]
+        for name in ("flashcore", "flashcore-secure", "sdpa-default") if secure_ok else ("flashcore", "sdpa-default"):
             assert b[name]["status"] == "ok" and b[name]["rel_err"] < 5e-3, (c.label, name, b[name])
             assert b[name]["kv_gbps"] == pytest.approx(b[name]["kv_bytes"] / (b[name]["timing"]["median_us"] * 1e3))
         assert b["wrong"]["status"] == "wrong" and b["wrong"]["timing"] is None
@@ -404,10 +409,10 @@ def test_decode_pipeline_end_to_end_on_cpu(fake_gpu):
         assert entry["input_sets"] > 1 and entry["method"] == "rotate"
     assert "wrong" not in fake_gpu.timed and fake_gpu.timed.count("flashcore") == len(cases)
     assert all(n > 1 for n in fake_gpu.graphs)  # the CUDA graphs cycle through the input sets
-    if INTERPRET:  # the kernels ran, fast and secure, on every layout
+    if INTERPRET:  # the kernels ran, fast and secure, on every layout (secure refuses page size 1)
         assert {(p, ps, f8, s) for p, ps, f8, s in ran} == {
             (False, 0, False, False), (False, 0, False, True), (True, 16, True, False), (True, 16, True, True),
-            (True, 1, False, False), (True, 1, False, True), (True, 16, False, False), (True, 16, False, True)}
+            (True, 1, False, False), (True, 16, False, False), (True, 16, False, True)}
 
 
 def test_fa4_support_is_read_from_its_signature():

@@ -809,7 +809,8 @@ def kvcache_calls(draw):
              page_size=draw(st.sampled_from([None, None, None, 1, 5, 16, 48, 64, 80])), packed=draw(st.booleans()),
              append=draw(st.booleans()), seed=draw(st.integers(0, 2**31 - 1)))
     c["width"] = draw(st.integers(1, 160 // (c["page_size"] or 32) + 1))
-    c["secure"] = not c["packed"] and not c["append"] and draw(st.booleans())
+    c["secure"] = (not c["packed"] and not c["append"] and c["page_size"] in (None, *SECURE_PAGE_SIZES)
+                   and draw(st.booleans()))
     c["leftpad"] = not c["page_size"] and draw(st.booleans())
     c["batch_idx"] = not c["page_size"] and draw(st.booleans())
     c["lens_q"] = draw(st.lists(st.integers(0, c["Sq"]), min_size=B, max_size=B)) if c["packed"] else [c["Sq"]] * B

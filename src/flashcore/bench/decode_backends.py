@@ -343,6 +343,16 @@ def _flashinfer_canonical(out: Tensor, inputs: DecodeInputs) -> Tensor:
     return out.unsqueeze(2)  # [B, Hq, D] -> [B, Hq, 1, D]
 
 
+def _secure_pages(case: DecodeCase, dtype: torch.dtype) -> tuple:
+    """Secure mode takes the page sizes whose constant-time form the SASS gate verified (and contiguous caches)."""
+    from flashcore._checks import SECURE_PAGE_SIZES
+
+    page = case.page_size
+    if page and page not in SECURE_PAGE_SIZES:
+        return False, f"secure mode takes page sizes {SECURE_PAGE_SIZES} (the SASS-verified forms), not {page}"
+    return True, ""
+
+
 # ---------------------------------------------------------------- registry
 DECODE_BACKEND_NAMES = ("flashcore", "flashcore-secure", "sdpa-default", "fa4", "flashinfer")
 FLASHCORE_NAMES = ("flashcore", "flashcore-secure")
@@ -355,7 +365,7 @@ def make_decode_registry() -> dict:
         DecodeBackend("flashcore", "flashcore attention_with_kvcache", fc_probe, _flashcore_builder(False), _any,
                       _bshd_to_canonical, is_flashcore=True, refusal_is_unsupported=False),
         DecodeBackend("flashcore-secure", "flashcore secure=True (every page read)", fc_probe,
-                      _flashcore_builder(True), _any, _bshd_to_canonical, is_flashcore=True,
+                      _flashcore_builder(True), _secure_pages, _bshd_to_canonical, is_flashcore=True,
                       refusal_is_unsupported=False),
         DecodeBackend("sdpa-default", "SDPA default dispatch (dense cache; FP8: dequantised bf16)", _sdpa_probe,
                       _sdpa_build, _any, _identity, reads="dense"),
