@@ -576,3 +576,69 @@ def test_cli_wiring_as_subcommand(monkeypatch):
     p.set_defaults(func=sass.run)
     args = parser.parse_args(["sass", "--include-fast"])
     assert args.func(args) == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# progress on stderr: plain lines when not a terminal (CI logs), a rich bar on one, none with --no-progress
+
+
+def _three_selects(monkeypatch):
+    # one compiled kernel (cached per process) under three names: a small subset, fast to audit
+    _fake_kernels(monkeypatch, [_spec(f"secure_select_{i}", k_select, SEL_SIG, {"BLOCK": 128}, {"X"})
+                                for i in range(3)], [])
+
+
+def _progress_lines(err):
+    return [ln for ln in err.splitlines() if ln.startswith("flashcore audit sass: secure:") and "kernels analysed" in ln]
+
+
+def test_cli_progress_lines_when_not_a_terminal(monkeypatch, tmp_path, capsys):
+    _three_selects(monkeypatch)
+    assert sass.main(["--jobs", "1", "--progress-every", "2"]) == 0
+    out, err = capsys.readouterr()
+    lines = _progress_lines(err)
+    assert [ln.split(": ")[2].split(" ")[0] for ln in lines] == ["2/3", "3/3"], err
+    assert not _progress_lines(out)  # stdout keeps the table only
+
+    assert sass.main(["--jobs", "1"]) == 0  # default: every 10 kernels, and the last one
+    assert [ln.split(": ")[2].split(" ")[0] for ln in _progress_lines(capsys.readouterr().err)] == ["3/3"]
+
+
+def test_cli_no_progress_removes_the_lines(monkeypatch, capsys):
+    _three_selects(monkeypatch)
+    assert sass.main(["--jobs", "1", "--progress-every", "1", "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    assert not _progress_lines(err) and "kernels analysed" not in err + out
+    assert "PASS" in out
+
+
+def test_cli_progress_bar_on_a_terminal(monkeypatch, capsys):
+    import io
+
+    from rich.console import Console
+
+    from flashcore.audit.sass import cli as sass_cli
+
+    buf = io.StringIO()
+    monkeypatch.setattr(sass_cli, "_stderr_console", lambda: Console(file=buf, force_terminal=True, width=120))
+    _three_selects(monkeypatch)
+    assert sass.main(["--jobs", "1", "--progress-every", "1"]) == 0
+    assert "3/3" in buf.getvalue()  # rich's M/N column
+    assert not _progress_lines(capsys.readouterr().err)  # no plain lines on a terminal
+
+
+def test_cli_progress_every_must_be_positive(capsys):
+    with pytest.raises(SystemExit):
+        sass.main(["--progress-every", "0"])
+    assert "--progress-every must be a positive integer, got 0" in capsys.readouterr().err
+
+
+def test_audit_kernels_progress_callback_counts_every_kernel():
+    seen = []
+    specs = [_spec(f"s{i}", k_select, SEL_SIG, {"BLOCK": 128}, {"X"}) for i in range(3)]
+    reps = audit_kernels(specs, progress=lambda done, total, r: seen.append((done, total, r.name)))
+    assert seen == [(1, 3, "s0"), (2, 3, "s1"), (3, 3, "s2")] and [r.name for r in reps] == ["s0", "s1", "s2"]
+    seen.clear()  # worker processes: completion order, the caller's order kept in the result
+    reps = audit_kernels(specs, jobs=2, progress=lambda done, total, r: seen.append((done, total, r.name)))
+    assert [d for d, _, _ in seen] == [1, 2, 3] and sorted(n for _, _, n in seen) == ["s0", "s1", "s2"]
+    assert [r.name for r in reps] == ["s0", "s1", "s2"] and all(r.ok for r in reps)

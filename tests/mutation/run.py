@@ -87,9 +87,9 @@ TARGETS = {
         note="the portable Triton kernel, run by the interpreter; the static gate for the secure forms"),
     "checks": Target(
         "checks", (CHECKS,), {CHECKS: None},
-        ("tests/test_api_errors.py", "tests/test_check_messages.py", "tests/test_call_cache.py",
-         "tests/test_compile_and_ops.py",
-         "tests/test_secure_tiles.py", "tests/test_kernel_interpreter.py"),
+        ("tests/test_api_errors.py", "tests/test_check_messages.py", "tests/test_kvcache_errors.py",
+         "tests/test_call_cache.py", "tests/test_compile_and_ops.py",
+         "tests/test_secure_tiles.py", "tests/test_kernel_interpreter.py", "tests/test_kvcache.py"),
         note="the validation layer"),
     "sass": Target(
         "sass", (TAINT, ISA), {TAINT: None, ISA: None},

@@ -6,9 +6,20 @@
     flashcore audit timing    dudect-style timing tests (Welch t with cropping, paired t)
     flashcore audit all       all four, in that order
 
-Common options: ``--out DIR`` (JSON reports, default ./flashcore-audit; committed reports go to audit/results by an explicit --out) and ``--json`` (print the JSON
-report instead of the table). Exit codes: 0 pass, 1 a gate failed, 2 a gate could not run (no CUDA GPU,
-no ncu, module missing). GPU gates on a machine without CUDA print why and exit 2.
+Options every gate takes:
+    --out DIR   the gate writes its JSON report to <out>/<gate>.json (sass: <out>/sass.json; default
+                ./flashcore-audit; committed reports go to audit/results by an explicit --out)
+    --secure-v-zeroing {auto,prepass,in_loop}
+                the secure Triton kernel's V-padding zeroing variant that the GPU gates run and the sass
+                gate compiles (default: as flashcore chooses by size)
+--json differs between the gates:
+    counters, repro, timing, all:  --json (a flag) prints the JSON report on stdout instead of the
+                table; <out>/<gate>.json is written either way
+    sass:       --json PATH writes the JSON report to the file PATH instead of <out>/sass.json; the table
+                is printed either way (under ``all --json`` the sass step writes <out>/sass.json)
+sass also takes --include-fast, --jobs N, --show N, --no-progress, --progress-every N: see
+``flashcore audit sass --help``. Exit codes: 0 pass, 1 a gate failed, 2 a gate could not run (no CUDA
+GPU, no ncu, module missing). GPU gates on a machine without CUDA print why and exit 2.
 """
 from __future__ import annotations
 
@@ -22,11 +33,13 @@ GATES = ("sass", "counters", "repro", "timing")
 DEFAULT_OUT = "flashcore-audit"
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default=DEFAULT_OUT, help=f"directory for JSON reports (default {DEFAULT_OUT})")
-    p.add_argument("--json", action="store_true", help="print the JSON report instead of a table")
+def _common(p: argparse.ArgumentParser, gate: str = "<gate>") -> None:
+    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
+                   help=f"directory for the JSON report: writes DIR/{gate}.json (default {DEFAULT_OUT})")
+    p.add_argument("--json", action="store_true",
+                   help=f"print the JSON report on stdout instead of the table (DIR/{gate}.json is written either way)")
     p.add_argument("--secure-v-zeroing", choices=("auto", "prepass", "in_loop"), default=None,
-                   help="GPU gates: force the secure kernel's V-padding zeroing variant (default: as flashcore "
+                   help="force the secure Triton kernel's V-padding zeroing variant (default: as flashcore "
                         "chooses by size, which is the in-loop select at the gates' small shapes)")
 
 
@@ -46,12 +59,20 @@ def _load_sass():
         return None, f"flashcore.audit.sass could not be imported: {type(e).__name__}: {e}"
 
 
-def sass_parser(mod) -> argparse.ArgumentParser:
+def sass_parser(mod, out: str = DEFAULT_OUT) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flashcore audit sass", conflict_handler="resolve",
-                                description="Static SASS/PTX audit of the secure kernel's compiled configurations.")
-    _common(p)
+                                description="Static SASS/PTX audit of the secure kernel's compiled configurations "
+                                            "(no GPU needed). The table goes to stdout, the JSON report to "
+                                            "DIR/sass.json (--out DIR) or to --json PATH, progress to stderr.")
+    _common(p, "sass")
+    p.add_argument("--out", default=out, metavar="DIR",
+                   help=f"directory for the JSON report: writes DIR/sass.json unless --json PATH is given "
+                        f"(default {DEFAULT_OUT})")
     if hasattr(mod, "add_arguments"):
-        mod.add_arguments(p)
+        mod.add_arguments(p)  # its --json PATH replaces the flag
+    p.add_argument("--secure-v-zeroing", choices=("auto", "prepass", "in_loop"), default=None,
+                   help="compile the secure Triton kernel with this V-padding zeroing variant (default: as "
+                        "flashcore chooses by size)")
     return p
 
 
@@ -61,22 +82,16 @@ def _run_sass(args) -> int:
         print(f"flashcore audit sass: unavailable: {why}. The other gates (counters, repro, timing) still run.",
               file=sys.stderr)
         return 2
-    rest = list(getattr(args, "sass_args", []) or [])
-    # the sass gate has its own '--json PATH' (where to write its report). Unless given, the report goes to
-    # <out>/sass.json like the other gates' reports; --out is accepted for symmetry.
-    out = getattr(args, "out", None) or DEFAULT_OUT
-    if "--out" in rest:
-        i = rest.index("--out")
-        if i + 1 < len(rest):
-            out = rest[i + 1]
     from pathlib import Path
 
-    default_json = not any(r == "--json" or r.startswith("--json=") for r in rest)
-    if default_json:
-        rest = ["--json", str(Path(out) / "sass.json")] + rest
-    ns = sass_parser(mod).parse_args(rest)
-    if getattr(ns, "json", None):
-        Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
+    rest = list(getattr(args, "sass_args", []) or [])
+    ns = sass_parser(mod, getattr(args, "out", None) or DEFAULT_OUT).parse_args(rest)
+    # the sass gate's '--json PATH' says where its report goes; without it, <out>/sass.json like the other
+    # gates' reports
+    if not isinstance(getattr(ns, "json", None), str):
+        ns.json = str(Path(ns.out) / "sass.json")
+    Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
+    apply_secure_v_zeroing(getattr(ns, "secure_v_zeroing", None))  # read when audit_specs plans the kernels
     return int(mod.run(ns) or 0)
 
 
@@ -111,16 +126,17 @@ def _add_gate_args(name: str, p: argparse.ArgumentParser) -> None:
 def _all(args) -> int:
     """Run every gate with its defaults. 1 if any gate failed, else 2 if any could not run, else 0."""
     codes = {}
+    vz = ["--secure-v-zeroing", args.secure_v_zeroing] if getattr(args, "secure_v_zeroing", None) else []
     for gate in GATES:
         print(f"=== flashcore audit {gate} ===", flush=True)
         if gate == "sass":
-            ns = argparse.Namespace(sass_args=[], out=args.out, json=args.json)
+            ns = argparse.Namespace(sass_args=vz, out=args.out)
             codes[gate] = _run_sass(ns)
             continue
         p = argparse.ArgumentParser(prog=f"flashcore audit {gate}")
-        _common(p)
+        _common(p, gate)
         _add_gate_args(gate, p)
-        ns = p.parse_args(["--out", args.out] + (["--json"] if args.json else []))
+        ns = p.parse_args(["--out", args.out] + (["--json"] if args.json else []) + vz)
         try:
             codes[gate] = _gpu_handler(gate)(ns)
         except Exception as e:  # one gate crashing must not hide the others' results
@@ -162,11 +178,14 @@ def register(subparsers) -> argparse.ArgumentParser:
              "timing": "dudect-style timing tests of the secure kernel (GPU)"}
     for name in ("counters", "repro", "timing"):
         p = gates.add_parser(name, help=helps[name], description=helps[name])
-        _common(p)
+        _common(p, name)
         _add_gate_args(name, p)
         p.set_defaults(func=_gpu_handler(name))
 
-    pa = gates.add_parser("all", help="run sass, counters, repro and timing with their defaults")
+    pa = gates.add_parser("all", help="run sass, counters, repro and timing with their defaults",
+                          description="Run sass, counters, repro and timing with their defaults; each writes "
+                                      "DIR/<gate>.json. --json prints the GPU gates' JSON reports instead of their "
+                                      "tables (the sass step prints its table).")
     _common(pa)
     pa.set_defaults(func=_all)
     return audit

@@ -9,10 +9,10 @@ forward data-flow analysis (a monotone fixpoint over the CFG) on the SASS.
 Public API
 ----------
 ``sass_taint(fn, signature, constexprs, secret, target=(9, 0), num_warps=4, num_stages=3) -> Report``
-``audit_kernels(specs, jobs=1) -> list[Report]``  (spec: dict name/fn/signature/constexprs/secret/
+``audit_kernels(specs, jobs=1, progress=None) -> list[Report]``  (spec: dict name/fn/signature/constexprs/secret/
 num_warps/num_stages; ``jobs > 1`` forks worker processes)
 ``main(argv) / add_arguments(parser) / run(args)``:
-``flashcore audit sass [--json PATH] [--include-fast] [--jobs N] [--show N]`` (exit 0 = every
+``flashcore audit sass [--out DIR] [--json PATH] [--include-fast] [--jobs N] [--show N] [--no-progress]`` (exit 0 = every
 ``audit_specs(secure=True)`` configuration is violation-free; 1 = violations, errors or no kernels;
 2 = ``flashcore.audit.specs.audit_specs`` unavailable).  Lower-level: ``compile_cubin``,
 ``disassemble``, ``analyze_cubin``, ``analyze_listing`` (hand-written SASS).

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Iterable
+from typing import Callable, Iterable
 
 from .compile import _unwrap_jit, compile_cubin, disassemble
 from .elf import kernel_info, kernel_names
@@ -105,14 +105,22 @@ def _pool_worker(i: int) -> Report:
     return _audit_one(_POOL_SPECS[i], "report")
 
 
-def audit_kernels(specs: Iterable[dict], on_error: str = "report", jobs: int = 1) -> list[Report]:
+def _pool_worker_indexed(i: int) -> tuple[int, Report]:
+    return i, _pool_worker(i)
+
+
+def audit_kernels(specs: Iterable[dict], on_error: str = "report", jobs: int = 1,
+                  progress: Callable[[int, int, Report], None] | None = None) -> list[Report]:
     """Run :func:`sass_taint` over launch specs ``{name, fn, signature, constexprs, secret, num_warps, num_stages}``.
 
     ``on_error="report"`` turns a failure to compile/analyse into a failed :class:`Report` (``error``
     set, ``ok`` False); ``"raise"`` re-raises.  ``jobs > 1`` compiles/analyses in forked worker
     processes (POSIX only; falls back to serial); results keep the order of ``specs``.
+    ``progress(done, total, report)`` is called in this process as each kernel finishes (in completion
+    order with ``jobs > 1``; a fallback to serial starts the count again).
     """
     specs = list(specs)
+    total = len(specs)
     if jobs > 1 and len(specs) > 1 and on_error != "raise":
         import multiprocessing as mp
 
@@ -125,13 +133,24 @@ def audit_kernels(specs: Iterable[dict], on_error: str = "report", jobs: int = 1
             _POOL_SPECS = specs
             try:
                 with ctx.Pool(min(jobs, len(specs))) as pool:
-                    return pool.map(_pool_worker, range(len(specs)), chunksize=1)
+                    reports: list[Report | None] = [None] * total
+                    for done, (i, rep) in enumerate(
+                            pool.imap_unordered(_pool_worker_indexed, range(total), chunksize=1), 1):
+                        reports[i] = rep
+                        if progress is not None:
+                            progress(done, total, rep)
+                    return reports
             except Exception as e:  # noqa: BLE001 - e.g. unpicklable results: do it serially
                 print(f"flashcore audit sass: parallel audit failed ({type(e).__name__}: {e}); running serially",
                       file=sys.stderr)
             finally:
                 _POOL_SPECS = []
-    return [_audit_one(spec, on_error) for spec in specs]
+    reports = []
+    for spec in specs:
+        reports.append(_audit_one(spec, on_error))
+        if progress is not None:
+            progress(len(reports), total, reports[-1])
+    return reports
 
 
 def _safe_unwrap(fn):

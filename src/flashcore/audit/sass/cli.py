@@ -1,6 +1,11 @@
-"""``flashcore audit sass [--json PATH] [--include-fast] [--jobs N] [--show N]``: audit every configuration
-that ``flashcore.audit.specs.audit_specs`` lists and print the results (the secure configurations gate,
-the fast ones, with ``--include-fast``, are information)."""
+"""``flashcore audit sass [--out DIR] [--json PATH] [--include-fast] [--jobs N] [--show N] [--no-progress]``:
+audit every configuration that ``flashcore.audit.specs.audit_specs`` lists and print the results (the
+secure configurations gate, the fast ones, with ``--include-fast``, are information).
+
+The table goes to stdout; the JSON report to ``--json PATH`` (``flashcore audit sass`` defaults it to
+``<out>/sass.json``; ``python -m flashcore.audit.sass`` writes none without it). Progress goes to stderr:
+a ``rich`` progress bar on a terminal, otherwise one plain line every ``--progress-every`` kernels (CI
+logs); ``--no-progress`` turns it off."""
 from __future__ import annotations
 
 import argparse
@@ -14,14 +19,78 @@ from .report import Report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("--json", metavar="PATH", default=None, help="write the full reports as JSON to PATH")
+    parser.add_argument("--json", metavar="PATH", default=None,
+                        help="write the full JSON report to the file PATH (the table is printed either way)")
     parser.add_argument("--include-fast", action="store_true",
                         help="also audit the fast (non-DHP) kernels; their findings are reported, never fatal")
     parser.add_argument("--jobs", "-j", type=int, default=min(8, os.cpu_count() or 1), metavar="N",
                         help="parallel compile/analysis processes (default: CPU count, at most 8)")
     parser.add_argument("--show", type=int, default=8, metavar="N",
                         help="violations to print per kernel (default 8; 0 = none)")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress on stderr (default: a progress bar on a terminal, else a line every "
+                             "--progress-every kernels)")
+    parser.add_argument("--progress-every", type=_positive_int, default=PROGRESS_EVERY, metavar="N",
+                        help=f"not on a terminal: print a progress line every N kernels (default {PROGRESS_EVERY})")
     return parser
+
+
+PROGRESS_EVERY = 10
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--progress-every must be a positive integer, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"--progress-every must be a positive integer, got {n}")
+    return n
+
+
+def _stderr_console():
+    """A rich console on stderr, or None when rich is unavailable."""
+    try:
+        from rich.console import Console
+    except Exception:  # pragma: no cover
+        return None
+    return Console(stderr=True)
+
+
+class _Progress:
+    """Progress over ``total`` kernels on stderr: a rich bar on a terminal, else a plain line every ``every``
+    kernels and at the end (CI logs). Use as a context manager; ``update`` is ``audit_kernels``' callback."""
+
+    def __init__(self, label: str, total: int, every: int, enabled: bool = True):
+        self.label, self.total, self.every, self.t0 = label, total, max(1, every), time.perf_counter()
+        self.bar = self.task = None
+        self.enabled = enabled and total > 0
+        console = _stderr_console() if self.enabled else None
+        if console is not None and console.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), console=console, transient=True)
+
+    def __enter__(self):
+        if self.bar is not None:
+            self.bar.start()
+            self.task = self.bar.add_task(f"audit sass: {self.label}", total=self.total)
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+        return False
+
+    def update(self, done: int, total: int, report: Report) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.update(self.task, completed=done, description=f"audit sass: {self.label} ({report.name or report.kernel})")
+        elif done % self.every == 0 or done == total:
+            print(f"flashcore audit sass: {self.label}: {done}/{total} kernels analysed "
+                  f"({time.perf_counter() - self.t0:.0f}s)", file=sys.stderr, flush=True)
 
 
 def _table(title: str, reports: list[Report], console, informational: bool = False) -> None:
@@ -94,8 +163,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"flashcore audit sass: audit_specs() failed: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     jobs = max(1, int(getattr(args, "jobs", 1) or 1))
-    secure = audit_kernels(secure_specs, jobs=jobs)
-    fast: list[Report] = audit_kernels(fast_specs, jobs=jobs) if fast_specs else []
+    show_progress = not getattr(args, "no_progress", False)
+    every = getattr(args, "progress_every", PROGRESS_EVERY)
+    with _Progress("secure", len(secure_specs), every, show_progress) as prog:
+        secure = audit_kernels(secure_specs, jobs=jobs, progress=prog.update)
+    fast: list[Report] = []
+    if fast_specs:
+        with _Progress("fast", len(fast_specs), every, show_progress) as prog:
+            fast = audit_kernels(fast_specs, jobs=jobs, progress=prog.update)
     show = getattr(args, "show", 8)
     _table("DHP-safe (secure) kernels - must be violation-free", secure, console)
     _details(secure, show, sys.stdout)
