@@ -36,21 +36,25 @@ def kv_append_kernel(
         k_src = K + b.to(tl.int64) * stride_kb + tok.to(tl.int64) * stride_ks
         v_src = V + b.to(tl.int64) * stride_vb + tok.to(tl.int64) * stride_vs
     pos = tl.load(CACHE_SEQLENS + b) + tok
-    # a slot past the capacity (unchecked lengths in a CUDA-graph replay) is never written
-    ok = (tok < n_new) & (pos >= 0) & (pos < capacity)
-    mask = ok & (offs_h[:, None] < num_heads_kv) & (offs_d[None, :] < HEAD_DIM)
+    # a slot past the capacity (unchecked lengths in a CUDA-graph replay) is never written. The mask is built from
+    # tensors only: triton 3.9's interpreter refuses a scalar bool broadcast into a mask.
+    heads = offs_h[:, None]
+    at = pos + 0 * heads
+    mask = (tok + 0 * heads < n_new) & (at >= 0) & (at < capacity) & (heads < num_heads_kv)
+    mask = mask & (offs_d[None, :] < HEAD_DIM)
+    slot = tl.minimum(tl.maximum(pos, 0), capacity - 1)  # in range, so the page-table read needs no mask
     if PAGED:
-        page = tl.load(PAGE_TABLE + b * stride_pt + pos // PAGE_SIZE, mask=ok, other=0)
+        page = tl.load(PAGE_TABLE + b * stride_pt + slot // PAGE_SIZE)
         page = tl.minimum(tl.maximum(page, 0), num_rows - 1).to(tl.int64)
-        kc_row = page * stride_kcp + (pos % PAGE_SIZE).to(tl.int64) * stride_kct
-        vc_row = page * stride_vcp + (pos % PAGE_SIZE).to(tl.int64) * stride_vct
+        kc_row = page * stride_kcp + (slot % PAGE_SIZE).to(tl.int64) * stride_kct
+        vc_row = page * stride_vcp + (slot % PAGE_SIZE).to(tl.int64) * stride_vct
     else:
         if HAS_BATCH_IDX:
             r = tl.minimum(tl.maximum(tl.load(BATCH_IDX + b), 0), num_rows - 1).to(tl.int64)
         else:
             r = b.to(tl.int64)
-        kc_row = r * stride_kcp + pos.to(tl.int64) * stride_kct
-        vc_row = r * stride_vcp + pos.to(tl.int64) * stride_vct
+        kc_row = r * stride_kcp + slot.to(tl.int64) * stride_kct
+        vc_row = r * stride_vcp + slot.to(tl.int64) * stride_vct
     kt = tl.load(k_src + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask)
     vt = tl.load(v_src + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)
     tl.store(KC + kc_row + offs_h[:, None] * stride_kch + offs_d[None, :], kt, mask=mask)
