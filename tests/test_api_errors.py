@@ -145,6 +145,9 @@ def _varlen(backend="reference", **kw):
     (dict(max_seqlen_k=True), TypeError, "max_seqlen_k must be an int"),
     (dict(cu_seqlens_q=torch.tensor([0, 0, 4, 0, 10, 0], dtype=torch.int32)[::2]), ValueError,
      "cu_seqlens_q must be contiguous"),
+    # out=: the varlen entry point checks it as the dense one does (mutation survivors 325/326 of _checks.py)
+    (dict(out=t(10, 4, 16)), ValueError, "out must match q's shape"),
+    (dict(out=t(10, 4, 32, dtype=torch.float32)), ValueError, "out must match q's shape/dtype"),
 ])
 @every_backend
 def test_varlen_bad_input(kw, exc, match, backend):
@@ -158,3 +161,45 @@ def test_varlen_bad_cu_seqlens_checked_on_triton_path_too():
         q, k = t(10, 4, 32), t(12, 2, 32)
         flashcore.attention_varlen(q, k, k, torch.tensor([0, 4, 10], dtype=torch.int32),
                                    torch.tensor([0, 5, 12], dtype=torch.int32), 5, 7, backend="triton")
+
+
+@every_backend
+def test_varlen_out_overlapping_k_is_refused(backend):
+    """The overlap check names k too, not only q (mutation survivor 325 of _checks.py dropped k from it)."""
+    k = t(24, 2, 32)
+    q = t(10, 4, 32)
+    out = k.view(-1)[: q.numel()].view(q.shape)  # shares k's memory
+    with pytest.raises(ValueError, match="out must not overlap k"):
+        flashcore.attention_varlen(q, k, k.clone(), torch.tensor([0, 4, 10], dtype=torch.int32),
+                                   torch.tensor([0, 5, 12], dtype=torch.int32), 6, 7, out=out, backend=backend)
+
+
+@pytest.mark.parametrize("bad", [[-1, 3], [17, 3]])
+@pytest.mark.parametrize("side", ["q", "k"])
+def test_secure_lengths_out_of_range_on_one_side_only_raise(bad, side):
+    """One side out of range is enough (mutation survivor 131: the two sides' test joined by `&`)."""
+    q, k = t(2, 2, 16, 32), t(2, 2, 16, 32)
+    good = torch.tensor([16, 3], dtype=torch.int32)
+    lens = torch.tensor(bad, dtype=torch.int32)
+    kw = dict(seqlens_q=lens, seqlens_k=good) if side == "q" else dict(seqlens_q=good, seqlens_k=lens)
+    with pytest.raises(ValueError, match="must lie in"):
+        flashcore.attention(q, k, k, secure=True, backend="reference", **kw)
+
+
+@pytest.mark.parametrize("shape_q,shape_k", [((1, 2, 0, 32), (1, 2, 8, 32)), ((1, 2, 8, 32), (1, 2, 0, 32)),
+                                             ((0, 2, 8, 32), (0, 2, 8, 32))])
+@every_backend
+def test_one_empty_dimension_is_refused(shape_q, shape_k, backend):
+    """Any one of B, Sq, Sk zero is refused (mutation survivor 251: the test joined by `and`)."""
+    q, k = t(*shape_q), t(*shape_k)
+    with pytest.raises(ValueError, match="must be >= 1"):
+        flashcore.attention(q, k, k.clone(), backend=backend)
+
+
+@pytest.mark.interp
+def test_varlen_k_alone_requiring_grad_is_refused_on_the_kernel_route():
+    """k alone wanting a gradient is refused too (mutation survivor 325 of _checks.py dropped k from the check)."""
+    q, k = t(10, 4, 32), t(12, 2, 32).requires_grad_(True)
+    with pytest.raises(RuntimeError, match="^k requires grad"):
+        flashcore.attention_varlen(q, k, k.detach().clone(), torch.tensor([0, 4, 10], dtype=torch.int32),
+                                   torch.tensor([0, 5, 12], dtype=torch.int32), 6, 7, backend="triton")

@@ -213,6 +213,12 @@ CASES = [
     ("validate an int", False, dict(validate=1), TypeError, "validate must be a bool"),
     ("num_splits negative", False, dict(num_splits=-1), ValueError, "num_splits must be >= 0"),
     ("num_splits too big", False, dict(num_splits=129), ValueError, r"num_splits must be in \[0, 128\]"),
+    ("cu_seqlens_q 2-D", False,
+     lambda a: dict(q=t(3, HQ, D), k=None, v=None, cu_seqlens_q=i32(0, 1, 3).view(1, 3), max_seqlen_q=2), ValueError,
+     r"cu_seqlens_q must be an int32 tensor of shape \[B\+1\]"),
+    ("cu_seqlens_q with one entry", False,
+     lambda a: dict(q=t(3, HQ, D), k=None, v=None, cu_seqlens_q=i32(0), max_seqlen_q=2), ValueError,
+     r"cu_seqlens_q must be an int32 tensor of shape \[B\+1\] \(B >= 1\)"),
     ("num_splits fractional", False, dict(num_splits=2.5), ValueError, "num_splits must be a whole number"),
     ("num_splits a str", False, dict(num_splits="2"), TypeError, "num_splits must be an int"),
     ("num_splits a bool", False, dict(num_splits=True), TypeError, "num_splits must be an int"),
@@ -302,3 +308,18 @@ def test_secure_range_errors_do_not_tell_the_secret_values(what, backend):
     with pytest.raises(ValueError, match=what) as e:
         call(a)
     assert not any(str(x) in str(e.value) for x in (29, 13, 14, "[1]")), str(e.value)
+
+
+
+@pytest.mark.interp
+def test_num_splits_at_its_maximum_is_accepted():
+    """``MAX_SPLITS`` itself is a valid split count (mutation survivor 505 of _checks.py refused it)."""
+    from flashcore._checks import MAX_SPLITS
+
+    q = torch.randn(1, 1, 2, 16)
+    kc, vc = torch.randn(1, 64, 1, 16), torch.randn(1, 64, 1, 16)
+    lens = torch.tensor([64], dtype=torch.int32)
+    for backend in ("reference", "triton"):
+        out = flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, num_splits=MAX_SPLITS, backend=backend)
+        ref = flashcore.reference.attention_with_kvcache(q, kc.clone(), vc.clone(), cache_seqlens=lens)
+        assert torch.allclose(out.double(), ref, atol=1e-5)

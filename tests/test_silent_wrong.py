@@ -107,3 +107,16 @@ def test_compile_fullgraph_varlen_reference_path():
 
     got = torch.compile(f, fullgraph=True, backend="eager")(q, k, k)
     torch.testing.assert_close(got, f(q, k, k))
+
+
+@pytest.mark.interp
+def test_varlen_rows_past_the_last_query_sequence_are_zero_when_keys_end_later():
+    """The eager tail clearing starts where the *query* sequences end, even when the key sequences end later
+    (mutation survivor 199 of _checks.py took the end from cu_seqlens_k and left rows 6-8 unwritten)."""
+    q, k = torch.randn(10, 2, 16), torch.randn(12, 1, 16)
+    out = torch.full_like(q, float("nan"))
+    res, lse = flashcore.attention_varlen(q, k, k.clone(), torch.tensor([0, 3, 6], dtype=torch.int32),
+                                          torch.tensor([0, 5, 9], dtype=torch.int32), 3, 5, out=out,
+                                          return_lse=True, backend="triton")
+    assert bool((res[6:] == 0).all()) and bool(torch.isneginf(lse[:, 6:]).all())
+    assert not torch.isnan(res).any()
