@@ -197,9 +197,11 @@ def test_one_empty_dimension_is_refused(shape_q, shape_k, backend):
 
 
 @pytest.mark.interp
-def test_varlen_k_alone_requiring_grad_is_refused_on_the_kernel_route():
-    """k alone wanting a gradient is refused too (mutation survivor 325 of _checks.py dropped k from the check)."""
+def test_varlen_k_alone_requiring_grad_with_out_is_refused_on_the_kernel_route():
+    """k alone wanting a gradient counts too (mutation survivor 325 of _checks.py dropped k from the check): with
+    out= (which cannot carry the gradient) the call is refused, naming k."""
     q, k = t(10, 4, 32), t(12, 2, 32).requires_grad_(True)
-    with pytest.raises(RuntimeError, match="^k requires grad"):
+    with pytest.raises(RuntimeError, match="^k requires grad, but out= is given"):
         flashcore.attention_varlen(q, k, k.detach().clone(), torch.tensor([0, 4, 10], dtype=torch.int32),
-                                   torch.tensor([0, 5, 12], dtype=torch.int32), 6, 7, backend="triton")
+                                   torch.tensor([0, 5, 12], dtype=torch.int32), 6, 7, backend="triton",
+                                   out=torch.empty_like(q))

@@ -118,13 +118,15 @@ def test_out_of_memory_raises_torchs_error_and_flashcore_stays_usable():
     assert lines[1] == "REL" and float(lines[2]) < TOL, r.stdout
 
 
-def test_gradients_are_refused_on_the_gpu_kernels():
+def test_gradients_flow_through_the_gpu_kernels():
+    """The Wq -> q -> attention -> Wo chain of a training step: Wq gets its gradient (it was silently None before
+    the backward pass existed); under inference_mode nothing is recorded."""
     q, k, v = _qkv(1, 4, 4, 128, 64, seed=5)
     w = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    with pytest.raises(RuntimeError, match="requires grad"):
-        flashcore.attention(q @ w, k, v)
+    flashcore.attention(q @ w, k, v).float().sum().backward()
+    assert w.grad is not None and torch.isfinite(w.grad).all() and w.grad.abs().sum() > 0
     with torch.inference_mode():
-        flashcore.attention(q @ w, k, v)
+        assert not flashcore.attention(q @ w, k, v).requires_grad
 
 
 def test_varlen_rows_no_sequence_owns_are_zero_under_graph_replay():

@@ -20,32 +20,36 @@ def rnd(*shape, dtype=torch.float32, seed=None):
 # -- 1. gradients ------------------------------------------------------------------------------------
 
 @interp
-def test_kernel_path_refuses_inputs_that_want_gradients():
+def test_kernel_path_keeps_the_gradient_of_a_training_chain():
+    """Wq -> q -> attention -> Wo: Wq's gradient was silently None before the backward pass existed (2026-11-25)."""
     x = rnd(1, 2, 16, 32)
     w = torch.randn(32, 32, requires_grad=True)
-    q = x @ w  # a non-leaf that requires grad: the Wq -> q -> attention -> Wo chain of a training step
-    with pytest.raises(RuntimeError, match="q requires grad.*forward-only"):
-        flashcore.attention(q, x, x, backend="triton")
-    with pytest.raises(RuntimeError, match="q, k, v require grad"):
-        flashcore.attention(q, q, q, backend="triton")
-    with torch.no_grad():  # inference with weights that require grad is fine
-        flashcore.attention(q, x, x, backend="triton")
+    (flashcore.attention(x @ w, x, x, backend="triton") @ torch.randn(32, 8)).square().sum().backward()
+    assert w.grad is not None and torch.isfinite(w.grad).all() and w.grad.abs().sum() > 0
+    with torch.no_grad():  # inference with weights that require grad records nothing
+        assert not flashcore.attention(x @ w, x, x, backend="triton").requires_grad
 
 
 @interp
-def test_a_cached_plan_does_not_bypass_the_gradient_check():
+def test_a_cached_plan_does_not_bypass_the_backward():
+    """A no-grad call plans and caches this shape; a later call wanting gradients must still record a backward."""
     x = rnd(1, 2, 16, 32)
-    flashcore.attention(x, x, x, causal=True, backend="triton")  # plans and caches this shape
-    with pytest.raises(RuntimeError, match="requires grad"):
-        flashcore.attention(x.clone().requires_grad_(), x, x, causal=True, backend="triton")
+    flashcore.attention(x, x, x, causal=True, backend="triton")
+    q = x.clone().requires_grad_()
+    out = flashcore.attention(q, x, x, causal=True, backend="triton")
+    assert out.grad_fn is not None
+    out.sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
 
 
 @interp
-def test_varlen_kernel_path_refuses_gradients():
+def test_varlen_kernel_path_keeps_gradients():
     q = rnd(10, 2, 32).requires_grad_()
     cu = torch.tensor([0, 4, 10], dtype=torch.int32)
-    with pytest.raises(RuntimeError, match="q requires grad"):
-        flashcore.attention_varlen(q, q.detach(), q.detach(), cu, cu, 6, 6, backend="triton")
+    out = flashcore.attention_varlen(q, q.detach(), q.detach(), cu, cu, 6, 6, backend="triton")
+    assert out.grad_fn is not None
+    out.square().sum().backward()
+    assert q.grad is not None and q.grad.abs().sum() > 0
 
 
 def test_reference_path_keeps_gradients_dense_and_varlen():

@@ -112,17 +112,39 @@ def check_backend(backend, q: torch.Tensor) -> bool:
     return True
 
 
-def check_grad(kernel: bool, tensors: dict) -> None:
-    """The kernels have no backward pass yet: refuse inputs that want gradients instead of dropping them."""
-    if not kernel or not torch.is_grad_enabled():
-        return
-    wanting = [name for name, t in tensors.items() if t is not None and t.requires_grad]
-    if wanting:
+def wants_grad(tensors: dict) -> list[str]:
+    """The names of the inputs autograd would differentiate through (grad mode on, ``requires_grad``)."""
+    if not torch.is_grad_enabled():
+        return []
+    return [name for name, t in tensors.items() if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def _requires(wanting: list[str]) -> str:
+    return f"{', '.join(wanting)} require{'s' if len(wanting) == 1 else ''} grad"
+
+
+def check_grad(tensors: dict, *, secure: bool = False, out=None, inference_only: str | None = None) -> bool:
+    """Whether the call must record a backward (some input wants a gradient); refuses, at the forward call,
+    every combination with no backward instead of returning an output whose gradient would be lost:
+    ``inference_only`` (a route with no backward: the reason), ``secure=True`` (forward-only: no
+    constant-time backward exists) and ``out=`` (a caller-owned buffer is not part of the graph)."""
+    wanting = wants_grad(tensors)
+    if not wanting:
+        return False
+    if inference_only is not None:
         raise RuntimeError(
-            f"{', '.join(wanting)} require{'s' if len(wanting) == 1 else ''} grad, but flashcore's kernels are "
-            "forward-only for now: the gradient would be silently lost. Run the forward under torch.no_grad() / "
-            "torch.inference_mode() (or detach the inputs), or use backend='reference' (differentiable, slow)"
-        )
+            f"{_requires(wanting)}, but {inference_only}: the gradient would be silently lost. Run it under "
+            "torch.no_grad() / torch.inference_mode(), or detach the inputs")
+    if secure:
+        raise RuntimeError(
+            f"{_requires(wanting)}, but secure=True is forward-only: flashcore has no constant-time backward pass "
+            "(docs/security.md). Train with secure=False, or run the secure forward under torch.no_grad() / "
+            "torch.inference_mode()")
+    if out is not None:
+        raise RuntimeError(
+            f"{_requires(wanting)}, but out= is given: a caller-owned output buffer cannot carry the gradient "
+            "history (as with torch's out= functions). Drop out= when training")
+    return True
 
 
 def check_secure_lengths(seqlens_q: torch.Tensor, seqlens_k: torch.Tensor, seqlen_q: int, seqlen_k: int) -> None:
@@ -222,10 +244,12 @@ class DenseArgs:
     return_lse: bool
     validate: bool
     kernel: bool  # True: the kernels run; False: the float64 reference
+    grad: bool = False  # some input wants a gradient: the call records a backward
+    deterministic: bool = False
 
 
 def check_dense(q, k, v, *, layout, causal, scale, secure, seqlens_q, seqlens_k, out, backend="auto",
-                return_lse=False, validate=True) -> DenseArgs:
+                return_lse=False, validate=True, deterministic=False) -> DenseArgs:
     """Every check of :func:`flashcore.attention`, whichever backend runs. Reads no secret value, except the
     eager-only secure range check of the reference route (the kernels' plans run the same check,
     :func:`check_secure_lengths`, on every call)."""
@@ -254,7 +278,8 @@ def check_dense(q, k, v, *, layout, causal, scale, secure, seqlens_q, seqlens_k,
         check_unit_last_stride(name, t)
     scale = check_scale(scale, D)
     kernel = check_backend(backend, q)
-    check_grad(kernel, {"q": q, "k": k, "v": v})
+    grad = check_grad({"q": q, "k": k, "v": v}, secure=secure, out=out)
+    deterministic = check_flag("deterministic", deterministic)
     self_attention = False
     if secure:
         if seqlens_k is None:
@@ -271,7 +296,8 @@ def check_dense(q, k, v, *, layout, causal, scale, secure, seqlens_q, seqlens_k,
     elif seqlens_q is not None or seqlens_k is not None:
         raise ValueError("seqlens_q/seqlens_k are only used with secure=True (use attention_varlen for packed sequences)")
     check_out(out, q, {"q": q, "k": k, "v": v})
-    return DenseArgs(qb, kb, vb, causal, scale, seqlens_q, self_attention, secure, return_lse, validate, kernel)
+    return DenseArgs(qb, kb, vb, causal, scale, seqlens_q, self_attention, secure, return_lse, validate, kernel, grad,
+                     deterministic)
 
 
 @dataclass
@@ -283,10 +309,12 @@ class VarlenArgs:
     max_seqlen_k: int
     return_lse: bool
     kernel: bool
+    grad: bool = False
+    deterministic: bool = False
 
 
 def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale=None,
-                 return_lse=False, backend="auto", out=None) -> VarlenArgs:
+                 return_lse=False, backend="auto", out=None, deterministic=False) -> VarlenArgs:
     """Every metadata check of :func:`flashcore.attention_varlen`, whichever backend runs. (The cumulative
     lengths' values are checked by :func:`check_cu_seqlens`, where the call may sync.)"""
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -322,9 +350,10 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     causal, return_lse = check_flag("causal", causal), check_flag("return_lse", return_lse)
     scale = check_scale(scale, D)
     kernel = check_backend(backend, q)
-    check_grad(kernel, {"q": q, "k": k, "v": v})
+    grad = check_grad({"q": q, "k": k, "v": v}, out=out)
+    deterministic = check_flag("deterministic", deterministic)
     check_out(out, q, {"q": q, "k": k, "v": v})
-    return VarlenArgs(causal, scale, max_q, max_k, return_lse, kernel)
+    return VarlenArgs(causal, scale, max_q, max_k, return_lse, kernel, grad, deterministic)
 
 
 # --- KV-cache attention (attention_with_kvcache) ---------------------------------------------------------
@@ -505,7 +534,8 @@ def check_kvcache(q, k_cache, v_cache, *, cache_seqlens, k, v, page_table, cache
     if num_splits > MAX_SPLITS:
         raise ValueError(f"num_splits must be in [0, {MAX_SPLITS}] (0: chosen from the shapes), got {num_splits}")
     kernel = check_backend(backend, q)
-    check_grad(kernel, {"q": q, "k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache})
+    check_grad({"q": q, "k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache},
+               inference_only="attention_with_kvcache is inference-only (no backward pass)")
     inputs = {"q": q, "k_cache": k_cache, "v_cache": v_cache}
     if append:
         inputs.update(k=k, v=v)

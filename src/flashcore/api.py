@@ -44,8 +44,9 @@ def attention(
     secure: bool = False,
     out: Optional[Tensor] = None,
     validate_seqlens: bool = True,
+    deterministic: bool = False,
 ):
-    """Fused scaled-dot-product attention forward.
+    """Fused scaled-dot-product attention, differentiable in q, k and v.
 
     Shapes: ``layout="bhsd"``: q ``[B, Hq, Sq, D]``, k/v ``[B, Hkv, Sk, D]``; ``layout="bshd"``:
     ``[B, S, H, D]``. ``Hq % Hkv == 0`` (GQA/MQA). D is a multiple of 8 in [8, 256]. Any strides
@@ -66,9 +67,15 @@ def attention(
 
     ``out``: an optional caller-owned output buffer (q's shape, dtype, device; contiguous), so
     CUDA-graph users can own their buffers; it is returned.
+
+    Gradients: when q, k or v requires grad (and grad mode is on), the call records a backward pass (the
+    Triton backward kernels; the forward saves its output and logsumexp, so the backward never reruns it).
+    ``deterministic=True`` makes the gradients bitwise reproducible from run to run (no floating-point
+    atomics). A returned lse is differentiable too. ``secure=True`` and ``out=`` are forward-only: with
+    inputs that want gradients they raise.
     """
     key = None
-    if not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling() and not C.wants_grad({"q": q, "k": k, "v": v}):
         key = dense_key(backend, q, k, v, seqlens_q, seqlens_k, out, layout=layout, causal=causal, scale=scale,
                         secure=secure, self_attention=seqlens_q is seqlens_k, return_lse=return_lse,
                         validate=validate_seqlens)
@@ -78,7 +85,8 @@ def attention(
             return (res, lse) if return_lse else res
 
     a = C.check_dense(q, k, v, layout=layout, causal=causal, scale=scale, secure=secure, seqlens_q=seqlens_q,
-                      seqlens_k=seqlens_k, out=out, backend=backend, return_lse=return_lse, validate=validate_seqlens)
+                      seqlens_k=seqlens_k, out=out, backend=backend, return_lse=return_lse, validate=validate_seqlens,
+                      deterministic=deterministic)
 
     if not a.kernel:
         res, lse = _ref.attention_bhsd(a.qb, a.kb, a.vb, causal=a.causal, scale=a.scale,
@@ -90,6 +98,9 @@ def attention(
         res = out.copy_(res) if out is not None else res.contiguous()
         return (res, lse.float()) if a.return_lse else res
 
+    if a.grad:  # the differentiable custom op (eager and traced alike): it saves what the backward needs
+        res, lse = ops.attention_fwd_grad(q, k, v, a.causal, a.scale, layout == "bshd", a.deterministic)
+        return (res, lse) if a.return_lse else res
     if key is None:  # tracing under torch.compile, or inputs we do not key on: the custom op
         res, lse = ops.attention_fwd(q, k, v, seqlens_q, seqlens_k, a.causal, a.scale, layout == "bshd", a.secure,
                                      a.return_lse, out, a.validate)
@@ -139,8 +150,9 @@ def attention_varlen(
     return_lse: bool = False,
     backend: str = "auto",
     out: Optional[Tensor] = None,
+    deterministic: bool = False,
 ):
-    """Attention over packed variable-length sequences.
+    """Attention over packed variable-length sequences, differentiable in q, k and v.
 
     q ``[total_q, Hq, D]``, k/v ``[total_k, Hkv, D]``; ``cu_seqlens_*`` int32 ``[N+1]`` cumulative
     lengths starting at 0 (zero-length sequences allowed). Same semantics per sequence as
@@ -148,9 +160,12 @@ def attention_varlen(
 
     ``cu_seqlens`` are checked on the host (monotonic, within the tensors, lengths <= max_seqlen);
     that check is skipped while a CUDA graph is being captured, where it would need a sync.
+
+    Gradients and ``deterministic`` as in :func:`attention`; rows of zero-length sequences (and rows past
+    ``cu_seqlens[-1]``) get zero gradients.
     """
     a = C.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal, scale=scale,
-                       return_lse=return_lse, backend=backend, out=out)
+                       return_lse=return_lse, backend=backend, out=out, deterministic=deterministic)
 
     if not a.kernel:
         res, lse = ops.attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, a.max_seqlen_q,
@@ -158,6 +173,10 @@ def attention_varlen(
         res = out.copy_(res) if out is not None else res
         return (res, lse) if a.return_lse else res
 
+    if a.grad:
+        res, lse = ops.attention_varlen_fwd_grad(q, k, v, cu_seqlens_q, cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k,
+                                                 a.causal, a.scale, a.deterministic)
+        return (res, lse) if a.return_lse else res
     res, lse = ops.attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k,
                                         a.causal, a.scale, a.return_lse, out)
     return (res, lse) if a.return_lse else res

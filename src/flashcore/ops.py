@@ -13,10 +13,13 @@ import torch
 
 from . import _checks as C
 from . import reference as _ref
+from .launch.triton_bwd import run_backward
+from .plan.backward import backward_config
 from .plan.build import Plan, build
 from .plan.cache import PLANS
 from .plan.decode import decode_serves, dense_decode_plan, plan_kvcache
-from .problem import Problem, dense_key, kvcache_key, varlen_key
+from .problem import DTYPE_NAMES, Problem, dense_key, kvcache_key, varlen_key
+from .runtime import device_arch
 
 Tensor = torch.Tensor
 _OP_ROUTE = "op"  # plan-key route of the custom ops (the eager entry points key by their backend)
@@ -169,6 +172,147 @@ def _varlen_reference_backward(ctx, d_out, d_lse):
 
 
 attention_varlen_reference.register_autograd(_varlen_reference_backward, setup_context=_varlen_reference_setup)
+
+
+# --- Training: the differentiable forward ops and their backward -------------------------------------------
+#
+# A call whose inputs want gradients runs these ops, eagerly and under torch.compile alike: the forward always
+# computes the logsumexp and saves (q, k, v, out, lse), so the backward never reruns it. The backward is its
+# own op (opaque to tracing, with a fake implementation), so AOTAutograd traces both passes.
+
+
+@torch.library.custom_op("flashcore::attention_fwd_grad", mutates_args=())
+def _attention_fwd_grad_op(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, bshd: bool,
+                           deterministic: bool) -> tuple[Tensor, Tensor]:
+    return _dense_impl(q, k, v, None, None, causal, scale, bshd, False, True)
+
+
+@_attention_fwd_grad_op.register_fake
+def _(q, k, v, causal, scale, bshd, deterministic):
+    B, Hq, Sq = (q.shape[0], q.shape[2], q.shape[1]) if bshd else q.shape[:3]
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device), q.new_empty((B, Hq, Sq), dtype=torch.float32)
+
+
+def _dense_grad_setup(ctx, inputs, output):
+    q, k, v, causal, scale, bshd, deterministic = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.flags = (causal, scale, bshd, deterministic)
+
+
+def _dense_grad_backward(ctx, d_out, d_lse):
+    q, k, v, out, lse = ctx.saved_tensors
+    causal, scale, bshd, deterministic = ctx.flags
+    if d_out is None:
+        d_out = torch.zeros_like(out)
+    dq, dk, dv = torch.ops.flashcore.attention_bwd(d_out, q, k, v, out, lse, d_lse, causal, scale, bshd,
+                                                    deterministic)
+    return dq, dk, dv, None, None, None, None
+
+
+_attention_fwd_grad_op.register_autograd(_dense_grad_backward, setup_context=_dense_grad_setup)
+
+
+def attention_fwd_grad(q, k, v, causal, scale, bshd, deterministic):
+    """(out, lse) of a dense call that records its backward."""
+    return torch.ops.flashcore.attention_fwd_grad(q, k, v, causal, scale, bshd, deterministic)
+
+
+def _backward_config(q, causal, deterministic, config):
+    if config is not None:
+        return config
+    return backward_config(device_arch(q.device), head_dim=q.shape[-1], dtype_name=DTYPE_NAMES[q.dtype],
+                           causal=causal, deterministic=deterministic)
+
+
+def _unit_last(t):
+    """The kernels read rows with a unit last stride; an incoming gradient may be an expanded or strided one."""
+    return t if t is None or t.stride(-1) == 1 else t.contiguous()
+
+
+def dense_backward(d_out, q, k, v, out, lse, d_lse, causal, scale, bshd, deterministic, config=None):
+    """(dq, dk, dv) of a dense call, in the layouts of q, k and v. ``config``: a benchmark's explicit one."""
+    layout = "bshd" if bshd else "bhsd"
+    view = lambda t: C.as_bhsd("grad", t, layout)  # noqa: E731
+    d_out, d_lse = _unit_last(d_out), None if d_lse is None else d_lse.contiguous()
+    qb = view(q)
+    return run_backward(view(d_out), qb, view(k), view(v), view(out), lse, d_lse, q_user=q, k_user=k, v_user=v,
+                        as_view=view, seqlen_q=qb.shape[2], seqlen_k=view(k).shape[2], scale=scale, causal=causal,
+                        config=_backward_config(q, causal, deterministic, config))
+
+
+@torch.library.custom_op("flashcore::attention_bwd", mutates_args=())
+def _attention_bwd_op(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                      d_lse: Optional[Tensor], causal: bool, scale: float, bshd: bool,
+                      deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+    return dense_backward(d_out, q, k, v, out, lse, d_lse, causal, scale, bshd, deterministic)
+
+
+@_attention_bwd_op.register_fake
+def _(d_out, q, k, v, out, lse, d_lse, causal, scale, bshd, deterministic):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+@torch.library.custom_op("flashcore::attention_varlen_fwd_grad", mutates_args=())
+def _attention_varlen_fwd_grad_op(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                                  max_seqlen_q: int, max_seqlen_k: int, causal: bool, scale: float,
+                                  deterministic: bool) -> tuple[Tensor, Tensor]:
+    return _varlen_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, True)
+
+
+@_attention_varlen_fwd_grad_op.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, deterministic):
+    return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+def _varlen_grad_setup(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, deterministic = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+    ctx.flags = (max_q, max_k, causal, scale, deterministic)
+
+
+def _varlen_grad_backward(ctx, d_out, d_lse):
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    max_q, max_k, causal, scale, deterministic = ctx.flags
+    if d_out is None:
+        d_out = torch.zeros_like(out)
+    dq, dk, dv = torch.ops.flashcore.attention_varlen_bwd(d_out, q, k, v, out, lse, d_lse, cu_q, cu_k, max_q, max_k,
+                                                           causal, scale, deterministic)
+    return (dq, dk, dv) + (None,) * 7
+
+
+_attention_varlen_fwd_grad_op.register_autograd(_varlen_grad_backward, setup_context=_varlen_grad_setup)
+
+
+def attention_varlen_fwd_grad(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, deterministic):
+    """(out, lse) of a varlen call that records its backward."""
+    return torch.ops.flashcore.attention_varlen_fwd_grad(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
+                                                         deterministic)
+
+
+def varlen_backward(d_out, q, k, v, out, lse, d_lse, cu_q, cu_k, max_q, max_k, causal, scale, deterministic,
+                    config=None):
+    """(dq, dk, dv) of a varlen call (packed, zero on rows no sequence owns)."""
+    d_out, d_lse = _unit_last(d_out), None if d_lse is None else d_lse.contiguous()
+    return run_backward(d_out, q, k, v, out, lse, d_lse, q_user=q, k_user=k, v_user=v, as_view=lambda t: t,
+                        cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqlen_q=max_q, seqlen_k=max_k, scale=scale,
+                        causal=causal, config=_backward_config(q, causal, deterministic, config))
+
+
+@torch.library.custom_op("flashcore::attention_varlen_bwd", mutates_args=())
+def _attention_varlen_bwd_op(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                             d_lse: Optional[Tensor], cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
+                             max_seqlen_k: int, causal: bool, scale: float,
+                             deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+    return varlen_backward(d_out, q, k, v, out, lse, d_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           causal, scale, deterministic)
+
+
+@_attention_varlen_bwd_op.register_fake
+def _(d_out, q, k, v, out, lse, d_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+      deterministic):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 # --- KV-cache attention -------------------------------------------------------------------------------------

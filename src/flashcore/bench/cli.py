@@ -4,6 +4,9 @@
 (``gpu-check``, ``sweep``, ``timeline``; each module's ``register(tools)`` adds it). A tool's options go after
 its name (``flashcore bench gpu-check --suite seed``); the benchmark's own options apply to the benchmark only.
 
+``flashcore bench --pass fwd|bwd|fwd+bwd [--suite train|train-large|all]`` runs the training benchmark
+(:mod:`flashcore.bench.training`): forward and backward against SDPA (cuDNN, flash) and FlashAttention-4.
+
 ``flashcore bench --suite decode`` (or ``decode-must``: only the shapes the issue requires) runs the KV-cache decode
 suite instead (:mod:`flashcore.bench.decode`): flashcore fast and secure, SDPA, FlashAttention-4 and FlashInfer
 where installed, K/V bytes read per second against the copy ceiling of the same run.
@@ -45,6 +48,10 @@ def _register_bench(sub) -> None:
                    help="backends to run (default: all): flashcore flashcore-secure sdpa-default sdpa-cudnn "
                         "sdpa-flash sdpa-efficient sdpa-math flex fa4 unfused; decode suite: flashcore "
                         "flashcore-secure sdpa-default fa4 flashinfer")
+    p.add_argument("--pass", dest="bench_pass", choices=("fwd", "bwd", "fwd+bwd"), default=None,
+                   help="the training benchmark: the forward that saves for the backward, the backward, or both "
+                        "(backward FLOPs counted as 2.5x the forward's, FlashAttention's convention); suites "
+                        "train (default; also 'seed'), train-large (also 'large'), all")
     p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16", help="input dtype (default: bf16)")
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"result directory (default: {DEFAULT_OUT})")
     p.add_argument("--plot", action="store_true", help="also write a PNG chart next to the JSON")
@@ -104,6 +111,10 @@ def _usage_error(message: str) -> int:
 def run_bench(args) -> int:
     if args.compare:
         return run_compare(*args.compare)
+    if args.bench_pass is not None:
+        from .training import run_cli
+
+        return run_cli(args, _wide_console())
     from .decode import is_decode_suite
 
     if is_decode_suite(args.suite):

@@ -63,6 +63,8 @@ import torch
 
 import flashcore
 
+from .._checks import wants_grad
+
 NAME = "fcore"
 DECODE_MAX_QUERIES = 16  # new tokens per sequence up to which a call runs the KV-cache (split-KV) kernel
 _RESERVED = ("flash", "sdpa", "eager", "flex_attention", "paged", "|", "/")
@@ -331,17 +333,22 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     K = key.shape[2]
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # [B, S, H, D] views, no copies
     backend = _options.backend
+    # Training: the KV-cache kernel is inference-only, so calls that record a backward take the prefill routes
+    training = bool(wants_grad({"query": query, "key": key, "value": value}))
     if torch.compiler.is_compiling():
+        if training and attention_mask is None:
+            out = flashcore.attention(q, k, v, causal=bool(is_causal), scale=scaling, layout="bshd", backend=backend)
+            return out, None
         return _traced_decode(q, k, v, attention_mask, bool(is_causal), scaling, backend), None
     pm, spec = _mask_spec(attention_mask, bool(is_causal), B, Hq, Sq, K)
     if pm is None:  # no padding; a causal mask ends at the last key
-        if Sq <= DECODE_MAX_QUERIES:
+        if Sq <= DECODE_MAX_QUERIES and not training:
             out = flashcore.attention_with_kvcache(q, k, v, cache_seqlens=K, causal=spec.causal, scale=scaling,
                                                    backend=backend, validate=False)
         else:
             out = flashcore.attention(q, k, v, causal=spec.causal, scale=scaling, layout="bshd", backend=backend)
         return out, None
-    if Sq <= DECODE_MAX_QUERIES and _decode_fits(pm, spec, Sq, _options):
+    if Sq <= DECODE_MAX_QUERIES and not training and _decode_fits(pm, spec, Sq, _options):
         start, end, _ = _device_lengths(pm, spec)
         out = flashcore.attention_with_kvcache(q, k, v, cache_seqlens=end, cache_leftpad=start, causal=spec.causal,
                                                scale=scaling, backend=backend, validate=False)

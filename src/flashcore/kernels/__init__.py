@@ -4,6 +4,7 @@ parameters beside its signature (``CAPABILITIES``, a :class:`~.capabilities.Capa
 * ``triton/fwd.py``: the portable forward kernel (every CUDA GPU, the CPU interpreter, secure mode);
 * ``sm90/fwd.py``: the Hopper warp-specialised Gluon forward kernel, with its device parts beside it;
 * ``secure/prepass.py``: the secure mode's pre-passes;
+* ``triton/bwd.py``: the portable backward kernels (pre-pass, dK/dV, dQ);
 * ``triton/decode.py``, ``triton/combine.py``, ``triton/kv_append.py``: KV-cache attention (split-KV decode,
   its combine step, the cache append).
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 from .capabilities import Capabilities, head_dim_text
 from .secure import prepass as _secure_prepass
 from .sm90 import fwd as _sm90_fwd
+from .triton import bwd as _triton_bwd
 from .triton import combine as _triton_combine
 from .triton import decode as _triton_decode
 from .triton import fwd as _triton_fwd
@@ -23,11 +25,13 @@ TRITON_FWD: Capabilities = _triton_fwd.CAPABILITIES
 SM90_FWD: Capabilities = _sm90_fwd.CAPABILITIES
 SECURE_PREPASS_V: Capabilities = _secure_prepass.V_CAPABILITIES
 SECURE_PREPASS_KV: Capabilities = _secure_prepass.KV_CAPABILITIES
+TRITON_BWD: Capabilities = _triton_bwd.CAPABILITIES
 TRITON_DECODE: Capabilities = _triton_decode.CAPABILITIES
 TRITON_DECODE_COMBINE: Capabilities = _triton_combine.CAPABILITIES
 TRITON_KV_APPEND: Capabilities = _triton_kv_append.CAPABILITIES
-KERNELS: dict[str, Capabilities] = {c.name: c for c in (TRITON_FWD, SM90_FWD, SECURE_PREPASS_V, SECURE_PREPASS_KV,
-                                                        TRITON_DECODE, TRITON_DECODE_COMBINE, TRITON_KV_APPEND)}
+KERNELS: dict[str, Capabilities] = {c.name: c for c in (TRITON_FWD, SM90_FWD, TRITON_BWD, SECURE_PREPASS_V,
+                                                        SECURE_PREPASS_KV, TRITON_DECODE, TRITON_DECODE_COMBINE,
+                                                        TRITON_KV_APPEND)}
 # The forward kernels of the public entry points: a call is valid if one of them runs it (the portable one
 # runs everything the others do, so its declaration is the public contract)
 FORWARD = (TRITON_FWD, SM90_FWD)

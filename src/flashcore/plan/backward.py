@@ -1,0 +1,81 @@
+"""The backward pass's launch configurations (``kernels/triton/bwd.py``), chosen from public facts only.
+
+``block_m1 x block_n1``: the dK/dV kernel's query tile (walked) and key tile (held with its dK/dV
+accumulators); ``block_m2 x block_n2``: the dQ kernel's query tile (held) and key tile (walked). The
+Hopper rows are measured (docs/perf-notes.md, v19.x); the generic row is a safe guess for other GPUs."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .tables import is_hopper
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    block_m1: int
+    block_n1: int
+    num_warps1: int
+    num_stages1: int
+    block_m2: int
+    block_n2: int
+    num_warps2: int
+    num_stages2: int
+    # dQ through fp32 atomics inside the dK/dV kernel (five products per tile instead of seven, but the
+    # order of the additions varies): never with deterministic=True
+    atomic_dq: bool = False
+
+
+# Small tiles keep the interpreter fast; m != n exercises the causal stage split in both kernels.
+INTERPRETER = BwdConfig(16, 32, 4, 1, 32, 16, 4, 1)
+
+
+def backward_config(arch, *, head_dim: int, dtype_name: str, causal: bool, deterministic: bool) -> BwdConfig:
+    """The configuration for these facts (``arch``: compute capability, None for CPU tensors/interpreter)."""
+    if arch is None:
+        cfg = INTERPRETER
+    elif dtype_name == "fp32":  # no tensor-core format at 16 bits: half the tile, or the registers spill
+        cfg = BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)
+    elif is_hopper(arch):
+        cfg = _hopper(head_dim, causal)
+    elif head_dim > 128:
+        cfg = BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)
+    else:
+        cfg = BwdConfig(32, 64, 4, 2, 64, 32, 4, 2)
+    if deterministic and cfg.atomic_dq:
+        cfg = BwdConfig(*(getattr(cfg, f) for f in BWD_FIELDS[:8]), atomic_dq=False)
+    return cfg
+
+
+def _hopper(head_dim: int, causal: bool) -> BwdConfig:
+    """Sweep v19.0/v19.1 (H100, bf16, bench/results/sweeps/bwd-v19-h100.json): D=64 wants narrow query tiles and
+    four warps (8x16x2048: 295 TF against 263 at 64x128w8s2; 4x32x4096 causal 312 against 228); D=128 wants
+    eight warps and a deeper pipeline (4x32x4096: 372 TF, causal 350, against 357/318 at s2). fp32 atomics for
+    dQ lost everywhere (320 against 357 TF at D=128): dQ always runs its own kernel."""
+    if head_dim <= 64:
+        return BwdConfig(32, 128, 4, 3, 64, 64, 4, 3)
+    if head_dim <= 128:
+        return BwdConfig(64, 128, 8, 4, 128, 64, 8, 4)
+    return BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)
+
+
+BWD_FIELDS = ("block_m1", "block_n1", "num_warps1", "num_stages1", "block_m2", "block_n2", "num_warps2",
+              "num_stages2", "atomic_dq")
+
+
+def bwd_config_name(cfg: BwdConfig | None) -> str:
+    """``64x128w8s2-128x64w8s2`` (+ ``-atomic``): the name sweeps and benchmarks use; ``auto`` for None."""
+    if cfg is None:
+        return "auto"
+    c = cfg
+    return (f"{c.block_m1}x{c.block_n1}w{c.num_warps1}s{c.num_stages1}-{c.block_m2}x{c.block_n2}w{c.num_warps2}"
+            f"s{c.num_stages2}{'-atomic' if c.atomic_dq else ''}")
+
+
+def parse_bwd_config_name(text: str) -> BwdConfig | None:
+    if text == "auto":
+        return None
+    m = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)-(\d+)x(\d+)w(\d+)s(\d+)(-atomic)?", text)
+    if m is None:
+        raise ValueError(f"cannot parse a backward config name from {text!r}")
+    return BwdConfig(*(int(x) for x in m.groups()[:8]), atomic_dq=bool(m.group(9)))

@@ -1,0 +1,259 @@
+"""The backward pass on the CPU: the Triton backward kernels under the interpreter (fp32 and fp16) against the
+float64 reference's autograd, by relative error; ``gradcheck`` of the reference; the flags and errors.
+
+Interpreter tests (``interp``) need TRITON_INTERPRET=1; the others run anywhere."""
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import flashcore
+from flashcore import ops, reference
+from flashcore.plan.backward import INTERPRETER, BwdConfig, backward_config, bwd_config_name, parse_bwd_config_name
+
+INTERP = os.environ.get("TRITON_INTERPRET") == "1"
+interp = pytest.mark.interp
+TOL = {torch.float32: 1e-5, torch.float16: 3e-3}
+
+
+def rel(a, b, floor=1e-300):
+    """Relative error; ``floor`` bounds the denominator where the true gradient is (nearly) zero: with one visible
+    key the softmax is constant and dq = dk = 0 exactly, which fp32 rounding cannot hit relative to itself."""
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(floor)).item()
+
+
+def _dense_grads(q, k, v, do, dlse, **kw):
+    """(out, dq, dk, dv) of flashcore's kernels; the lse's gradient is ``dlse`` (None: lse not used)."""
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    out, lse = flashcore.attention(q, k, v, backend="triton", return_lse=True, **kw)
+    outs, grads = [out], [do]
+    if dlse is not None:
+        outs.append(lse.masked_fill(~torch.isfinite(lse), 0))
+        grads.append(dlse)
+    torch.autograd.backward(outs, grads)
+    return out, q.grad, k.grad, v.grad
+
+
+def _reference_grads(q, k, v, do, dlse, *, causal, layout="bhsd", scale=None):
+    q, k, v = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    out, lse = reference.attention(q, k, v, causal=causal, layout=layout, scale=scale, return_lse=True)
+    outs, grads = [out], [do.double()]
+    if dlse is not None:
+        outs.append(lse.masked_fill(~torch.isfinite(lse), 0))
+        grads.append(dlse.double())
+    torch.autograd.backward(outs, grads)
+    return out, q.grad, k.grad, v.grad
+
+
+def _compare(got, ref, dtype, what=""):
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, ref):
+        assert torch.isfinite(a).all(), f"{what} {name}: non-finite"
+        assert rel(a, b) < TOL[dtype], f"{what} {name}: rel err {rel(a, b):.2e}"
+
+
+@interp
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("shape", [
+    # B, Hq, Hkv, Sq, Sk, D, causal, layout
+    (1, 2, 2, 37, 37, 32, False, "bhsd"),
+    (2, 4, 2, 45, 61, 32, True, "bshd"),   # GQA, causal with Sq < Sk
+    (1, 3, 1, 70, 29, 24, True, "bhsd"),   # MQA, Sq > Sk: the first 41 rows see no key
+    (1, 2, 1, 33, 80, 40, False, "bshd"),  # a head dim that is not a power of two
+    (1, 2, 2, 16, 16, 64, True, "bhsd"),
+], ids=lambda s: "x".join(map(str, s[:6])) + ("c" if s[6] else "") + s[7])
+def test_gradients_match_the_float64_reference(shape, dtype):
+    B, Hq, Hkv, Sq, Sk, D, causal, layout = shape
+    g = torch.Generator().manual_seed(hash(shape) % 2**31)
+    mk = lambda H, S: (torch.randn(B, H, S, D, generator=g) if layout == "bhsd"  # noqa: E731
+                       else torch.randn(B, S, H, D, generator=g)).to(dtype)
+    q, k, v, do = mk(Hq, Sq), mk(Hkv, Sk), mk(Hkv, Sk), mk(Hq, Sq)
+    dlse = torch.randn(B, Hq, Sq, generator=g)
+    got = _dense_grads(q, k, v, do, dlse, causal=causal, layout=layout)
+    ref = _reference_grads(q, k, v, do, dlse, causal=causal, layout=layout)
+    _compare(got, ref, dtype)
+
+
+@interp
+def test_rows_that_see_no_key_get_zero_gradients():
+    """Causal with Sq > Sk: the first Sq - Sk query rows see no key. Their output is 0 and lse -inf; their
+    gradients are exactly zero (not NaN), and the keys get no contribution from them."""
+    q, k, v, do = (torch.randn(1, 2, s, 32) for s in (50, 20, 20, 50))
+    dlse = torch.randn(1, 2, 50)
+    _, dq, dk, dv = _dense_grads(q, k, v, do, dlse, causal=True)
+    assert torch.all(dq[:, :, :30] == 0)
+    _, _, dk2, dv2 = _dense_grads(q[:, :, 30:], k, v, do[:, :, 30:], dlse[:, :, 30:], causal=True)
+    torch.testing.assert_close(dk, dk2, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(dv, dv2, rtol=1e-5, atol=1e-6)
+
+
+@interp
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(B=st.integers(1, 2), Hkv=st.integers(1, 2), G=st.integers(1, 3), Sq=st.integers(1, 70), Sk=st.integers(1, 70),
+       D=st.sampled_from([8, 16, 24, 32, 48]), causal=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_random_shapes_match_the_reference(B, Hkv, G, Sq, Sk, D, causal, seed):
+    g = torch.Generator().manual_seed(seed)
+    q, do = (torch.randn(B, Hkv * G, Sq, D, generator=g) for _ in range(2))
+    k, v = (torch.randn(B, Hkv, Sk, D, generator=g) for _ in range(2))
+    got = _dense_grads(q, k, v, do, None, causal=causal)
+    ref = _reference_grads(q, k, v, do, None, causal=causal)
+    floor = 0.1 * do.double().norm().item()  # Sq = Sk = 1: exact zeros against fp32 rounding of ~1e-7
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, ref):
+        assert torch.isfinite(a).all(), f"seed {seed} {name}: non-finite"
+        assert rel(a, b, floor) < 1e-5, f"seed {seed} {name}: rel err {rel(a, b, floor):.2e}"
+
+
+@interp
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_gradients_with_empty_sequences_and_unowned_rows(causal):
+    g = torch.Generator().manual_seed(7 + causal)
+    lq, lk = [5, 0, 37, 20, 3], [9, 0, 30, 41, 0]
+    cq = torch.tensor([0, *torch.tensor(lq).cumsum(0).tolist()], dtype=torch.int32)
+    ck = torch.tensor([0, *torch.tensor(lk).cumsum(0).tolist()], dtype=torch.int32)
+    q, do = (torch.randn(sum(lq) + 3, 4, 32, generator=g) for _ in range(2))  # 3 rows no sequence owns
+    k, v = (torch.randn(sum(lk) + 2, 2, 32, generator=g) for _ in range(2))  # and 2 unowned key rows
+    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+    out, lse = flashcore.attention_varlen(qg, kg, vg, cq, ck, max(lq), max(lk), causal=causal, backend="triton",
+                                          return_lse=True)
+    dlse = torch.randn(lse.shape, generator=g)
+    torch.autograd.backward([out, lse.masked_fill(~torch.isfinite(lse), 0)], [do, dlse])
+    qd, kd, vd = (t.double().requires_grad_(True) for t in (q, k, v))
+    o2, l2 = reference.attention_varlen(qd, kd, vd, cq, ck, max(lq), max(lk), causal=causal, scale=32 ** -0.5,
+                                        return_lse=True)
+    torch.autograd.backward([o2, l2.masked_fill(~torch.isfinite(l2), 0)], [do.double(), dlse.double()])
+    for name, a, b in (("dq", qg.grad, qd.grad), ("dk", kg.grad, kd.grad), ("dv", vg.grad, vd.grad)):
+        assert torch.isfinite(a).all()
+        assert rel(a, b) < 1e-5, f"{name}: {rel(a, b):.2e}"
+    assert torch.all(qg.grad[-3:] == 0) and torch.all(kg.grad[-2:] == 0) and torch.all(vg.grad[-2:] == 0)
+    assert torch.all(qg.grad[cq[4]:cq[5]] == 0)  # the last sequence has queries but no keys
+
+
+@interp
+@pytest.mark.parametrize("atomic", [False, True], ids=["dq-kernel", "dq-atomic"])
+def test_both_dq_strategies_agree_with_the_reference(atomic):
+    """The atomic dQ variant (not the default on any table row today, but a config) stays correct."""
+    g = torch.Generator().manual_seed(21)
+    q, do = (torch.randn(2, 4, 50, 32, generator=g) for _ in range(2))
+    k, v = (torch.randn(2, 2, 61, 32, generator=g) for _ in range(2))
+    out, lse = ops.attention_fwd_grad(q, k, v, True, 32 ** -0.5, False, False)
+    cfg = BwdConfig(*(getattr(INTERPRETER, f) for f in ("block_m1", "block_n1", "num_warps1", "num_stages1",
+                                                        "block_m2", "block_n2", "num_warps2", "num_stages2")),
+                    atomic_dq=atomic)
+    got = ops.dense_backward(do, q, k, v, out, lse, None, True, 32 ** -0.5, False, False, config=cfg)
+    ref = _reference_grads(q, k, v, do, None, causal=True)
+    for a, b in zip(got, ref[1:]):
+        assert rel(a, b) < 1e-5
+
+
+@interp
+def test_a_strided_expanded_incoming_gradient():
+    """``out.sum().backward()`` hands the backward an expanded gradient (all strides 0); strided inputs too."""
+    base = torch.randn(1, 40, 3, 2, 32)  # a packed qkv projection: q/k/v are strided views of it
+    qkv = base.clone().requires_grad_(True)
+    q, k, v = qkv.unbind(2)
+    flashcore.attention(q, k, v, causal=True, layout="bshd", backend="triton").sum().backward()
+    ref = base.double().requires_grad_(True)
+    qr, kr, vr = ref.unbind(2)
+    reference.attention(qr, kr, vr, causal=True, layout="bshd").sum().backward()
+    assert rel(qkv.grad, ref.grad) < 1e-5
+
+
+@interp
+def test_compile_fullgraph_traces_forward_and_backward():
+    q, k, v = (torch.randn(1, 2, 24, 32, requires_grad=True) for _ in range(3))
+
+    def loss(q, k, v):
+        return flashcore.attention(q, k, v, causal=True, backend="triton").square().sum()
+
+    torch.compile(loss, fullgraph=True, backend="aot_eager")(q, k, v).backward()
+    got = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    loss(q, k, v).backward()
+    for a, b in zip(got, (q.grad, k.grad, v.grad)):
+        assert rel(a, b) < 1e-6
+
+
+@interp
+def test_deterministic_gradients_are_bitwise_identical():
+    q, k, v, do = (torch.randn(1, 4, 40, 32) for _ in range(4))
+    runs = [_dense_grads(q, k, v, do, None, causal=True, deterministic=True) for _ in range(2)]
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+def test_the_reference_passes_gradcheck():
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 2, 5, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(1, 1, 7, 8, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    assert torch.autograd.gradcheck(lambda q, k, v: reference.attention(q, k, v, causal=True), (q, k, v))
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    qv = q[0].transpose(0, 1).detach().requires_grad_(True)
+    kv, vv = (t[0, :, :5].transpose(0, 1).detach().requires_grad_(True) for t in (k, v))
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: reference.attention_varlen(q, k, v, cu, cu, 3, 3, causal=True, scale=0.3), (qv, kv, vv))
+
+
+# -- flags and errors, on every backend ------------------------------------------------------------------------
+
+BACKENDS = ["reference", "auto"] + (["triton"] if INTERP else [])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_deterministic_must_be_a_bool(backend):
+    q = torch.randn(1, 2, 8, 16)
+    with pytest.raises(TypeError, match="deterministic must be a bool"):
+        flashcore.attention(q, q, q, deterministic=1, backend=backend)
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    with pytest.raises(TypeError, match="deterministic must be a bool"):
+        flashcore.attention_varlen(q[0].transpose(0, 1), q[0].transpose(0, 1), q[0].transpose(0, 1), cu, cu, 8, 8,
+                                   deterministic="yes", backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_secure_with_gradients_is_refused_at_the_forward_call(backend):
+    q = torch.randn(1, 2, 8, 16, requires_grad=True)
+    lens = torch.tensor([5], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="q requires grad, but secure=True is forward-only"):
+        flashcore.attention(q, q.detach(), q.detach(), secure=True, seqlens_k=lens, backend=backend)
+    with torch.no_grad():
+        flashcore.attention(q, q.detach(), q.detach(), secure=True, seqlens_k=lens, backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_out_with_gradients_is_refused_at_the_forward_call(backend):
+    q = torch.randn(1, 2, 8, 16, requires_grad=True)
+    with pytest.raises(RuntimeError, match="q requires grad, but out= is given"):
+        flashcore.attention(q, q.detach(), q.detach(), out=torch.empty(1, 2, 8, 16), backend=backend)
+
+
+def test_kvcache_with_gradients_is_refused_on_every_backend():
+    q = torch.randn(1, 1, 2, 16, requires_grad=True)
+    cache = torch.randn(1, 8, 2, 16)
+    for backend in BACKENDS:
+        with pytest.raises(RuntimeError, match="q requires grad, but attention_with_kvcache is inference-only"):
+            flashcore.attention_with_kvcache(q, cache, cache.clone(), cache_seqlens=4, backend=backend)
+
+
+def test_reference_route_keeps_gradients_and_accepts_deterministic():
+    q, k, v = (torch.randn(1, 2, 9, 16, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    with pytest.raises(TypeError):  # float64 is refused as before: the reference is reached through fp32/16 inputs
+        flashcore.attention(q, k, v, backend="reference")
+    q, k, v = (t.detach().float().requires_grad_(True) for t in (q, k, v))
+    flashcore.attention(q, k, v, causal=True, deterministic=True, backend="reference").sum().backward()
+    assert all(t.grad is not None for t in (q, k, v))
+
+
+# -- the configuration table -----------------------------------------------------------------------------------
+
+def test_config_names_round_trip_and_deterministic_never_uses_atomics():
+    for cfg in (INTERPRETER, BwdConfig(64, 128, 8, 4, 128, 64, 8, 4, atomic_dq=True)):
+        assert parse_bwd_config_name(bwd_config_name(cfg)) == cfg
+    with pytest.raises(ValueError, match="backward config name"):
+        parse_bwd_config_name("64x128")
+    for arch in (None, (9, 0), (8, 0)):
+        for d in (64, 128, 256):
+            for dt in ("fp16", "bf16", "fp32"):
+                cfg = backward_config(arch, head_dim=d, dtype_name=dt, causal=True, deterministic=True)
+                assert not cfg.atomic_dq

@@ -1,0 +1,66 @@
+"""The training benchmark's pieces that run without a GPU: suites, FLOP counting, the tables, the CLI's errors, and
+the README's backward table, which must be the committed run's (generated, never typed)."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from flashcore.bench.training import (BWD_FLOP_FACTOR, SUITES, TrainCase, best_peer, markdown_table, results_table,
+                                      training_suite)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_suites_hold_the_issue_shapes():
+    large = {c.label for c in training_suite("large")}
+    assert {"4x32x4096x128", "4x32x4096x128 causal", "1x32x16384x128", "1x32x16384x128 causal", "8x16x2048x64",
+            "4x32x4096x64 causal"} == large
+    for c in SUITES["train"]():
+        assert c.B * c.S == 16384 and c.Hkv == 8 and 16 <= c.Hq <= 64 and c.D in (64, 128) and c.causal
+    assert len(training_suite("all")) == len(training_suite("train")) + len(training_suite("train-large"))
+    with pytest.raises(ValueError, match="training suites"):
+        training_suite("decode")
+
+
+def test_flops_count_the_pairs_the_mask_keeps():
+    c = TrainCase(2, 4, 4, 8, 16, False)
+    assert c.fwd_flops == 4 * 2 * 4 * 16 * 64
+    assert TrainCase(2, 4, 4, 8, 16, True).fwd_flops == 4 * 2 * 4 * 16 * 36  # 8 * 9 / 2 pairs
+    assert BWD_FLOP_FACTOR == 2.5
+
+
+def _doc():
+    ok = lambda tf: {"status": "ok", "fwd_tflops": tf, "bwd_tflops": tf / 2, "fwdbwd_tflops": tf / 3}  # noqa: E731
+    return {"config": {"passes": ["fwd", "bwd"], "backends": ["flashcore", "sdpa-cudnn", "fa4"]},
+            "results": [{"label": "1x2x64x64", "backends": {"flashcore": ok(300.0), "sdpa-cudnn": ok(400.0),
+                                                            "fa4": {"status": "unavailable"}}}]}
+
+
+def test_tables_name_the_fastest_peer_and_the_ratio():
+    doc = _doc()
+    assert best_peer(doc["results"][0], "bwd_tflops") == (200.0, "sdpa-cudnn")
+    md = markdown_table(doc)
+    assert "| 1x2x64x64 | 150 | 200 | unavailable | 0.75x (sdpa-cudnn) |" in md
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(results_table(doc))
+    assert "0.75x sdpa-cudnn" in console.export_text()
+
+
+def test_readme_backward_table_is_the_committed_run():
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    m = re.search(r"<!-- train-table: (\S+) -->\n(.*?)\n<!-- /train-table -->", readme, re.S)
+    assert m, "README lost its generated backward table"
+    doc = json.load(open(os.path.join(ROOT, m.group(1))))
+    assert doc["environment"]["gpu"]["name"].startswith("NVIDIA H100")
+    assert m.group(2).strip() == markdown_table(doc).strip(), "README's backward table is stale: regenerate it"
+
+
+def test_cli_refuses_a_suite_it_does_not_know():
+    r = subprocess.run([sys.executable, "-m", "flashcore", "bench", "--pass", "bwd", "--suite", "decode"],
+                       capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src")))
+    assert r.returncode == 2 and "training suites" in r.stdout + r.stderr
