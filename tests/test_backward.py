@@ -131,19 +131,22 @@ def test_varlen_gradients_with_empty_sequences_and_unowned_rows(causal):
 
 @interp
 @pytest.mark.parametrize("atomic", [False, True], ids=["dq-kernel", "dq-atomic"])
-def test_both_dq_strategies_agree_with_the_reference(atomic):
-    """The atomic dQ variant (not the default on any table row today, but a config) stays correct."""
+@pytest.mark.parametrize("Sk", [61, 64])  # a key tail, and whole key tiles (EVEN_N: the masked loop not compiled)
+def test_every_kernel_variant_agrees_with_the_reference(atomic, Sk):
+    """Both dQ strategies (the atomic one is a config no table row chooses today), with and without a key tail,
+    causal and not."""
     g = torch.Generator().manual_seed(21)
     q, do = (torch.randn(2, 4, 50, 32, generator=g) for _ in range(2))
-    k, v = (torch.randn(2, 2, 61, 32, generator=g) for _ in range(2))
-    out, lse = ops.attention_fwd_grad(q, k, v, True, 32 ** -0.5, False, False)
+    k, v = (torch.randn(2, 2, Sk, 32, generator=g) for _ in range(2))
     cfg = BwdConfig(*(getattr(INTERPRETER, f) for f in ("block_m1", "block_n1", "num_warps1", "num_stages1",
                                                         "block_m2", "block_n2", "num_warps2", "num_stages2")),
                     atomic_dq=atomic)
-    got = ops.dense_backward(do, q, k, v, out, lse, None, True, 32 ** -0.5, False, False, config=cfg)
-    ref = _reference_grads(q, k, v, do, None, causal=True)
-    for a, b in zip(got, ref[1:]):
-        assert rel(a, b) < 1e-5
+    for causal in (False, True):
+        out, lse = ops.attention_fwd_grad(q, k, v, causal, 32 ** -0.5, False, False)
+        got = ops.dense_backward(do, q, k, v, out, lse, None, causal, 32 ** -0.5, False, False, config=cfg)
+        ref = _reference_grads(q, k, v, do, None, causal=causal)
+        for a, b in zip(got, ref[1:]):
+            assert rel(a, b) < 1e-5
 
 
 @interp

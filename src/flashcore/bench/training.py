@@ -185,6 +185,18 @@ def time_backend(case, fn, q, k, v, do, passes, rep_ms: float) -> dict:
     return res
 
 
+def _warm_gpu(seconds: float = 1.0) -> None:
+    """Bring the clocks up before the first case (an idle GPU ran the first case at half speed, v19)."""
+    import torch
+
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    end = time.time() + seconds
+    while time.time() < end:
+        for _ in range(20):
+            a @ a
+        torch.cuda.synchronize()
+
+
 def run_training(cases, names=BACKENDS, *, passes=("fwd", "bwd"), dtype_name="bf16", rep_ms=100.0,
                  tolerance=GRAD_TOLERANCE, console=None, seed: int = 0) -> dict:
     """Check then time every backend on every case; returns the result document."""
@@ -199,6 +211,7 @@ def run_training(cases, names=BACKENDS, *, passes=("fwd", "bwd"), dtype_name="bf
                       "timing": "triton.testing.do_bench median, L2 flushed per call; bwd = (fwd+bwd) - fwd",
                       "check": "rel. error vs fp32 PyTorch math on batch 0, key head 0 and its query heads"},
            "results": []}
+    _warm_gpu()
     for i, case in enumerate(cases):
         (q, k, v), do = _inputs(case, dtype, seed + i)
         ref = _reference_group(case, q, k, v, do)

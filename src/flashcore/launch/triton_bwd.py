@@ -77,6 +77,7 @@ def run_backward(dout, q, k, v, out, lse, dlse, *, q_user, k_user, v_user, as_vi
         *_strides(dk, varlen), *_strides(dv, varlen), *_strides(dq_target, varlen), *lse_strides,
         seqlen_q, seqlen_k, num_heads_kv, num_heads_q // num_heads_kv,
         BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1, ATOMIC_DQ=atomic, **common,
+        EVEN_N=not varlen and seqlen_k % cfg.block_n1 == 0,
         num_warps=cfg.num_warps1, num_stages=cfg.num_stages1)
     if atomic:
         dq.copy_(dq_acc)

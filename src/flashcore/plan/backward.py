@@ -6,7 +6,7 @@ Hopper rows are measured (docs/perf-notes.md, v19.x); the generic row is a safe 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .tables import is_hopper
 
@@ -43,7 +43,7 @@ def backward_config(arch, *, head_dim: int, dtype_name: str, causal: bool, deter
     else:
         cfg = BwdConfig(32, 64, 4, 2, 64, 32, 4, 2)
     if deterministic and cfg.atomic_dq:
-        cfg = BwdConfig(*(getattr(cfg, f) for f in BWD_FIELDS[:8]), atomic_dq=False)
+        cfg = replace(cfg, atomic_dq=False)
     return cfg
 
 

@@ -18,7 +18,8 @@ as their left operand without a register transpose. ``delta`` carries ``-dLSE``:
 returned logsumexp with respect to a score is the probability itself, so it folds into the same term.
 
 Causal masks are bottom-right (query ``i`` sees key ``j`` iff ``j <= i + Sk - Sq``); tiles that straddle
-the diagonal or the end of the keys run a masked step, the others an unmasked one (``constexpr`` stages).
+the diagonal or the end of the keys run a masked step, the others an unmasked one (``constexpr`` stages; with
+``EVEN_N``, whole key tiles and no causal mask, the masked loop of the dK/dV kernel is not compiled at all).
 Rows past the end of the queries load q = dO = 0 and lse2 = +inf: their probabilities are 0.
 """
 from __future__ import annotations
@@ -129,6 +130,7 @@ def attn_bwd_dkdv_kernel(
     seqlen_q, seqlen_k, num_heads_kv, gqa_group,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, VARLEN: tl.constexpr, ATOMIC_DQ: tl.constexpr, PRECISION: tl.constexpr,
+    EVEN_N: tl.constexpr,
 ):
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
     pid_n = tl.program_id(0)
@@ -182,18 +184,21 @@ def attn_bwd_dkdv_kernel(
     else:
         lo = 0
         full = 0
-    if start_n + BLOCK_N > seqlen_k:  # the tile runs past the keys: every step masks them
-        full = q_end
+    if not EVEN_N:
+        if start_n + BLOCK_N > seqlen_k:  # the tile runs past the keys: every step masks them
+            full = q_end
     for g in range(0, gqa_group):
         h = h_kv * gqa_group + g
         q_base = q_seq + h.to(tl.int64) * stride_qh
         do_base = do_seq + h.to(tl.int64) * stride_dh
         dq_base = dq_seq + h.to(tl.int64) * stride_dqh
         l_base = l_seq + h.to(tl.int64) * stride_lh
-        for start_m in range(lo, full, BLOCK_M):
-            dk, dv = _dkdv_step(dk, dv, k, v, Q, DO, DQ, LSE2, DELTA, q_base, do_base, dq_base, l_base, start_m,
-                                offs_n, offs_d, seqlen_q, seqlen_k, diag, qk_scale, sm_scale, stride_qs, stride_ds,
-                                stride_dqs, BLOCK_M, HEAD_DIM, EVEN_D, True, CAUSAL, ATOMIC_DQ, PRECISION)
+        if CAUSAL or not EVEN_N:  # compiled only where a step can need a mask (v19.2: +17% at D=64 without it)
+            for start_m in range(lo, full, BLOCK_M):
+                dk, dv = _dkdv_step(dk, dv, k, v, Q, DO, DQ, LSE2, DELTA, q_base, do_base, dq_base, l_base, start_m,
+                                    offs_n, offs_d, seqlen_q, seqlen_k, diag, qk_scale, sm_scale, stride_qs,
+                                    stride_ds, stride_dqs, BLOCK_M, HEAD_DIM, EVEN_D, True, CAUSAL, ATOMIC_DQ,
+                                    PRECISION)
         for start_m in range(full, q_end, BLOCK_M):
             dk, dv = _dkdv_step(dk, dv, k, v, Q, DO, DQ, LSE2, DELTA, q_base, do_base, dq_base, l_base, start_m,
                                 offs_n, offs_d, seqlen_q, seqlen_k, diag, qk_scale, sm_scale, stride_qs, stride_ds,
