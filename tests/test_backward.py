@@ -260,3 +260,26 @@ def test_config_names_round_trip_and_deterministic_never_uses_atomics():
             for dt in ("fp16", "bf16", "fp32"):
                 cfg = backward_config(arch, head_dim=d, dtype_name=dt, causal=True, deterministic=True)
                 assert not cfg.atomic_dq
+
+
+@interp
+def test_a_repeat_backward_replays_its_cached_launch_on_new_tensors():
+    """The second backward with the same metadata reuses the first one's launch (plan cache) with new pointers and
+    still matches the reference: nothing of the first call's tensors is baked in."""
+    from flashcore.launch.triton_bwd import BackwardLaunch
+    from flashcore.plan.cache import PLANS
+
+    def launches():
+        return sum(isinstance(p, BackwardLaunch) for p in PLANS.plans())
+
+    g = torch.Generator().manual_seed(5)
+    shape = (1, 2, 37, 32)
+    before = None
+    for i in range(2):
+        q, k, v, do = (torch.randn(shape, generator=g) for _ in range(4))
+        got = _dense_grads(q, k, v, do, None, causal=True)
+        ref = _reference_grads(q, k, v, do, None, causal=True)
+        _compare(got, ref, torch.float32, f"call {i}")
+        if before is None:
+            before = launches()
+    assert before >= 1 and launches() == before

@@ -13,12 +13,12 @@ import torch
 
 from . import _checks as C
 from . import reference as _ref
-from .launch.triton_bwd import run_backward
+from .launch.triton_bwd import BackwardLaunch
 from .plan.backward import backward_config
 from .plan.build import Plan, build
 from .plan.cache import PLANS
 from .plan.decode import decode_serves, dense_decode_plan, plan_kvcache
-from .problem import DTYPE_NAMES, Problem, dense_key, kvcache_key, varlen_key
+from .problem import DTYPE_NAMES, Problem, backward_key, dense_key, kvcache_key, varlen_key
 from .runtime import device_arch
 
 Tensor = torch.Tensor
@@ -234,11 +234,18 @@ def dense_backward(d_out, q, k, v, out, lse, d_lse, causal, scale, bshd, determi
     """(dq, dk, dv) of a dense call, in the layouts of q, k and v. ``config``: a benchmark's explicit one."""
     layout = "bshd" if bshd else "bhsd"
     view = lambda t: C.as_bhsd("grad", t, layout)  # noqa: E731
-    d_out, d_lse = _unit_last(d_out), None if d_lse is None else d_lse.contiguous()
-    qb = view(q)
-    return run_backward(view(d_out), qb, view(k), view(v), view(out), lse, d_lse, q_user=q, k_user=k, v_user=v,
-                        as_view=view, seqlen_q=qb.shape[2], seqlen_k=view(k).shape[2], scale=scale, causal=causal,
-                        config=_backward_config(q, causal, deterministic, config))
+    d_out, d_lse, lse = _unit_last(d_out), None if d_lse is None else d_lse.contiguous(), lse.contiguous()
+
+    def make():
+        qb, kb = view(q), view(k)
+        return BackwardLaunch(view(d_out), q, k, v, view(out), lse, has_dlse=d_lse is not None, as_view=view,
+                              varlen=False, num_seqs=qb.shape[0], seqlen_q=qb.shape[2], seqlen_k=kb.shape[2],
+                              scale=scale, causal=causal, config=_backward_config(q, causal, deterministic, config))
+
+    key = None if config is not None else backward_key(
+        "dense", (d_out, q, k, v, out, lse, d_lse), (causal, scale, bshd, deterministic))
+    launch = PLANS.get_or_build(key, make)
+    return launch.run(view(d_out), q, k, v, view(out), lse, d_lse)
 
 
 @torch.library.custom_op("flashcore::attention_bwd", mutates_args=())
@@ -294,10 +301,17 @@ def attention_varlen_fwd_grad(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, 
 def varlen_backward(d_out, q, k, v, out, lse, d_lse, cu_q, cu_k, max_q, max_k, causal, scale, deterministic,
                     config=None):
     """(dq, dk, dv) of a varlen call (packed, zero on rows no sequence owns)."""
-    d_out, d_lse = _unit_last(d_out), None if d_lse is None else d_lse.contiguous()
-    return run_backward(d_out, q, k, v, out, lse, d_lse, q_user=q, k_user=k, v_user=v, as_view=lambda t: t,
-                        cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqlen_q=max_q, seqlen_k=max_k, scale=scale,
-                        causal=causal, config=_backward_config(q, causal, deterministic, config))
+    d_out, d_lse, lse = _unit_last(d_out), None if d_lse is None else d_lse.contiguous(), lse.contiguous()
+
+    def make():
+        return BackwardLaunch(d_out, q, k, v, out, lse, has_dlse=d_lse is not None, as_view=lambda t: t, varlen=True,
+                              num_seqs=cu_q.shape[0] - 1, seqlen_q=max_q, seqlen_k=max_k, scale=scale, causal=causal,
+                              config=_backward_config(q, causal, deterministic, config))
+
+    key = None if config is not None else backward_key(
+        "varlen", (d_out, q, k, v, out, lse, d_lse, cu_q, cu_k), (max_q, max_k, causal, scale, deterministic))
+    launch = PLANS.get_or_build(key, make)
+    return launch.run(d_out, q, k, v, out, lse, d_lse, cu_q, cu_k)
 
 
 @torch.library.custom_op("flashcore::attention_varlen_bwd", mutates_args=())

@@ -54,6 +54,12 @@ def dense_key(route: str, q, k, v, seqlens_q, seqlens_k, out, *, layout, causal,
     return _key("dense", (q, k, v, seqlens_q, seqlens_k, out), flags)
 
 
+def backward_key(kind: str, tensors, flags):
+    """The key of a backward launch (``ops.dense_backward``/``varlen_backward``): the metadata of every tensor the
+    kernels read or whose layout the gradients copy, and the flags (None where a tensor cannot be keyed)."""
+    return _key("backward-" + kind, tensors, flags)
+
+
 def varlen_key(route: str, q, k, v, cu_seqlens_q, cu_seqlens_k, out, *, max_seqlen_q, max_seqlen_k, causal, scale,
                return_lse):
     flags = (route, max_seqlen_q, max_seqlen_k, causal, scale, return_lse)

@@ -2,8 +2,10 @@
 deterministic) or the conversion of the atomically accumulated fp32 dQ.
 
 Tensors arrive as [B, H, S, D] views of the caller's layout (dense) or packed [total, H, D] (varlen, with
-``cu_seqlens``); only strides are read, so any layout with a unit last stride works. The gradients are
-allocated here, in the layout of the tensor they belong to."""
+``cu_seqlens``); only strides are read, so any layout with a unit last stride works. A :class:`BackwardLaunch` is
+built once per tensor metadata (the plan cache holds it, as a forward plan) and replayed with new pointers: its
+three :class:`~flashcore.runtime.KernelStep` s skip Triton's argument binding after the first call, which is most of
+the host time of a small backward."""
 from __future__ import annotations
 
 import torch
@@ -12,7 +14,7 @@ from ..kernels.triton.bwd import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel, attn_
 from ..kernels.triton.fwd import LOG2E
 from ..plan.backward import BwdConfig
 from ..plan.tables import block_d
-from ..runtime import cdiv, interpreting
+from ..runtime import KernelStep, cdiv, interpreting
 
 
 def _strides(t: torch.Tensor, varlen: bool) -> tuple:
@@ -22,72 +24,68 @@ def _strides(t: torch.Tensor, varlen: bool) -> tuple:
     return t.stride(0), t.stride(1), t.stride(2)
 
 
-def _grad_like(t: torch.Tensor, varlen: bool) -> torch.Tensor:
-    # Packed rows past cu_seqlens[-1] belong to no sequence and no program writes them: they start at zero.
-    return torch.zeros_like(t) if varlen else torch.empty_like(t)
+class BackwardLaunch:
+    """The backward of one tensor metadata: ``run(...)`` returns (dq, dk, dv) in the layouts of the caller's q, k, v.
 
+    Built from representative tensors: ``q_user``/``k_user``/``v_user`` in the caller's layout, ``as_view`` maps
+    them to the kernels' views ([B, H, S, D] dense, packed varlen), ``out``/``dout`` are such views already, ``lse`` is the forward's
+    natural-log logsumexp ([B, H, S] or [H, total], contiguous) and ``has_dlse`` says whether its gradient comes
+    too. ``seqlen_*``: the dense lengths, or the varlen maxima."""
+    __slots__ = ("varlen", "as_view", "atomic", "pre", "dkdv", "dq", "empty")
 
-def run_backward(dout, q, k, v, out, lse, dlse, *, q_user, k_user, v_user, as_view, cu_seqlens_q=None,
-                 cu_seqlens_k=None, seqlen_q: int, seqlen_k: int, scale: float, causal: bool,
-                 config: BwdConfig):
-    """Gradients (dq, dk, dv) in the layouts of ``q_user``/``k_user``/``v_user`` (the caller's tensors).
+    def __init__(self, dout, q_user, k_user, v_user, out, lse, *, has_dlse: bool, as_view, varlen: bool,
+                 num_seqs: int, seqlen_q: int, seqlen_k: int, scale: float, causal: bool, config: BwdConfig):
+        cfg = config
+        self.varlen, self.as_view, self.atomic = varlen, as_view, cfg.atomic_dq
+        q, k, v = as_view(q_user), as_view(k_user), as_view(v_user)
+        head_dim = q.shape[-1]
+        bd = block_d(head_dim)
+        batch = num_seqs if varlen else q.shape[0]
+        num_heads_q, num_heads_kv = q.shape[1], k.shape[1]
+        self.empty = batch == 0 or seqlen_q == 0 or seqlen_k == 0
+        lse_strides = (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))
+        # the gradients' strides, as run() allocates them: like the caller's tensors, seen through the view
+        dq, dk, dv = (as_view(torch.empty_like(t)) for t in (q_user, k_user, v_user))
+        dq_target = torch.empty(dq.shape, dtype=torch.float32, device=q.device) if self.atomic else dq
+        precision = "ieee" if q.dtype == torch.float32 else "tf32"
+        pre_m = 32 if interpreting() else 64
+        self.pre = KernelStep(
+            attn_bwd_preprocess_kernel, (cdiv(seqlen_q, pre_m), batch * num_heads_q),
+            [None] * 7 + [*_strides(out, varlen), *_strides(dout, varlen), *lse_strides, seqlen_q, num_heads_q],
+            7, dict(HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=pre_m, VARLEN=varlen, HAS_DLSE=has_dlse), 4, 1)
+        common = dict(HEAD_DIM=head_dim, BLOCK_D=bd, CAUSAL=bool(causal), VARLEN=varlen, PRECISION=precision)
+        qkv_strides = [*_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(dout, varlen)]
+        self.dkdv = KernelStep(
+            attn_bwd_dkdv_kernel, (cdiv(seqlen_k, cfg.block_n1), batch * num_heads_kv),
+            [None] * 11 + [scale * LOG2E, scale, *qkv_strides, *_strides(dk, varlen), *_strides(dv, varlen),
+                           *_strides(dq_target, varlen), *lse_strides, seqlen_q, seqlen_k, num_heads_kv,
+                           num_heads_q // num_heads_kv],
+            11, dict(BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1, ATOMIC_DQ=self.atomic, **common,
+                     EVEN_N=not varlen and seqlen_k % cfg.block_n1 == 0), cfg.num_warps1, cfg.num_stages1)
+        self.dq = None if self.atomic else KernelStep(
+            attn_bwd_dq_kernel, (cdiv(seqlen_q, cfg.block_m2), batch * num_heads_q),
+            [None] * 9 + [scale * LOG2E, scale, *qkv_strides, *_strides(dq, varlen), *lse_strides, seqlen_q, seqlen_k,
+                          num_heads_q, num_heads_q // num_heads_kv],
+            9, dict(BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2, **common), cfg.num_warps2, cfg.num_stages2)
 
-    ``q``/``k``/``v``/``out``/``dout``: the kernels' views ([B, H, S, D] dense, packed varlen); ``as_view``
-    maps a caller-layout gradient to that view. ``lse``: the forward's natural-log logsumexp ([B, H, S] or
-    [H, total], contiguous); ``dlse``: its gradient or None. ``seqlen_*``: the dense lengths, or the varlen
-    maxima."""
-    varlen = cu_seqlens_q is not None
-    cfg = config
-    head_dim = q.shape[-1]
-    bd = block_d(head_dim)
-    if varlen:
-        batch, num_heads_q, num_heads_kv = cu_seqlens_q.shape[0] - 1, q.shape[1], k.shape[1]
-    else:
-        batch, num_heads_q, num_heads_kv = q.shape[0], q.shape[1], k.shape[1]
-    dq_user, dk_user, dv_user = (_grad_like(t, varlen) for t in (q_user, k_user, v_user))
-    dq, dk, dv = as_view(dq_user), as_view(dk_user), as_view(dv_user)
-    if batch == 0 or seqlen_q == 0 or seqlen_k == 0:
-        if not varlen:
-            for g in (dq, dk, dv):
-                g.zero_()
+    def run(self, dout, q_user, k_user, v_user, out, lse, dlse, cu_seqlens_q=None, cu_seqlens_k=None):
+        """``dout``/``out``: the kernels' views; ``q_user``/``k_user``/``v_user``: the caller's tensors."""
+        varlen, device = self.varlen, q_user.device
+        # Packed rows past cu_seqlens[-1] belong to no sequence and no program writes them: they start at zero.
+        new = torch.zeros_like if varlen or self.empty else torch.empty_like
+        dq_user, dk_user, dv_user = new(q_user), new(k_user), new(v_user)
+        if self.empty:
+            return dq_user, dk_user, dv_user
+        view = self.as_view
+        q, k, v, dq, dk, dv = view(q_user), view(k_user), view(v_user), view(dq_user), view(dk_user), view(dv_user)
+        delta, lse2 = torch.empty_like(lse), torch.empty_like(lse)
+        cu_q = cu_seqlens_q if varlen else lse  # an unused pointer still needs a tensor
+        cu_k = cu_seqlens_k if varlen else lse
+        self.pre.run((out, dout, lse, dlse if dlse is not None else lse, delta, lse2, cu_q), device)
+        dq_target = torch.zeros(dq.shape, dtype=torch.float32, device=device) if self.atomic else dq
+        self.dkdv.run((q, k, v, dout, dk, dv, dq_target, lse2, delta, cu_q, cu_k), device)
+        if self.atomic:
+            dq.copy_(dq_target)
+        else:
+            self.dq.run((q, k, v, dout, dq, lse2, delta, cu_q, cu_k), device)
         return dq_user, dk_user, dv_user
-    lse = lse.contiguous()
-    delta = torch.empty_like(lse)
-    lse2 = torch.empty_like(lse)
-    lse_strides = (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))
-    cu_q = cu_seqlens_q if varlen else lse  # an unused pointer still needs a tensor
-    cu_k = cu_seqlens_k if varlen else lse
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    pre_m = 32 if interpreting() else 64
-    attn_bwd_preprocess_kernel[(cdiv(seqlen_q, pre_m), batch * num_heads_q)](
-        out, dout, lse, dlse if dlse is not None else lse, delta, lse2, cu_q,
-        *_strides(out, varlen), *_strides(dout, varlen), *lse_strides, seqlen_q, num_heads_q,
-        HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=pre_m, VARLEN=varlen, HAS_DLSE=dlse is not None, num_warps=4)
-
-    atomic = cfg.atomic_dq
-    dq_acc = None
-    if atomic:
-        dq_acc = torch.zeros(dq.shape, dtype=torch.float32, device=q.device)
-    dq_target = dq_acc if atomic else dq
-    common = dict(HEAD_DIM=head_dim, BLOCK_D=bd, CAUSAL=bool(causal), VARLEN=varlen, PRECISION=precision)
-    attn_bwd_dkdv_kernel[(cdiv(seqlen_k, cfg.block_n1), batch * num_heads_kv)](
-        q, k, v, dout, dk, dv, dq_target, lse2, delta, cu_q, cu_k,
-        scale * LOG2E, scale,
-        *_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(dout, varlen),
-        *_strides(dk, varlen), *_strides(dv, varlen), *_strides(dq_target, varlen), *lse_strides,
-        seqlen_q, seqlen_k, num_heads_kv, num_heads_q // num_heads_kv,
-        BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1, ATOMIC_DQ=atomic, **common,
-        EVEN_N=not varlen and seqlen_k % cfg.block_n1 == 0,
-        num_warps=cfg.num_warps1, num_stages=cfg.num_stages1)
-    if atomic:
-        dq.copy_(dq_acc)
-    else:
-        attn_bwd_dq_kernel[(cdiv(seqlen_q, cfg.block_m2), batch * num_heads_q)](
-            q, k, v, dout, dq, lse2, delta, cu_q, cu_k,
-            scale * LOG2E, scale,
-            *_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(dout, varlen),
-            *_strides(dq, varlen), *lse_strides,
-            seqlen_q, seqlen_k, num_heads_q, num_heads_q // num_heads_kv,
-            BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2, **common,
-            num_warps=cfg.num_warps2, num_stages=cfg.num_stages2)
-    return dq_user, dk_user, dv_user
