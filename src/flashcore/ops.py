@@ -205,38 +205,17 @@ def _dense_grad_backward(ctx, d_out, d_lse):
     causal, scale, bshd, deterministic = ctx.flags
     if d_out is None:
         d_out = torch.zeros_like(out)
-    if torch.compiler.is_compiling():
-        dq, dk, dv = torch.ops.flashcore.attention_bwd(d_out, q, k, v, out, lse, d_lse, causal, scale, bshd,
-                                                        deterministic)
-    else:
-        dq, dk, dv = dense_backward(d_out, q, k, v, out, lse, d_lse, causal, scale, bshd, deterministic)
+    dq, dk, dv = torch.ops.flashcore.attention_bwd(d_out, q, k, v, out, lse, d_lse, causal, scale, bshd,
+                                                    deterministic)
     return dq, dk, dv, None, None, None, None
 
 
 _attention_fwd_grad_op.register_autograd(_dense_grad_backward, setup_context=_dense_grad_setup)
 
 
-class _EagerDense(torch.autograd.Function):
-    """The eager twin of ``flashcore::attention_fwd_grad``: the same forward, saved tensors and backward formula,
-    without the dispatcher round trip of a Python custom op (its check of the outputs' storages cost ~200 µs per
-    op on the host, which made small training steps host-bound, v19.3)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, causal, scale, bshd, deterministic):
-        out, lse = _dense_impl(q, k, v, None, None, causal, scale, bshd, False, True)
-        _dense_grad_setup(ctx, (q, k, v, causal, scale, bshd, deterministic), (out, lse))
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, d_out, d_lse):
-        return _dense_grad_backward(ctx, d_out, d_lse)
-
-
 def attention_fwd_grad(q, k, v, causal, scale, bshd, deterministic):
-    """(out, lse) of a dense call that records its backward: the custom op while tracing, its eager twin otherwise."""
-    if torch.compiler.is_compiling():
-        return torch.ops.flashcore.attention_fwd_grad(q, k, v, causal, scale, bshd, deterministic)
-    return _EagerDense.apply(q, k, v, causal, scale, bshd, deterministic)
+    """(out, lse) of a dense call that records its backward."""
+    return torch.ops.flashcore.attention_fwd_grad(q, k, v, causal, scale, bshd, deterministic)
 
 
 def _backward_config(q, causal, deterministic, config):
@@ -305,38 +284,18 @@ def _varlen_grad_backward(ctx, d_out, d_lse):
     max_q, max_k, causal, scale, deterministic = ctx.flags
     if d_out is None:
         d_out = torch.zeros_like(out)
-    if torch.compiler.is_compiling():
-        dq, dk, dv = torch.ops.flashcore.attention_varlen_bwd(d_out, q, k, v, out, lse, d_lse, cu_q, cu_k, max_q,
-                                                               max_k, causal, scale, deterministic)
-    else:
-        dq, dk, dv = varlen_backward(d_out, q, k, v, out, lse, d_lse, cu_q, cu_k, max_q, max_k, causal, scale,
-                                     deterministic)
+    dq, dk, dv = torch.ops.flashcore.attention_varlen_bwd(d_out, q, k, v, out, lse, d_lse, cu_q, cu_k, max_q, max_k,
+                                                           causal, scale, deterministic)
     return (dq, dk, dv) + (None,) * 7
 
 
 _attention_varlen_fwd_grad_op.register_autograd(_varlen_grad_backward, setup_context=_varlen_grad_setup)
 
 
-class _EagerVarlen(torch.autograd.Function):
-    """The eager twin of ``flashcore::attention_varlen_fwd_grad`` (see :class:`_EagerDense`)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, deterministic):
-        out, lse = _varlen_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, True)
-        _varlen_grad_setup(ctx, (q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, deterministic), (out, lse))
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, d_out, d_lse):
-        return _varlen_grad_backward(ctx, d_out, d_lse)
-
-
 def attention_varlen_fwd_grad(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, deterministic):
-    """(out, lse) of a varlen call that records its backward: the custom op while tracing, its eager twin otherwise."""
-    if torch.compiler.is_compiling():
-        return torch.ops.flashcore.attention_varlen_fwd_grad(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
-                                                             deterministic)
-    return _EagerVarlen.apply(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, deterministic)
+    """(out, lse) of a varlen call that records its backward."""
+    return torch.ops.flashcore.attention_varlen_fwd_grad(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
+                                                         deterministic)
 
 
 def varlen_backward(d_out, q, k, v, out, lse, d_lse, cu_q, cu_k, max_q, max_k, causal, scale, deterministic,
