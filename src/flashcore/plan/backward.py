@@ -48,10 +48,10 @@ def backward_config(arch, *, head_dim: int, dtype_name: str, causal: bool, deter
 
 
 def _hopper(head_dim: int, causal: bool) -> BwdConfig:
-    """Sweep v19.0/v19.1 (H100, bf16, bench/results/sweeps/bwd-v19-h100.json): D=64 wants narrow query tiles and
-    four warps (8x16x2048: 295 TF against 263 at 64x128w8s2; 4x32x4096 causal 312 against 228); D=128 wants
-    eight warps and a deeper pipeline (4x32x4096: 372 TF, causal 350, against 357/318 at s2). fp32 atomics for
-    dQ lost everywhere (320 against 357 TF at D=128): dQ always runs its own kernel."""
+    """Sweeps v19.0-v19.2 (H100, bf16, bench/results/sweeps/bwd-v19-h100.json): D=64 wants narrow query tiles and
+    four warps (8x16x2048: 295 TF against 263 at 64x128w8s2, 344-351 since v19.2; 4x32x4096 causal 312 against
+    228); D=128 wants eight warps and a deeper pipeline (4x32x4096: 372 TF, causal 350, against 357/318 at s2).
+    fp32 atomics for dQ lost everywhere (320 against 357 TF at D=128): dQ always runs its own kernel."""
     if head_dim <= 64:
         return BwdConfig(32, 128, 4, 3, 64, 64, 4, 3)
     if head_dim <= 128:
