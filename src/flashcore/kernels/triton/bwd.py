@@ -39,6 +39,25 @@ def _rows(ptrs, rows, bound, offs_d, HEAD_DIM: tl.constexpr, EVEN_D: tl.constexp
 
 
 @triton.jit
+def _sequence(b, CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q, seqlen_k, VARLEN: tl.constexpr):
+    """(first query row, first key row, query length, key length) of batch entry ``b``. A packed (varlen) sequence
+    starts at its cumulative offsets, and the launcher gives packed tensors a batch stride of 0; a dense batch entry
+    starts at row 0 of its own slice, which its batch stride places. So every base address below is
+    ``b * stride_b + start * stride_s + h * stride_h`` in both modes."""
+    if VARLEN:
+        q_start = tl.load(CU_SEQLENS_Q + b)
+        k_start = tl.load(CU_SEQLENS_K + b)
+        seqlen_q = tl.load(CU_SEQLENS_Q + b + 1) - q_start
+        seqlen_k = tl.load(CU_SEQLENS_K + b + 1) - k_start
+        q_start = q_start.to(tl.int64)
+        k_start = k_start.to(tl.int64)
+    else:
+        q_start = tl.full([], 0, tl.int64)
+        k_start = tl.full([], 0, tl.int64)
+    return q_start, k_start, seqlen_q, seqlen_k
+
+
+@triton.jit
 def attn_bwd_preprocess_kernel(
     O, DO, LSE, DLSE, DELTA, LSE2, CU_SEQLENS_Q,
     stride_ob, stride_oh, stride_os,
@@ -53,21 +72,14 @@ def attn_bwd_preprocess_kernel(
     pid_bh = tl.program_id(1)
     b = pid_bh // num_heads_q
     h = pid_bh % num_heads_q
+    q_start, _, seqlen_q, _ = _sequence(b, CU_SEQLENS_Q, CU_SEQLENS_Q, seqlen_q, seqlen_q, VARLEN)
     if VARLEN:
-        q_start = tl.load(CU_SEQLENS_Q + b)
-        seqlen_q = tl.load(CU_SEQLENS_Q + b + 1) - q_start
         if pid_m * BLOCK_M >= seqlen_q:
             return
-        o_base = q_start.to(tl.int64) * stride_os
-        do_base = q_start.to(tl.int64) * stride_ds
-        l_base = q_start.to(tl.int64)
-    else:
-        o_base = b.to(tl.int64) * stride_ob
-        do_base = b.to(tl.int64) * stride_db
-        l_base = b.to(tl.int64) * stride_lb
-    o_base += h.to(tl.int64) * stride_oh
-    do_base += h.to(tl.int64) * stride_dh
-    l_base += h.to(tl.int64) * stride_lh
+    bb, hh = b.to(tl.int64), h.to(tl.int64)
+    o_base = bb * stride_ob + q_start * stride_os + hh * stride_oh
+    do_base = bb * stride_db + q_start * stride_ds + hh * stride_dh
+    l_base = bb * stride_lb + q_start + hh * stride_lh
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     o = _rows(O + o_base + offs_m[:, None] * stride_os + offs_d[None, :], offs_m, seqlen_q, offs_d, HEAD_DIM, EVEN_D)
@@ -138,34 +150,19 @@ def attn_bwd_dkdv_kernel(
     b = pid_bh // num_heads_kv
     h_kv = pid_bh % num_heads_kv
     start_n = pid_n * BLOCK_N
+    q_start, k_start, seqlen_q, seqlen_k = _sequence(b, CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q, seqlen_k, VARLEN)
     if VARLEN:
-        q_start = tl.load(CU_SEQLENS_Q + b)
-        k_start = tl.load(CU_SEQLENS_K + b)
-        seqlen_q = tl.load(CU_SEQLENS_Q + b + 1) - q_start
-        seqlen_k = tl.load(CU_SEQLENS_K + b + 1) - k_start
         if start_n >= seqlen_k:
             return
-        q_seq = q_start.to(tl.int64) * stride_qs
-        do_seq = q_start.to(tl.int64) * stride_ds
-        dq_seq = q_start.to(tl.int64) * stride_dqs
-        l_seq = q_start.to(tl.int64)
-        k_base = k_start.to(tl.int64) * stride_ks
-        v_base = k_start.to(tl.int64) * stride_vs
-        dk_base = k_start.to(tl.int64) * stride_dks
-        dv_base = k_start.to(tl.int64) * stride_dvs
-    else:
-        q_seq = b.to(tl.int64) * stride_qb
-        do_seq = b.to(tl.int64) * stride_db
-        dq_seq = b.to(tl.int64) * stride_dqb
-        l_seq = b.to(tl.int64) * stride_lb
-        k_base = b.to(tl.int64) * stride_kb
-        v_base = b.to(tl.int64) * stride_vb
-        dk_base = b.to(tl.int64) * stride_dkb
-        dv_base = b.to(tl.int64) * stride_dvb
-    k_base += h_kv.to(tl.int64) * stride_kh
-    v_base += h_kv.to(tl.int64) * stride_vh
-    dk_base += h_kv.to(tl.int64) * stride_dkh
-    dv_base += h_kv.to(tl.int64) * stride_dvh
+    bb, hk = b.to(tl.int64), h_kv.to(tl.int64)
+    q_seq = bb * stride_qb + q_start * stride_qs
+    do_seq = bb * stride_db + q_start * stride_ds
+    dq_seq = bb * stride_dqb + q_start * stride_dqs
+    l_seq = bb * stride_lb + q_start
+    k_base = bb * stride_kb + k_start * stride_ks + hk * stride_kh
+    v_base = bb * stride_vb + k_start * stride_vs + hk * stride_vh
+    dk_base = bb * stride_dkb + k_start * stride_dks + hk * stride_dkh
+    dv_base = bb * stride_dvb + k_start * stride_dvs + hk * stride_dvh
 
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -256,32 +253,17 @@ def attn_bwd_dq_kernel(
         start_m = (tl.num_programs(0) - 1 - pid_m) * BLOCK_M
     else:
         start_m = pid_m * BLOCK_M
+    q_start, k_start, seqlen_q, seqlen_k = _sequence(b, CU_SEQLENS_Q, CU_SEQLENS_K, seqlen_q, seqlen_k, VARLEN)
     if VARLEN:
-        q_start = tl.load(CU_SEQLENS_Q + b)
-        k_start = tl.load(CU_SEQLENS_K + b)
-        seqlen_q = tl.load(CU_SEQLENS_Q + b + 1) - q_start
-        seqlen_k = tl.load(CU_SEQLENS_K + b + 1) - k_start
         if start_m >= seqlen_q:
             return
-        q_base = q_start.to(tl.int64) * stride_qs
-        do_base = q_start.to(tl.int64) * stride_ds
-        dq_base = q_start.to(tl.int64) * stride_dqs
-        l_base = q_start.to(tl.int64)
-        k_base = k_start.to(tl.int64) * stride_ks
-        v_base = k_start.to(tl.int64) * stride_vs
-    else:
-        q_base = b.to(tl.int64) * stride_qb
-        do_base = b.to(tl.int64) * stride_db
-        dq_base = b.to(tl.int64) * stride_dqb
-        l_base = b.to(tl.int64) * stride_lb
-        k_base = b.to(tl.int64) * stride_kb
-        v_base = b.to(tl.int64) * stride_vb
-    q_base += h.to(tl.int64) * stride_qh
-    do_base += h.to(tl.int64) * stride_dh
-    dq_base += h.to(tl.int64) * stride_dqh
-    l_base += h.to(tl.int64) * stride_lh
-    k_base += h_kv.to(tl.int64) * stride_kh
-    v_base += h_kv.to(tl.int64) * stride_vh
+    bb, hh, hk = b.to(tl.int64), h.to(tl.int64), h_kv.to(tl.int64)
+    q_base = bb * stride_qb + q_start * stride_qs + hh * stride_qh
+    do_base = bb * stride_db + q_start * stride_ds + hh * stride_dh
+    dq_base = bb * stride_dqb + q_start * stride_dqs + hh * stride_dqh
+    l_base = bb * stride_lb + q_start + hh * stride_lh
+    k_base = bb * stride_kb + k_start * stride_ks + hk * stride_kh
+    v_base = bb * stride_vb + k_start * stride_vs + hk * stride_vh
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
