@@ -214,6 +214,14 @@ def test_deterministic_must_be_a_bool(backend):
                                    deterministic="yes", backend=backend)
 
 
+def test_plan_attention_takes_the_same_arguments_as_attention():
+    """plan_attention(...) promises attention()'s arguments: deterministic included, and checked the same way."""
+    q = torch.randn(1, 2, 8, 16)
+    assert flashcore.plan_attention(q, q, q, deterministic=True, backend="reference") is None
+    with pytest.raises(TypeError, match="deterministic must be a bool"):
+        flashcore.plan_attention(q, q, q, deterministic=None, backend="reference")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_secure_with_gradients_is_refused_at_the_forward_call(backend):
     q = torch.randn(1, 2, 8, 16, requires_grad=True)

@@ -120,12 +120,13 @@ def plan_attention(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Plan | None:
     layout, out = kwargs.get("layout", "bhsd"), kwargs.get("out")
     seqlens_q, seqlens_k = kwargs.get("seqlens_q"), kwargs.get("seqlens_k")
     unknown = set(kwargs) - {"causal", "scale", "layout", "return_lse", "backend", "seqlens_q", "seqlens_k", "secure",
-                             "out", "validate_seqlens"}
+                             "out", "validate_seqlens", "deterministic"}
     if unknown:
         raise TypeError(f"plan_attention() got unexpected keyword arguments {sorted(unknown)}")
     a = C.check_dense(q, k, v, layout=layout, causal=kwargs.get("causal", False), scale=kwargs.get("scale"),
                       secure=secure, seqlens_q=seqlens_q, seqlens_k=seqlens_k, out=out, backend=backend,
-                      return_lse=kwargs.get("return_lse", False), validate=kwargs.get("validate_seqlens", True))
+                      return_lse=kwargs.get("return_lse", False), validate=kwargs.get("validate_seqlens", True),
+                      deterministic=kwargs.get("deterministic", False))
     if not a.kernel:
         return None
     key = dense_key(backend, q, k, v, seqlens_q, seqlens_k, out, layout=layout, causal=kwargs.get("causal", False),
