@@ -6,13 +6,14 @@ reaches a kernel (where it would crash, hang or silently compute garbage). What 
 from __future__ import annotations
 
 import numbers
+import warnings
 from dataclasses import dataclass
 
 import torch
 
 from .kernels import forward_dtype_names, forward_head_dims, head_dim_text
 from .problem import DTYPE_NAMES
-from .runtime.launcher import capturing, interpreting
+from .runtime.launcher import capturing, device_arch, interpreting
 
 TORCH_DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 SUPPORTED_HEAD_DIMS = forward_head_dims()
@@ -110,6 +111,35 @@ def check_backend(backend, q: torch.Tensor) -> bool:
                 "float16 or float32 with backend='triton', or backend='reference' for bfloat16"
             )
     return True
+
+
+class NotConstantTimeWarning(UserWarning):
+    """``secure=True`` ran where no constant-time gate covers what runs (docs/security.md §2)."""
+
+
+# The compute capabilities whose machine code the constant-time gates audit (the SASS gate compiles for sm_90a;
+# gates 2-4 ran on H100/H200): secure mode anywhere else computes the same results without the guarantee.
+AUDITED_ARCHS = ((9, 0),)
+
+
+def warn_not_constant_time(kernel: bool, device: torch.device) -> None:
+    """Say so, loudly, when ``secure=True`` runs something that is not constant-time: the float64 reference, the
+    CPU interpreter, or a GPU the gates never audited. (Not while tracing: dynamo would break the graph.)"""
+    if torch.compiler.is_compiling():
+        return
+    if not kernel:
+        where = "the float64 PyTorch reference (backend='reference', or CPU tensors with backend='auto')"
+    elif device.type != "cuda" or interpreting():
+        where = "the Triton interpreter on the CPU (TRITON_INTERPRET=1)"
+    else:
+        arch = device_arch(device)
+        if arch in AUDITED_ARCHS:
+            return
+        where = (f"an sm_{arch[0]}{arch[1]} GPU, whose machine code the constant-time gates never audited (they cover "
+                 "sm_90a: H100/H200)")
+    warnings.warn(f"secure=True ran on {where}: the results are secure mode's, but its running time and memory "
+                  "traffic are not constant-time there. Run on an H100/H200 with backend='auto' or 'triton' for the "
+                  "audited kernels (docs/security.md).", NotConstantTimeWarning, stacklevel=4)
 
 
 def wants_grad(tensors: dict) -> list[str]:
@@ -296,6 +326,8 @@ def check_dense(q, k, v, *, layout, causal, scale, secure, seqlens_q, seqlens_k,
     elif seqlens_q is not None or seqlens_k is not None:
         raise ValueError("seqlens_q/seqlens_k are only used with secure=True (use attention_varlen for packed sequences)")
     check_out(out, q, {"q": q, "k": k, "v": v})
+    if secure:
+        warn_not_constant_time(kernel, q.device)
     return DenseArgs(qb, kb, vb, causal, scale, seqlens_q, self_attention, secure, return_lse, validate, kernel, grad,
                      deterministic)
 
@@ -545,6 +577,8 @@ def check_kvcache(q, k_cache, v_cache, *, cache_seqlens, k, v, page_table, cache
             for cname, c in (("k_cache", k_cache), ("v_cache", v_cache)):
                 if _overlaps(t, c):
                     raise ValueError(f"{name} must not overlap {cname} (it is written into it)")
+    if secure:
+        warn_not_constant_time(kernel, q.device)
     return KvcacheArgs(B, Sq, Hq, Hkv, D, packed, paged, page_size, capacity, fp8, append, causal, scale, num_splits,
                        return_lse, secure, kernel)
 

@@ -1,0 +1,54 @@
+"""secure=True where no constant-time gate covers what runs (the float64 reference, the CPU interpreter, a GPU the
+gates never audited) says so with a NotConstantTimeWarning, on every entry point, instead of silently running
+something that is not constant-time (issue 25). Invalid calls still raise first."""
+import os
+import warnings
+
+import pytest
+import torch
+
+import flashcore
+from flashcore import NotConstantTimeWarning
+from flashcore import _checks as C
+
+INTERP = os.environ.get("TRITON_INTERPRET") == "1"
+ROUTES = ["reference"] + (["triton"] if INTERP else [])
+
+
+@pytest.mark.parametrize("backend", ROUTES)
+def test_secure_dense_off_the_audited_kernels_warns(backend):
+    q = torch.randn(1, 2, 16, 32)
+    lens = torch.tensor([9], dtype=torch.int32)
+    where = "reference" if backend == "reference" else "interpreter"
+    with pytest.warns(NotConstantTimeWarning, match=f"secure=True ran on the .*{where}.*not constant-time"):
+        flashcore.attention(q, q, q, secure=True, seqlens_k=lens, backend=backend)
+
+
+@pytest.mark.parametrize("backend", ROUTES)
+def test_secure_kvcache_off_the_audited_kernels_warns(backend):
+    q = torch.randn(2, 1, 4, 32)
+    cache = torch.randn(2, 64, 2, 32)
+    with pytest.warns(NotConstantTimeWarning, match="not constant-time"):
+        flashcore.attention_with_kvcache(q, cache, cache.clone(), cache_seqlens=17, secure=True, backend=backend)
+
+
+def test_fast_mode_does_not_warn_and_bad_secure_input_raises_before_warning():
+    q = torch.randn(1, 2, 16, 32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NotConstantTimeWarning)
+        flashcore.attention(q, q, q, backend="reference")
+        with pytest.raises(ValueError, match="seqlens_k"):
+            flashcore.attention(q, q, q, secure=True, backend="reference")
+
+
+def test_audited_gpus_are_silent_and_others_are_named(monkeypatch):
+    """The architecture test itself, without a GPU: sm_90 is audited; an sm_80 GPU is named in the warning."""
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(C, "interpreting", lambda: False)
+    monkeypatch.setattr(C, "device_arch", lambda device: (9, 0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NotConstantTimeWarning)
+        C.warn_not_constant_time(True, cuda)
+    monkeypatch.setattr(C, "device_arch", lambda device: (8, 0))
+    with pytest.warns(NotConstantTimeWarning, match="sm_80 GPU, whose machine code the constant-time gates never"):
+        C.warn_not_constant_time(True, cuda)
