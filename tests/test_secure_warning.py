@@ -20,16 +20,18 @@ def test_secure_dense_off_the_audited_kernels_warns(backend):
     q = torch.randn(1, 2, 16, 32)
     lens = torch.tensor([9], dtype=torch.int32)
     where = "reference" if backend == "reference" else "interpreter"
-    with pytest.warns(NotConstantTimeWarning, match=f"secure=True ran on the .*{where}.*not constant-time"):
+    with pytest.warns(NotConstantTimeWarning, match=f"secure=True ran on the .*{where}.*not constant-time") as seen:
         flashcore.attention(q, q, q, secure=True, seqlens_k=lens, backend=backend)
+    assert seen[0].filename == __file__  # the warning names the caller's line, not flashcore's
 
 
 @pytest.mark.parametrize("backend", ROUTES)
 def test_secure_kvcache_off_the_audited_kernels_warns(backend):
     q = torch.randn(2, 1, 4, 32)
     cache = torch.randn(2, 64, 2, 32)
-    with pytest.warns(NotConstantTimeWarning, match="not constant-time"):
+    with pytest.warns(NotConstantTimeWarning, match="not constant-time") as seen:
         flashcore.attention_with_kvcache(q, cache, cache.clone(), cache_seqlens=17, secure=True, backend=backend)
+    assert [w.filename for w in seen if w.category is NotConstantTimeWarning] == [__file__]
 
 
 def test_fast_mode_does_not_warn_and_bad_secure_input_raises_before_warning():

@@ -129,7 +129,7 @@ def warn_not_constant_time(kernel: bool, device: torch.device) -> None:
         return
     if not kernel:
         where = "the float64 PyTorch reference (backend='reference', or CPU tensors with backend='auto')"
-    elif device.type != "cuda" or interpreting():
+    elif interpreting() or device.type != "cuda":
         where = "the Triton interpreter on the CPU (TRITON_INTERPRET=1)"
     else:
         arch = device_arch(device)
@@ -139,7 +139,20 @@ def warn_not_constant_time(kernel: bool, device: torch.device) -> None:
                  "sm_90a: H100/H200)")
     warnings.warn(f"secure=True ran on {where}: the results are secure mode's, but its running time and memory "
                   "traffic are not constant-time there. Run on an H100/H200 with backend='auto' or 'triton' for the "
-                  "audited kernels (docs/security.md).", NotConstantTimeWarning, stacklevel=4)
+                  "audited kernels (docs/security.md).", NotConstantTimeWarning, stacklevel=_caller_level())
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside flashcore, so a warning names the caller's line whichever entry
+    point led here (``warnings.warn``'s ``skip_file_prefixes`` needs Python 3.12)."""
+    import os
+    import sys
+
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame, level = sys._getframe(1), 1  # the frame that calls warnings.warn
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def wants_grad(tensors: dict) -> list[str]:
