@@ -59,10 +59,6 @@ def _hopper(head_dim: int, causal: bool) -> BwdConfig:
     return BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)
 
 
-BWD_FIELDS = ("block_m1", "block_n1", "num_warps1", "num_stages1", "block_m2", "block_n2", "num_warps2",
-              "num_stages2", "atomic_dq")
-
-
 def bwd_config_name(cfg: BwdConfig | None) -> str:
     """``64x128w8s2-128x64w8s2`` (+ ``-atomic``): the name sweeps and benchmarks use; ``auto`` for None."""
     if cfg is None:
