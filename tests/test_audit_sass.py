@@ -25,12 +25,19 @@ from flashcore.audit.sass import (  # noqa: E402
     sass_taint,
 )
 from flashcore.audit.sass import elf as sass_elf  # noqa: E402
-from flashcore.audit.sass.compile import missing_tool  # noqa: E402
+from flashcore.audit.sass.compile import _tool  # noqa: E402
 from flashcore.audit.sass.isa import parse_nvdisasm  # noqa: E402
 
 
-pytestmark = pytest.mark.skipif(missing_tool("nvdisasm") is not None,
-                                reason=f"no nvdisasm: {missing_tool('nvdisasm')}")
+def _can_compile() -> str | None:
+    try:
+        _tool("nvdisasm")
+    except FileNotFoundError as e:
+        return str(e)
+    return None
+
+
+pytestmark = pytest.mark.skipif(_can_compile() is not None, reason=f"no nvdisasm: {_can_compile()}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,11 +21,18 @@ triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
 from flashcore.audit.sass import compile_cubin, disassemble, sass_taint  # noqa: E402
-from flashcore.audit.sass.compile import missing_tool  # noqa: E402
+from flashcore.audit.sass.compile import _tool  # noqa: E402
 
 
-pytestmark = pytest.mark.skipif(missing_tool("nvdisasm") is not None,
-                                reason=f"no nvdisasm: {missing_tool('nvdisasm')}")
+def _can_compile() -> str | None:
+    try:
+        _tool("nvdisasm")
+    except FileNotFoundError as e:
+        return str(e)
+    return None
+
+
+pytestmark = pytest.mark.skipif(_can_compile() is not None, reason=f"no nvdisasm: {_can_compile()}")
 
 
 def _in_fresh_process(body: str, flag: bool) -> None:

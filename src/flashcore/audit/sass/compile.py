@@ -294,16 +294,6 @@ def compile_cubin(fn, signature: dict, constexprs: dict | None = None, target=(9
     return out
 
 
-def missing_tool(name: str) -> str | None:
-    """Why ``name`` (nvdisasm, cuobjdump, ptxas) cannot be found, or None when it can: the SASS tests' skip
-    condition."""
-    try:
-        _tool(name)
-    except FileNotFoundError as e:
-        return str(e)
-    return None
-
-
 def _tool(name: str) -> str:
     env = os.environ.get(f"TRITON_{name.upper()}_PATH")
     if env and os.path.exists(env):
