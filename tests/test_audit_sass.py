@@ -322,7 +322,8 @@ def _at(rep, off):
 
 
 def test_mbarrier_results_public_but_shared_memory_data_secret():
-    rep = _run("""
+    # the secret stored in the data area (below 0x100), the barrier in the control area: the wait is public
+    rep = _run_split("""
         /*0000*/                   LDC.64 R2, c[0x0][0x210] ;
         /*0010*/                   ULDC.64 UR4, c[0x0][0x208] ;
         /*0020*/                   LDG.E R4, desc[UR4][R2.64] ;
@@ -336,7 +337,7 @@ def test_mbarrier_results_public_but_shared_memory_data_secret():
         /*0090*/                   NOP ;
 .L_x_1:
         /*00a0*/                   EXIT ;
-""")
+""", control_from=0x100)
     assert _at(rep, 0x50) == set()
     assert _at(rep, 0x80) == {"branch"}
     assert "shared" in rep.tainted_memory

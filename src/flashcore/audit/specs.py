@@ -33,6 +33,12 @@ _AUDIT_SEQLENS = ((4096, 8, 8), (1000, 8, 2))  # (S, Hq, Hkv)
 # The Gluon kernel's audited forms: (S, Hq, Hkv, return_lse). S=4096 takes three consumer warpgroups at
 # D=64 non-causal (tables.gluon_ws); 1000 has a partial edge tile and two.
 _AUDIT_GLUON = ((4096, 8, 8, False), (1000, 8, 2, True))
+# The launcher's value specialisations: an integer argument equal to 1 is compiled in as a constant (a batch,
+# head count, sequence length or tile count of 1), another binary that runs. One batch of one head of one
+# token (the Gluon kernel: of one 64-row tile) makes every such argument 1 at once; the forms above cover
+# the values that are not 1 (with and without divisibility by 16).
+_AUDIT_ONES = dict(B=1, S=1, Hq=1, Hkv=1)
+_AUDIT_ONES_GLUON_S = 64
 
 
 def _spec_from_launch(name, cfg, args, constexprs, secret, fn):
@@ -81,24 +87,42 @@ def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0), full: bool = False
                     specs.append(_audit_prepass_spec(dtype, hd, S, Hkv))
                     if dtype != torch.float32 and hd in (64, 128):  # the secure Gluon kernel's (non-causal)
                         specs.append(_audit_prepass_kv_spec(dtype, hd, S, Hkv))
+        if secure and hd_ones(dtype):
+            for hd in hd_ones(dtype):
+                for causal, public_diag in modes:
+                    specs.append(_audit_spec(dtype, hd, causal, public_diag, _AUDIT_ONES["S"], 1, 1, secure, False,
+                                             arch, B=1))
+                specs.append(_audit_prepass_spec(dtype, hd, _AUDIT_ONES["S"], 1, B=1))
+                if dtype != torch.float32:
+                    specs.append(_audit_prepass_kv_spec(dtype, hd, _AUDIT_ONES["S"], 1, B=1))
     specs += decode_specs(secure, full=full)
     if tables.is_hopper(arch):
         for dtype in (torch.bfloat16, torch.float16):
             for hd in SM90_FWD.head_dims:
                 for causal in (False, True):
-                    for S, Hq, Hkv, lse in _AUDIT_GLUON:
+                    forms = list(_AUDIT_GLUON)
+                    if secure and dtype == torch.bfloat16 and hd == 128:
+                        # D=64's all-ones forms report their mbarrier waits (addresses the analysis does not
+                        # resolve yet: docs/security.md 4.1); they are not in the gate until that is settled
+                        forms.append((_AUDIT_ONES_GLUON_S, 1, 1, False))
+                    for S, Hq, Hkv, lse in forms:
                         cfg = (tables.gluon_secure if secure else tables.gluon_ws)(hd, S, causal)
-                        specs.append(gluon_spec(hd, causal, dtype, S, Hq, Hkv, lse, cfg=cfg, secure=secure))
+                        specs.append(gluon_spec(hd, causal, dtype, S, Hq, Hkv, lse, cfg=cfg, secure=secure,
+                                                B=1 if Hq == 1 else 2))
     return specs
 
 
+def hd_ones(dtype) -> tuple[int, ...]:
+    """Head dims of the all-ones specialisation forms (see _AUDIT_ONES): the BLOCK_D families at bf16, one at fp32."""
+    return (64, 128) if dtype == torch.bfloat16 else (128,) if dtype == torch.float32 else ()
+
+
 def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096, Hq: int = 8, Hkv: int = 8,
-               return_lse: bool = False, cfg=None, secure: bool = False, switches=None) -> dict:
+               return_lse: bool = False, cfg=None, secure: bool = False, switches=None, B: int = 2) -> dict:
     """The Gluon Hopper kernel as launched for these public facts, as a compile spec like
     :func:`audit_specs`' (plus ``maxnreg``); built from CPU tensors, no GPU needed. ``secure``: the
     constant-time kernel (secret: the data behind the descriptors and the lengths). ``switches``: the
     kernel's switches (``plan.knobs.GluonSwitches``; default: the current ones)."""
-    B = 2
     q, k = torch.empty(B, Hq, S, head_dim, dtype=dtype), torch.empty(B, Hkv, S, head_dim, dtype=dtype)
     lse = torch.empty(B, Hq, S, dtype=torch.float32) if return_lse else None
     cfg = cfg or (tables.gluon_secure if secure else tables.gluon_ws)(head_dim, S, causal)
@@ -112,26 +136,24 @@ def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096,
     # secure: the key weights and the query lengths are secret too (the key lengths enter the pre-pass only)
     mode = "secure" if secure else "fast"
     name = (f"{mode}_gluon_ws_{_ELT[dtype]}_d{head_dim}_{'causal' if causal else 'full'}_s{S}_gqa{Hq // Hkv}"
-            f"{'_lse' if return_lse else ''}_{cfg.block_m // 64}wg")
+            f"{'_lse' if return_lse else ''}{'_b1' if B == 1 else ''}_{cfg.block_m // 64}wg")
     spec = _spec_from_launch(name, cfg, args, step.constexprs, SM90_FWD.secrets(secure), fn=step.fn)
     spec["num_stages"] = 1
     spec["maxnreg"] = step.options["maxnreg"]
     return spec
 
 
-def _audit_prepass_spec(dtype, hd, S, Hkv):
-    B = 2
+def _audit_prepass_spec(dtype, hd, S, Hkv, B=2):
     v = torch.empty(B, Hkv, S, hd, dtype=dtype)
     vs = torch.empty_like(v)
     lens = torch.full((B,), S, dtype=torch.int32)
     _, args, ce = build_prepass(v, vs, lens, seqlen_k=S, batch=B, num_heads_kv=Hkv, v_strides=v.stride()[:3])
     cfg = Config(PREPASS_BLOCK_S, PREPASS_BLOCK_S, PREPASS_WARPS, 1)
-    return _spec_from_launch(f"secure_prepass_{_ELT[dtype]}_d{hd}_s{S}_hkv{Hkv}", cfg, args, ce,
+    return _spec_from_launch(f"secure_prepass_{_ELT[dtype]}_d{hd}_s{S}_hkv{Hkv}{'_b1' if B == 1 else ''}", cfg, args, ce,
                              KERNELS["secure_prepass_v"].secrets(), fn=attn_secure_zero_v_padding_kernel)
 
 
-def _audit_prepass_kv_spec(dtype, hd, S, Hkv):
-    B = 2
+def _audit_prepass_kv_spec(dtype, hd, S, Hkv, B=2):
     k = torch.empty(B, Hkv, S, hd, dtype=dtype)
     ks, vs = torch.empty_like(k), torch.empty_like(k)
     w = torch.empty(key_weights_shape(B, S), dtype=dtype)
@@ -139,12 +161,12 @@ def _audit_prepass_kv_spec(dtype, hd, S, Hkv):
     _, args, ce = build_prepass_kv(k, k, ks, vs, w, lens, seqlen_k=S, batch=B, num_heads_kv=Hkv,
                                    k_strides=k.stride()[:3], v_strides=k.stride()[:3])
     cfg = Config(PREPASS_BLOCK_S, PREPASS_BLOCK_S, PREPASS_WARPS, 1)
-    return _spec_from_launch(f"secure_prepass_kv_{_ELT[dtype]}_d{hd}_s{S}_hkv{Hkv}", cfg, args, ce,
+    return _spec_from_launch(f"secure_prepass_kv_{_ELT[dtype]}_d{hd}_s{S}_hkv{Hkv}{'_b1' if B == 1 else ''}", cfg,
+                             args, ce,
                              KERNELS["secure_prepass_kv"].secrets(), fn=attn_secure_sanitize_kv_kernel)
 
 
-def _audit_spec(dtype, hd, causal, public_diag, S, Hq, Hkv, secure, varlen, arch):
-    B = 2
+def _audit_spec(dtype, hd, causal, public_diag, S, Hq, Hkv, secure, varlen, arch, B=2):
     # Representative tensors: only dtype, alignment and strides matter to specialisation.
     def like(h, s):
         return torch.empty(B, h, s, hd, dtype=dtype).as_strided((B, h, s, hd), (h * s * hd, s * hd, hd, 1))
@@ -176,7 +198,8 @@ def _audit_spec(dtype, hd, causal, public_diag, S, Hq, Hkv, secure, varlen, arch
     secret = TRITON_FWD.secrets(secure=secure, varlen=varlen and not secure)
     mode = ("causal_pubdiag" if public_diag else "causal") if causal else "full"
     name = (f"{'secure' if secure else 'fast'}_{_ELT[dtype]}_d{hd}_{mode}_s{S}_gqa{Hq // Hkv}"
-            f"{'_varlen' if varlen else ''}_{cfg.block_m}x{cfg.block_n}w{cfg.num_warps}s{cfg.num_stages}")
+            f"{'_varlen' if varlen else ''}{'_b1' if B == 1 else ''}_{cfg.block_m}x{cfg.block_n}w{cfg.num_warps}"
+            f"s{cfg.num_stages}")
     return _spec_from_launch(name, cfg, args, ce, secret, fn=attn_fwd_kernel)
 
 

@@ -3,6 +3,7 @@
 specs, optionally in forked worker processes)."""
 from __future__ import annotations
 
+import re
 import sys
 import time
 from typing import Callable, Iterable
@@ -11,14 +12,15 @@ from .compile import _unwrap_jit, compile_cubin, disassemble
 from .elf import kernel_info, kernel_names
 from .isa import Listing, parse_nvdisasm
 from .params import _expand_params, map_params
-from .report import ParamInfo, Report
+from .report import ParamInfo, Report, Violation
 from .taint import _Analyzer
 
 
 def analyze_listing(listing: Listing, params: list[ParamInfo], kernel: str, notes: list[str] | None = None,
                     smem_control_from: int | None = None) -> Report:
     """Run the taint analysis on a parsed listing with an explicit parameter table. ``smem_control_from``:
-    where shared memory's control area starts (:class:`SmemLayout`); None models shared memory as one region."""
+    where shared memory's control area starts, or ``(control ranges, data ranges)`` (:class:`SmemLayout`);
+    None models shared memory as one region."""
     notes = notes if notes is not None else []
     entry_off = listing.functions.get(kernel, listing.instrs[0].offset if listing.instrs else 0)
     an = _Analyzer(listing, params, entry_off, notes, smem_control_from)
@@ -65,13 +67,12 @@ def sass_taint(fn, signature: dict, constexprs: dict | None, secret: Iterable[st
     """
     secret = set(secret or ())
     jfn = _unwrap_jit(fn)
-    missing = [s for s in secret if s not in jfn.arg_names]
-    if missing:
-        raise ValueError(f"secret names are not arguments of {jfn.__name__}: {missing}")
+    check_secret_names(jfn, signature, secret)
     comp = compile_cubin(jfn, signature, constexprs, target, num_warps, num_stages, attrs, maxnreg)
     expected = _expand_params(jfn, signature, comp.constant_keys, comp.tensordesc_meta)
     layout = comp.smem
-    rep = analyze_cubin(comp.cubin, comp.kernel, expected, secret, layout.control_from if layout else None)
+    rep = analyze_cubin(comp.cubin, comp.kernel, expected, secret, layout.split if layout else None)
+    rep.violations[:0] = specialisation_violations(jfn, signature, constexprs or {}, secret)
     if layout is not None and (layout.control_from is not None or layout.control):
         rep.notes.append(layout.describe())  # the split in use, or why a kernel with barriers has none
     cap = target if isinstance(target, int) else int(target[0]) * 10 + int(target[1])
@@ -79,6 +80,53 @@ def sass_taint(fn, signature: dict, constexprs: dict | None, secret: Iterable[st
     rep.num_warps, rep.num_stages = num_warps, num_stages
     rep.timings = {"compile_s": round(comp.seconds, 4), **rep.timings}
     return rep
+
+
+_INT_TYPES = re.compile(r"^(i|u)(8|16|32|64)$")
+
+
+def check_secret_names(jfn, signature: dict, secret: set[str]) -> None:
+    """Every secret names an argument, or a field of a tensor-descriptor argument: ``D.shape``, ``D.shape<k>``,
+    ``D.strides``, ``D.stride<k>`` or ``D.desc`` (all of its contents) declare what the descriptor's address
+    computation reads as secret (see :func:`flashcore.audit.sass.params.map_params`)."""
+    bad = []
+    for s in secret:
+        arg, _, fld = s.partition(".")
+        if arg not in jfn.arg_names:
+            bad.append(s)
+        elif fld:
+            ty = signature.get(arg)
+            if not (isinstance(ty, str) and (ty.startswith("tensordesc") or ty == "nvTmaDesc")) or \
+                    not re.fullmatch(r"shape\d*|strides|stride\d+|desc", fld):
+                bad.append(s)
+    if bad:
+        raise ValueError(f"secret names are not arguments of {jfn.__name__} (or fields D.shape, D.shape<k>, "
+                         f"D.strides, D.stride<k>, D.desc of a tensor-descriptor argument D): {sorted(bad)}")
+
+
+def specialisation_violations(jfn, signature: dict, constexprs: dict, secret: set[str]) -> list[Violation]:
+    """The binary that runs must not depend on a secret. Triton's launcher compiles a separate binary for an
+    integer argument equal to 1 (a constant) and adds a divisibility hint for multiples of 16, unless the
+    argument is listed in the kernel's ``do_not_specialize``; a constexpr is part of the binary itself. So a
+    secret integer scalar without ``do_not_specialize``, or a secret constexpr, selects the machine code: the
+    audited binary is only one of those that run. (Still a launcher choice with ``do_not_specialize``: an
+    integer of 2**31 or more is passed as i64, another binary; a secret must have a public range below it.)"""
+    dns = set(getattr(jfn, "do_not_specialize", None) or ())
+    out = []
+    for i, name in enumerate(jfn.arg_names):
+        if name not in secret:
+            continue
+        ty = signature.get(name)
+        if ty == "constexpr" or name in constexprs or getattr(jfn.params[i], "is_constexpr", False):
+            if name in constexprs and constexprs[name] is None:
+                continue  # an argument left out (None): that it is absent is public, and it has no data
+            out.append(Violation(-1, "LAUNCH", "specialisation", f"{name}: constexpr",
+                                 "a secret constexpr is compiled into the binary: each value is another kernel"))
+        elif isinstance(ty, str) and _INT_TYPES.match(ty) and i not in dns and name not in dns:
+            out.append(Violation(-1, "LAUNCH", "specialisation", f"{name}: {ty}",
+                                 "the launcher specialises integer arguments by value (== 1 becomes a constant, "
+                                 "multiples of 16 get a divisibility hint): list it in do_not_specialize"))
+    return out
 
 
 def _audit_one(spec: dict, on_error: str) -> Report:

@@ -53,11 +53,24 @@ class SmemLayout:
     data: list  # (name, offset, bytes)
     control: list  # (what, offset)
     reason: str = ""
+    #: the control area as byte ranges [lo, hi) (an mbarrier allocation's extent; warp_specialize's buffers
+    #: to the end), and the data allocations' ranges: an access whose immediate falls in both (memory the
+    #: compiler reuses over time) touches both areas. None: the single threshold ``control_from``.
+    ranges: tuple | None = None
+
+    @property
+    def split(self):
+        """What the analysis takes (``analyze_listing``'s ``smem_control_from``)."""
+        return self.ranges if self.ranges is not None else self.control_from
 
     def describe(self) -> str:
         if self.control_from is None:
             return f"shared memory modelled as one region ({self.reason})"
         names = ", ".join(n for n, _, _ in self.data)
+        if self.ranges is not None:
+            ctl = ", ".join(f"[0x{lo:x}, " + ("end)" if hi >= 1 << 30 else f"0x{hi:x})") for lo, hi in self.ranges[0])
+            return (f"shared memory: control area {ctl} ({', '.join(w for w, _ in self.control)}), data elsewhere "
+                    f"({names}); allocations reused over time touch both")
         return (f"shared memory: data area [0, 0x{self.control_from:x}) ({names}); control area from "
                 f"0x{self.control_from:x} ({', '.join(w for w, _ in self.control)})")
 
@@ -100,7 +113,7 @@ def smem_layout(ttgir: str | None, cap: int, ptx_version: int) -> SmemLayout | N
     passes.gluon.add_inliner(pm)
     nvidia.passes.ttgpuir.add_allocate_shared_memory_nv(pm, cap, ptx_version)
     pm.run(mod, "flashcore_smem_layout")
-    data, control, unknown = [], [], []
+    data, control, unknown, extents = [], [], [], []
     has_ws = False
     for line in str(mod).splitlines():
         m = re.search(r"allocation\.offset = (\d+)", line)
@@ -112,32 +125,40 @@ def smem_layout(ttgir: str | None, cap: int, ptx_version: int) -> SmemLayout | N
             mt = re.search(r"!ttg\.memdesc<([0-9x]+)x(\w+),", t)
             name = t.split("=", 1)[0].strip() if t.startswith("%") else "?"
             if mt is None or mt.group(2) not in _ELT_BYTES:
-                unknown.append(name)
+                unknown.append((name, off))
                 continue
             n = 1
             for d in mt.group(1).split("x"):
                 n *= int(d)
             if mt.group(2) == "i64":  # Triton's mbarriers are i64 memdescs
                 control.append((f"mbarriers {name}", off))
+                extents.append((off, off + n * 8))
             else:
                 data.append((name, off, n * _ELT_BYTES[mt.group(2)]))
+        elif "ttng.tensormap_create" in t:  # a device-side descriptor is built in a 128-byte scratch buffer
+            data.append(("tensormap", off, 128))
         elif "ttg.warp_specialize" in t:
             has_ws = True
             control.append(("warp_specialize captures", off))
+            extents.append((off, 1 << 30))
         elif t.startswith("tt.func"):
             control.append(("warp_specialize dispatch flags", off))
-        else:
-            unknown.append(t.split("=", 1)[-1].strip().split(" ")[0])
+            extents.append((off, 1 << 30))
+        else:  # compiler scratch (layout conversions, reductions, scans): data of a size not written down here
+            unknown.append((t.split("=", 1)[-1].strip().split(" ")[0], off))
     if any(w.startswith("warp_specialize dispatch") for w, _ in control) and not has_ws:
         return SmemLayout(None, data, control, "a function-level allocation without warp_specialize")
-    if unknown:
-        return SmemLayout(None, data, control, f"allocations of unknown size: {', '.join(unknown)}")
     if not control:
         return SmemLayout(None, data, control, "no control allocations")
     start = min(o for _, o in control)
-    if any(o + n > start for _, o, n in data):
-        return SmemLayout(None, data, control, "a data allocation reaches past the control area's start")
-    return SmemLayout(start, sorted(data, key=lambda d: d[1]), sorted(control, key=lambda c: c[1]))
+    # scratch of unknown size is data from its offset on, as far as the control area allows (the allocator
+    # never overlaps it with a live barrier; where it may reach a barrier's range, accesses there touch both)
+    data = sorted(data + [(name, off, (1 << 30) - off) for name, off in unknown], key=lambda d: d[1])
+    control = sorted(control, key=lambda c: c[1])
+    if any(o + n > start for _, o, n in data):  # memory reused over time: classify by ranges
+        ranges = (tuple(sorted(extents)), tuple((o, o + n) for _, o, n in data))
+        return SmemLayout(start, data, control, "", ranges)
+    return SmemLayout(start, data, control)
 
 
 _JIT_FROM_INTERP: dict[int, tuple[Any, Any]] = {}

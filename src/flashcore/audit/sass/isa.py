@@ -314,6 +314,9 @@ class Sem:
     bitop: tuple | None = None
     #: local-memory access with known stack slots: ("ld" | "st", (offset, ...), data registers)
     local: tuple | None = None
+    #: a TMA operation's descriptor-address registers: the hardware forms the global address from the
+    #: descriptor's contents (base, shape, strides), so those contents are address operands too
+    desc: tuple | None = None
 
 
 def _mem_width(mods: list[str]) -> int:
@@ -423,21 +426,32 @@ def decode(ins: Instr) -> Sem:
 
     # ---------------- mbarrier (SYNCS.*) ----------------
     if base in SYNC_MEM:
+        # The barrier word is state in shared memory: the operation reads it (a wait's predicate, an arrive's
+        # token follow what was stored there) and writes it with its data operands (counts, parity). So a
+        # secret stored into the barrier's area, through any view, or a secret count, taints the waits on it.
         dests, addr, timing = [], [], []
+        spec: tuple = ("S", None)
         for i, op in enumerate(ops):
             if op.kind == "mem":
                 addr += _inner_of(op)
+                spec = ("S", op.imm, "sync")
             elif i == 0 and op.kind in ("reg", "pred") and not op.negated:
                 dests += _regs_of(op, 2 if has64 and op.kind == "reg" else 1)
             else:
                 timing += _regs_of(op, 2 if has64 and op.kind == "reg" else 1) + _inner_of(op)
-        return Sem("sync", dests=dests, addr=addr, timing_srcs=timing, public_dests=True, is_memory=True)
+        return Sem("sync", dests=dests, srcs=list(timing), addr=addr, timing_srcs=timing, reads=[spec],
+                   writes=[spec], is_memory=True)
 
     if base in ADDR_ONLY:
         addr = []
         for op in ops:
             addr += _inner_of(op, 2 if base.startswith("UTMA") else 1) + _regs_of(op)
-        return Sem("memctl", addr=addr, is_memory=True)
+        desc = None
+        if base == "UTMAPF":  # a tensor prefetch: {coordinates}, [descriptor] (or the descriptor alone)
+            mem_ops = [op for op in ops if op.kind == "mem"]
+            if mem_ops:
+                desc = tuple(_inner_of(mem_ops[-1], 2))
+        return Sem("memctl", addr=addr, is_memory=True, desc=desc)
 
     # ---------------- constant-bank loads ----------------
     if base in CONST_LOADS:
@@ -530,9 +544,9 @@ def decode(ins: Instr) -> Sem:
             addr = vec + desc + other_regs
             if base == "UTMALDG":
                 return Sem("copy", addr=addr, reads=[("TMA", tuple(desc))], writes=[("S",)], mem_preds=mem_preds,
-                           is_memory=True)
+                           is_memory=True, desc=tuple(desc))
             return Sem("copy", addr=addr, reads=[("S",)], writes=[("TMA", tuple(desc))], mem_preds=mem_preds,
-                       is_memory=True)
+                       is_memory=True, desc=tuple(desc))
         # UBLKCP.S.G [smem], [global], size  /  UBLKCP.G.S [global], [smem], size  /  UBLKRED.G.S ...
         a0 = _inner_of(mem_ops[0], 2) if mem_ops else []
         a1 = _inner_of(mem_ops[1], 2) if len(mem_ops) > 1 else []

@@ -49,11 +49,13 @@ def map_params(kinfo: KernelInfo, expected: list[tuple[str, str, str]], secret: 
     if mismatch:
         notes.append(f"parameter mapping uncertain: cubin has {len(kinfo.params)} parameters, signature implies "
                      f"{n_exp} (+hidden); unmapped parameters are treated as secret")
+    fields = _secret_fields(expected, secret)
     for kp in kinfo.params:
         off = kinfo.param_base + kp.offset
         if kp.ordinal < n_exp and not mismatch:
             name, role, arg = expected[kp.ordinal]
-            is_secret = arg in secret and (role in ("pointer", "tensordesc", "pointer-to-pointer") or name == arg)
+            is_secret = (arg in secret and (role in ("pointer", "tensordesc", "pointer-to-pointer") or name == arg)
+                         or name in fields)
             params.append(ParamInfo(kp.ordinal, name, off, kp.size, role, is_secret))
         elif kp.ordinal >= n_exp and not mismatch:
             k = kp.ordinal - n_exp
@@ -62,7 +64,22 @@ def map_params(kinfo: KernelInfo, expected: list[tuple[str, str, str]], secret: 
         else:
             name = expected[kp.ordinal][0] if kp.ordinal < n_exp else f"<param{kp.ordinal}>"
             params.append(ParamInfo(kp.ordinal, name, off, kp.size, "unmapped", True))
-    unknown = secret - {p.name for p in params} - {a for _, _, a in expected}
+    unknown = {s for s in secret if "." not in s} - {p.name for p in params} - {a for _, _, a in expected}
     if unknown:
         notes.append(f"secret names not among the kernel's runtime arguments (constexpr or misspelt?): {sorted(unknown)}")
     return params
+
+
+def _secret_fields(expected: list[tuple[str, str, str]], secret: set[str]) -> set[str]:
+    """The descriptor-field parameters that ``secret`` declares secret: ``D.shape`` (every ``D.shape<k>``),
+    ``D.strides`` (every ``D.stride<k>``), ``D.desc`` (both), or one field by its own name. A host descriptor's
+    contents are its shape and strides; they are passed beside it, and its TMA accesses check them."""
+    out = set()
+    for name, role, arg in expected:
+        m = re.fullmatch(rf"{re.escape(arg)}\.(shape|stride)\d+", name)
+        if not m or role != "scalar":
+            continue
+        group = f"{arg}.shape" if m.group(1) == "shape" else f"{arg}.strides"
+        if name in secret or group in secret or f"{arg}.desc" in secret:
+            out.add(name)
+    return out

@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
-VIOLATION_KINDS = ("branch", "address", "predicated-memory", "timing", "coverage")
+VIOLATION_KINDS = ("branch", "address", "predicated-memory", "timing", "coverage", "specialisation")
 
 
 @dataclass

@@ -14,6 +14,11 @@ from .report import ParamInfo, Report, Violation
 
 _EMPTY: frozenset = frozenset()
 _UNKNOWN = "?"
+# The generic address of the kernel's parameter space: ``c[0x0][0x198]`` on sm_90 (what ``cvta.param`` gives).
+# A host tensor descriptor (a 128-byte ``CUtensorMap`` parameter) is read by TMA through it.
+PARAM_SPACE = "<params>"
+_PARAM_SPACE_CBANK = (0x198, 0x1A0)
+_DESC_FIELD = re.compile(r"^(.+)\.(shape|stride)\d+$")
 
 
 class _Env:
@@ -31,10 +36,18 @@ class _Env:
                                      p.role in ("pointer", "tensordesc", "pointer-to-pointer", "unmapped"))
         self.secret_scalars = [p for p in params if p.secret and p.role in ("scalar", "unmapped")]
         self.any_secret = bool(self.secret_ptrs or self.secret_scalars)
+        # host tensor descriptors, and those whose contents (shape or strides: the ``D.shape<k>``/``D.stride<k>``
+        # scalars Triton passes beside each descriptor) are declared secret
+        self.host_descs = frozenset(p.name for p in params if p.role == "tensordesc")
+        self.secret_desc_contents = frozenset(
+            m.group(1) for p in params if p.secret and p.role == "scalar"
+            for m in [_DESC_FIELD.match(p.name)] if m and m.group(1) in self.host_descs)
         # memory summary: region -> (taint, provenance)
         self.mem: dict[str, tuple[bool, frozenset]] = {}
         for name in self.secret_ptrs:
             self.mem[f"G:{name}"] = (True, _EMPTY)
+        # the parameter space read as memory holds every parameter: secret scalars and descriptor contents
+        self.mem[f"G:{PARAM_SPACE}"] = (bool(self.secret_scalars or self.secret_desc_contents), _EMPTY)
         for p in params:
             if p.role == "pointer-to-pointer":
                 t, pr = self.mem.get(f"G:{p.name}", (False, _EMPTY))
@@ -51,6 +64,8 @@ class _Env:
         if hit is not None:
             return hit
         t, prov = False, set()
+        if off < _PARAM_SPACE_CBANK[1] and off + nbytes > _PARAM_SPACE_CBANK[0]:
+            prov.add(PARAM_SPACE)
         for lo, hi, p in self.slots:
             if off < hi and off + nbytes > lo:
                 if p.secret and p.role in ("scalar", "unmapped"):
@@ -70,21 +85,75 @@ class _Env:
         return None
 
     # ---- memory summary
+    # Shared memory is CTA-local and ordered by CTA-wide barriers: a write made after the k-th barrier cannot
+    # be seen by a read made before it (the writer passed barrier k only once the reader arrived there). Each
+    # instruction has an epoch, the (lo, hi) range of CTA-wide barriers completed before it (hi = EPOCH_INF
+    # in loops); shared-memory writes are kept per region and lowest epoch ("S@3"), and a read at (lo, hi)
+    # sees the writes whose lowest epoch is at most hi. Asynchronous writes (TMA, cp.async) land after their
+    # instruction, so its epoch is a lower bound for them too. Global memory is shared with other CTAs: it
+    # stays one summary per region.
+    epoch: tuple[int, int] = (0, 0)
+
     def smem_region(self, spec: tuple) -> str:
+        """The shared-memory region(s) an access touches, by its address immediate: "S" (data), "S:ctl" (the
+        control area of a threshold split), "S:ctl<k>" (the k-th control range of a ranges split), several
+        joined by "+". An mbarrier operation (``spec[2] == "sync"``) on a range that data allocations also use
+        touches the barrier only: the compiler gives overlapping allocations disjoint lifetimes, so a data
+        access never meets a live barrier there, except through a view of the barrier itself, and such an
+        access, having its immediate in the barrier's range, writes the barrier's region too."""
         imm = spec[1] if len(spec) > 1 else None
-        if self.smem_control_from is not None and imm is not None and imm >= self.smem_control_from:
+        split = self.smem_control_from
+        if split is None or imm is None:
+            return "S"
+        unresolved_sync = len(spec) > 2 and spec[2] == "sync?"
+        if isinstance(split, tuple):
+            ctl = [f"S:ctl{k}" for k, (lo, hi) in enumerate(split[0]) if lo <= imm < hi]
+            if not ctl:
+                # a barrier operation whose address the analysis could not resolve: it may be any barrier
+                return "S+" + self.all_control() if unresolved_sync else "S"
+            if (len(spec) > 2 and spec[2] in ("sync", "sync?")) or not any(lo <= imm < hi for lo, hi in split[1]):
+                return "+".join(ctl)
+            return "+".join(["S"] + ctl)
+        if imm >= split:
             return "S:ctl"
-        return "S"
+        return "S+S:ctl" if unresolved_sync else "S"
 
     def mem_get(self, region: str) -> tuple[bool, frozenset]:
+        if "+" in region:
+            t, p = False, _EMPTY
+            for r in region.split("+"):
+                rt, rp = self.mem_get(r)
+                t, p = t or rt, p | rp
+            return t, p
+        if region[0] == "S":
+            hi = self.epoch[1]
+            t, p = False, _EMPTY
+            for k, (et, ep) in self.mem.items():
+                if k.startswith(region + "@") and int(k[len(region) + 1:]) <= hi:
+                    t = t or et
+                    if ep:
+                        p = p | ep
+            return t, p
         return self.mem.get(region, (False, _EMPTY))
 
     def mem_join(self, region: str, t: bool, p: frozenset) -> None:
+        if "+" in region:
+            for r in region.split("+"):
+                self.mem_join(r, t, p)
+            return
+        if region[0] == "S":
+            region = f"{region}@{self.epoch[0]}"
         ot, op = self.mem.get(region, (False, _EMPTY))
         nt, np_ = ot or t, op | p
         if nt != ot or len(np_) != len(op):
             self.mem[region] = (nt, np_)
             self.mem_version += 1
+
+    def all_control(self) -> str:
+        split = self.smem_control_from
+        if isinstance(split, tuple):
+            return "+".join(f"S:ctl{k}" for k in range(len(split[0])))
+        return "S:ctl"
 
     def everything(self, state_t: set | None = None) -> tuple[bool, frozenset]:
         """Join over every memory region (an access with unknown address)."""
@@ -120,13 +189,60 @@ class _Env:
             if generic:
                 self.mem_join("S", t, p)
                 if self.smem_control_from is not None:
-                    self.mem_join("S:ctl", t, p)
+                    self.mem_join(self.all_control(), t, p)
             return
         for r in regions[:-1]:
             self.mem_join(r, t, p)
 
 
 FULL = 0xFFFFFFFF
+EPOCH_INF = 1 << 30
+
+
+def _is_cta_barrier(x: Instr) -> bool:
+    """``BAR.SYNC 0x0`` (also ``.DEFER_BLOCKING``): barrier 0 with no thread count, i.e. every thread of the CTA."""
+    mods = x.mods
+    return (x.base == "BAR" and "SYNC" in mods and "ARV" not in mods and len(x.operands) == 1
+            and x.operands[0].strip() in ("0x0", "0"))
+
+
+def barrier_epochs(listing: Listing, blocks, entry: int) -> list[tuple[int, int]]:
+    """Per instruction: the (lo, hi) range of CTA-wide barriers every thread has completed before it (see
+    _Env.epoch). A guarded barrier may be skipped (counts 0 or 1). Cluster kernels (another CTA may write this
+    CTA's shared memory) and kernels without CTA-wide barriers get (0, EPOCH_INF) everywhere."""
+    ins = listing.instrs
+    n = len(ins)
+    bars = [_is_cta_barrier(x) for x in ins]
+    cluster = any(x.base in ("UCGABAR_ARV", "UCGABAR_WAIT", "STAS", "ATOMS_CLUSTER") or "CLUSTER" in x.opcode.split(".")
+                  for x in ins)
+    if cluster or not any(bars):
+        return [(0, EPOCH_INF)] * n
+    cap = sum(bars)
+    ein: dict[int, tuple[int, int]] = {entry: (0, 0)}
+    work = [entry]
+    while work:
+        b = work.pop()
+        lo, hi = ein[b]
+        blk = blocks[b]
+        for i in range(blk.start, blk.end):
+            if bars[i]:
+                lo, hi = (lo if ins[i].guard is not None else lo + 1), hi + 1
+        hi = EPOCH_INF if hi > cap else hi
+        for sb in blk.succs:
+            old = ein.get(sb)
+            new = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+            if new != old:
+                ein[sb] = new
+                work.append(sb)
+    out: list[tuple[int, int]] = [(0, EPOCH_INF)] * n
+    for b, (lo, hi) in ein.items():
+        blk = blocks[b]
+        for i in range(blk.start, blk.end):
+            out[i] = (lo, hi)
+            if bars[i]:
+                lo, hi = (lo if ins[i].guard is not None else lo + 1), hi + 1
+                hi = EPOCH_INF if hi > cap else hi
+    return out
 
 
 def _smear_up(m: int) -> int:
@@ -350,6 +466,8 @@ class _Analyzer:
         self.why: dict[int, list[tuple]] = {}
         self.by_offset = {x.offset: x for x in self.ins}
         self.pred_defs = [self._pred_def(x) for x in self.ins]  # decoded once, not on every fixpoint visit
+        self.epochs = barrier_epochs(listing, self.blocks, self.entry)
+        _resolve_shared_offsets(self.ins, self.sems, self.blocks, self.entry)
 
     def _read(self, spec: tuple, S: _State) -> tuple[bool, frozenset]:
         env = self.env
@@ -378,6 +496,8 @@ class _Analyzer:
             return t, p
         if kind == "TMA":
             prov = S.prov(spec[1])
+            if prov == {PARAM_SPACE} and env.host_descs:  # a host descriptor: the tile is its tensor's data
+                return env.read_global(env.host_descs)
             if env.global_regions(prov) is None:
                 return env.everything()
             dt, dp = env.read_global(prov)  # the descriptor's memory
@@ -428,6 +548,7 @@ class _Analyzer:
         return dest.reg, (x.opcode, tuple(o.replace(".reuse", "") for o in x.operands[1:])), regs
 
     def _step(self, i: int, S: _State, sink: list | None) -> None:
+        self.env.epoch = self.epochs[i]
         self._step_effects(i, S, sink)
         d = self.pred_defs[i]
         if d is not None:
@@ -483,6 +604,10 @@ class _Analyzer:
         else:
             dt, dp = vt or gt, vp
         wt = vt or gt or at
+        if fam == "sync":
+            # a barrier operation writes its word from its operands (counts, parity); the word's own value stays
+            # where it is, so what it read is not written back (into every area an unresolved address may be)
+            wt = S.any_t(s.srcs) or gt or at
         writes = s.writes
         S.key = None
         mask = FULL if (dt and not s.public_dests) else 0
@@ -652,7 +777,8 @@ class _Analyzer:
         env = self.env
         kind = spec[0]
         if kind == "S":
-            if env.smem_region(spec) == "S:ctl":
+            region = env.smem_region(spec)
+            if "ctl" in region and not (region.startswith("S+") and env.mem_get("S")[0]):
                 return "shared memory, control area (received secret data)"
             if env.smem_control_from is not None:
                 return "shared memory, data area (holds secret data)"
@@ -730,6 +856,10 @@ class _Analyzer:
             if gt or regs:
                 add("timing", "; ".join(filter(None, [g, f"operand {','.join(regs)} tainted" if regs else ""])))
             return
+        if s.desc is not None:
+            why = self.desc_contents_secret(s.desc, S)
+            if why:
+                add("address", f"TMA descriptor contents depend on a secret: {why}")
         if s.is_memory:
             if gt:
                 add("predicated-memory", g)
@@ -741,6 +871,25 @@ class _Analyzer:
             tr = S.which_t(s.timing_srcs)
             if tr:
                 add("timing", f"synchronisation operand {','.join(tr)} tainted")
+
+    def desc_contents_secret(self, desc: tuple, S: _State) -> str | None:
+        """Why the descriptor that a TMA operation reads may hold secret-dependent contents (its base, shape,
+        strides form the global addresses and decide which rows are read or zero-filled), or None."""
+        env = self.env
+        prov = S.prov(desc)
+        if prov == {PARAM_SPACE} and env.host_descs:
+            if env.secret_desc_contents:
+                return "host descriptor " + ", ".join(sorted(env.secret_desc_contents)) + " declared secret"
+            return None
+        if env.global_regions(prov) is None:
+            if env.any_secret or any(v[0] for v in env.mem.values()):
+                return "a descriptor at an address of unknown provenance (secret inputs present)"
+            return None
+        t, _ = env.read_global(prov)
+        if t:
+            return "the descriptor's memory (" + ", ".join(sorted(p for p in prov if p != _UNKNOWN)) + \
+                ") received secret-dependent data"
+        return None
 
     # ---- fixpoint
     def run(self) -> Report:
@@ -808,7 +957,8 @@ class _Analyzer:
                 if not self.sems[i].known:
                     unknown[self.ins[i].opcode] += 1
         regs = sorted((t for t in tainted if not t.startswith("L")), key=_reg_sort_key)
-        mem = sorted(k for k, v in self.env.mem.items() if v[0])
+        mem = sorted({("S:ctl" if k.startswith("S:ctl") else "S") if k[0] == "S" else k
+                      for k, v in self.env.mem.items() if v[0]})
         names = {"S": "shared", "S:ctl": "shared:control", "G?": "global:<unknown>"}
         mem = [names.get(m) or "global:" + m[2:] for m in mem]
         mem += sorted({"local" + (f"[0x{int(t[2:]):x}]" if t.startswith("L:") else "[*]") for t in tainted
@@ -816,6 +966,94 @@ class _Analyzer:
         return Report(kernel="", violations=violations, n_instructions=n_ins, n_blocks=len(reachable),
                       total_instructions=len(self.ins), iterations=visits, tainted_registers=regs,
                       tainted_memory=mem, unknown_opcodes=dict(sorted(unknown.items())))
+
+
+def _imm(text: str) -> int | None:
+    try:
+        return int(text, 0)
+    except ValueError:
+        return None
+
+
+def _resolve_shared_offsets(ins: list[Instr], sems: list[Sem], blocks, entry: int) -> None:
+    """Shared-memory addresses formed in a register: Triton computes the CTA's shared window base once
+    (``S2UR URa, SR_CgaCtaId; UMOV URb, 0x400; ULEA URc, URa, URb, 0x18``) and often adds an allocation's
+    offset in a register (``UIADD3 UR4, URc, 0x21990, URZ``; ``SYNCS... [UR4]``) instead of the address
+    immediate. Where the address registers resolve to "window base + constant" (through adds and moves, each
+    register's definition the nearest in its basic block, its only one in the kernel, or the last of those all
+    in the entry block), that constant is
+    added to the access's immediate, so the access is classified by its real offset. An mbarrier operation
+    whose address does not resolve is marked ("sync?"): it may be any barrier (see _Env.smem_region)."""
+    defs: dict[str, list[int]] = {}
+    for i, sm in enumerate(sems):
+        for d in sm.dests:
+            defs.setdefault(d, []).append(i)
+    block_of = [0] * len(ins)
+    for b, blk in enumerate(blocks):
+        for i in range(blk.start, blk.end):
+            block_of[i] = b
+
+    def value(reg: str, i: int, depth: int):  # (is window-base-relative, constant) or None
+        if reg in ("RZ", "URZ"):
+            return False, 0
+        if depth > 8:
+            return None
+        blk = blocks[block_of[i]]
+        j = i - 1
+        while j >= blk.start and reg not in sems[j].dests:
+            j -= 1
+        if j < blk.start:
+            ds = defs.get(reg, [])
+            if len(ds) == 1:
+                j = ds[0]
+            elif ds and all(block_of[d] == entry for d in ds) and block_of[i] != entry:
+                j = ds[-1]  # defined only in the entry block: its last definition reaches every other block
+            else:
+                return None
+        x = ins[j]
+        if x.guard is not None or (sems[j].dests and sems[j].dests[0] != reg):
+            return None
+        ops = [parse_operand(o) for o in x.operands]
+        if x.base == "S2UR" and len(ops) == 2 and ops[1].text == "SR_CgaCtaId":
+            return False, None  # the CTA id in the cluster: part of the window base below
+        if x.base in ("UMOV", "MOV") and len(ops) == 2:
+            k = _imm(ops[1].text)
+            return (False, k) if k is not None else (value(ops[1].reg, j, depth + 1) if ops[1].reg else None)
+        if x.base == "ULEA" and len(ops) == 4 and _imm(ops[3].text) == 0x18 and ops[1].reg and ops[2].reg:
+            a, b = value(ops[1].reg, j, depth + 1), value(ops[2].reg, j, depth + 1)
+            if a == (False, None) and b == (False, 0x400):
+                return True, 0  # the shared window base
+            return None
+        if x.base in ("UIADD3", "IADD3") and len(ops) == 4 and not any(o.negated for o in ops[1:]):
+            base, total = False, 0
+            for o in ops[1:]:
+                k = _imm(o.text)
+                v = (False, k) if k is not None else (value(o.reg, j, depth + 1) if o.reg else None)
+                if v is None or v[1] is None or (v[0] and base):
+                    return None
+                base, total = base or v[0], total + v[1]
+            return base, total
+        return None
+
+    for i, sm in enumerate(sems):
+        if not any(sp[0] == "S" and len(sp) > 1 for sp in sm.reads + sm.writes):
+            continue
+        mem = next((parse_operand(o) for o in ins[i].operands if o.strip().startswith("[")), None)
+        if mem is None:
+            continue
+        extra, resolved = 0, False
+        for r, _ in mem.inner:
+            v = value(r, i, 0)
+            if v is not None and v[0]:
+                extra, resolved = extra + v[1], True
+        def fix(sp: tuple) -> tuple:
+            if sp[0] != "S" or len(sp) < 2 or sp[1] is None:
+                return sp
+            if resolved:
+                return ("S", sp[1] + extra) + tuple(sp[2:])
+            return ("S", sp[1], "sync?") if sm.family == "sync" else sp
+        sm.reads = [fix(sp) for sp in sm.reads]
+        sm.writes = [fix(sp) for sp in sm.writes]
 
 
 def _reg_sort_key(r: str):
