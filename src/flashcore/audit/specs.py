@@ -91,14 +91,14 @@ def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0), full: bool = False
                     specs.append(_audit_prepass_spec(dtype, hd, S, Hkv))
                     if dtype != torch.float32 and hd in (64, 128):  # the secure Gluon kernel's (non-causal)
                         specs.append(_audit_prepass_kv_spec(dtype, hd, S, Hkv))
-        if secure and hd_ones(dtype):
-            for hd in hd_ones(dtype):
+        if secure and _hd_ones(dtype):
+            for hd in _hd_ones(dtype):
+                B, S, Hq, Hkv = (_AUDIT_ONES[k] for k in ("B", "S", "Hq", "Hkv"))
                 for causal, public_diag in modes:
-                    specs.append(_audit_spec(dtype, hd, causal, public_diag, _AUDIT_ONES["S"], 1, 1, secure, False,
-                                             arch, B=1))
-                specs.append(_audit_prepass_spec(dtype, hd, _AUDIT_ONES["S"], 1, B=1))
+                    specs.append(_audit_spec(dtype, hd, causal, public_diag, S, Hq, Hkv, secure, False, arch, B=B))
+                specs.append(_audit_prepass_spec(dtype, hd, S, Hkv, B=B))
                 if dtype != torch.float32:
-                    specs.append(_audit_prepass_kv_spec(dtype, hd, _AUDIT_ONES["S"], 1, B=1))
+                    specs.append(_audit_prepass_kv_spec(dtype, hd, S, Hkv, B=B))
     specs += decode_specs(secure, full=full)
     if tables.is_hopper(arch):
         for dtype in (torch.bfloat16, torch.float16):
@@ -114,7 +114,7 @@ def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0), full: bool = False
     return specs
 
 
-def hd_ones(dtype) -> tuple[int, ...]:
+def _hd_ones(dtype) -> tuple[int, ...]:
     """Head dims of the all-ones specialisation forms (see _AUDIT_ONES): the BLOCK_D families at bf16, one at fp32."""
     return (64, 128) if dtype == torch.bfloat16 else (128,) if dtype == torch.float32 else ()
 

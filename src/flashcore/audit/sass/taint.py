@@ -218,6 +218,13 @@ def barrier_epochs(listing: Listing, blocks, entry: int) -> list[tuple[int, int]
     if cluster or not any(bars):
         return [(0, EPOCH_INF)] * n
     cap = sum(bars)
+
+    def after(i: int, lo: int, hi: int) -> tuple[int, int]:  # the epoch after instruction i
+        if not bars[i]:
+            return lo, hi
+        lo, hi = (lo if ins[i].guard is not None else lo + 1), hi + 1
+        return lo, (EPOCH_INF if hi > cap else hi)
+
     ein: dict[int, tuple[int, int]] = {entry: (0, 0)}
     work = [entry]
     while work:
@@ -225,9 +232,7 @@ def barrier_epochs(listing: Listing, blocks, entry: int) -> list[tuple[int, int]
         lo, hi = ein[b]
         blk = blocks[b]
         for i in range(blk.start, blk.end):
-            if bars[i]:
-                lo, hi = (lo if ins[i].guard is not None else lo + 1), hi + 1
-        hi = EPOCH_INF if hi > cap else hi
+            lo, hi = after(i, lo, hi)
         for sb in blk.succs:
             old = ein.get(sb)
             new = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
@@ -239,9 +244,7 @@ def barrier_epochs(listing: Listing, blocks, entry: int) -> list[tuple[int, int]
         blk = blocks[b]
         for i in range(blk.start, blk.end):
             out[i] = (lo, hi)
-            if bars[i]:
-                lo, hi = (lo if ins[i].guard is not None else lo + 1), hi + 1
-                hi = EPOCH_INF if hi > cap else hi
+            lo, hi = after(i, lo, hi)
     return out
 
 
