@@ -5,10 +5,46 @@ import pytest
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
-if not HAS_CUDA:
+# the child process of a ``fresh_process`` module (below) compiles for sm_90a only: no interpreter
+FRESH_CHILD = os.environ.get("FLASHCORE_FRESH_PROCESS") == "1"
+if not HAS_CUDA and not FRESH_CHILD:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+_FRESH_OUTCOMES: dict[str, str] = {}
+
+
+def pytest_pyfunc_call(pyfuncitem):
+    """Tests marked ``fresh_process`` run in one child pytest per module, without the interpreter, when this
+    process runs interpreter tests: after the interpreter has run kernels in a process, triton 3.9's front end
+    fails to compile kernels there ("'block_argument' object has no attribute 'dtype'"; seen in CI's full
+    suite, never in isolation). Each test still reports its own outcome, from the child's."""
+    if "fresh_process" not in pyfuncitem.keywords or not INTERPRET or FRESH_CHILD:
+        return None
+    if pyfuncitem.nodeid not in _FRESH_OUTCOMES:
+        _run_fresh(pyfuncitem)
+    outcome = _FRESH_OUTCOMES.get(pyfuncitem.nodeid, "not run")
+    assert outcome == "PASSED", f"{pyfuncitem.nodeid}: {outcome} in the fresh process\n{_FRESH_OUTCOMES['<log>']}"
+    return True
+
+
+def _run_fresh(item) -> None:
+    import re
+    import subprocess
+    import sys
+
+    ids = [it.nodeid for it in item.session.items if "fresh_process" in it.keywords and it.fspath == item.fspath]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["FLASHCORE_FRESH_PROCESS"] = "1"
+    src = os.path.join(str(item.config.rootpath), "src")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *ids],
+                         capture_output=True, text=True, env=env, cwd=str(item.config.rootpath), timeout=1800)
+    for m in re.finditer(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS) (\S+)", res.stdout, re.M):
+        _FRESH_OUTCOMES[m.group(2)] = m.group(1)
+    _FRESH_OUTCOMES["<log>"] = (res.stdout + res.stderr)[-6000:]
+    for i in ids:
+        _FRESH_OUTCOMES.setdefault(i, "not reported")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -28,7 +28,8 @@ def _can_compile() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(_can_compile() is not None, reason=f"no nvdisasm: {_can_compile()}")
+pytestmark = [pytest.mark.skipif(_can_compile() is not None, reason=f"no nvdisasm: {_can_compile()}"),
+              pytest.mark.fresh_process]
 
 
 def kinds(rep) -> set[str]:
@@ -95,6 +96,16 @@ def _barrier_kernel():
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
+    # the barrier's memory seen as two int32 words: ``_reinterpret`` up to triton 3.8, ``reinterpret`` in 3.9
+    if hasattr(gl.shared_memory_descriptor, "reinterpret"):
+        @gluon.jit
+        def as_words(bar):
+            return bar.reinterpret(gl.int32, [2], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    else:
+        @gluon.jit
+        def as_words(bar):
+            return bar._reinterpret(gl.int32, [2], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+
     @gluon.jit
     def k_barrier_word(X, Y, POISON: gl.constexpr):
         bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -102,8 +113,7 @@ def _barrier_kernel():
         offs = gl.arange(0, 2, layout=gl.BlockedLayout([1], [32], [4], [0]))
         x = gl.load(X + offs)
         if POISON:  # the barrier's memory, seen as two int32 words, receives the loaded values
-            view = bar._reinterpret(gl.int32, [2], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-            view.store(x)
+            as_words(bar).store(x)
         mbarrier.wait(bar, 0)
         gl.store(Y + offs, x)
 
