@@ -278,11 +278,14 @@ def test_secure_prepass_replaces_exactly_the_padding():
         assert torch.equal(vs2[b, :, n:], vs[b, :, n:])
 
 
-def test_secure_kv_prepass_makes_padding_keys_copies_and_weights_them_zero():
-    """The secure Gluon kernel's non-causal pre-pass (it masks no key): every padding key becomes the
+def test_secure_kv_prepass_makes_padding_keys_copies_and_weights_them_zero(monkeypatch):
+    """The secure Gluon kernel's non-causal pre-pass (it masks no key) with the audit knob's plain forms
+    (``-k_scaled,-w_pairs``; the defaults are in tests/test_secure_padding.py): every padding key becomes the
     sequence's first key (so its score equals a valid one), padding V rows cancel in pairs, and the
     key weights are 1 exactly on the valid keys, in all W_ROWS rows; with no valid key, K's rows are
     a finite public pattern. Nothing of the padding's contents survives."""
+    from flashcore.plan import knobs
+    monkeypatch.setenv(knobs.SECURE_PAD_ENV, "-k_scaled,-w_pairs")
     from flashcore.launch.secure_prepass import PREPASS_WARPS, build_prepass_kv
     from flashcore.kernels.secure.prepass import W_ROWS, attn_secure_sanitize_kv_kernel
     from flashcore.launch.secure_prepass import key_weights_shape

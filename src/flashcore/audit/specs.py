@@ -10,9 +10,11 @@ from dataclasses import replace
 import torch
 
 from ..kernels import KERNELS, SM90_FWD, TRITON_DECODE, TRITON_DECODE_COMBINE, TRITON_FWD
-from ..kernels.secure.prepass import attn_secure_sanitize_kv_kernel, attn_secure_zero_v_padding_kernel
+from ..kernels.secure.prepass import (attn_secure_fill_rows_kernel, attn_secure_sanitize_kv_kernel,
+                                      attn_secure_zero_v_padding_kernel)
 from ..kernels.triton.fwd import attn_fwd_kernel
-from ..launch.secure_prepass import PREPASS_BLOCK_S, PREPASS_WARPS, build_prepass, build_prepass_kv, key_weights_shape
+from ..launch.secure_prepass import (PREPASS_BLOCK_S, PREPASS_WARPS, build_fill_rows, build_prepass, build_prepass_kv,
+                                     key_weights_shape)
 from ..launch.sm90_fwd import GluonLaunch
 from ..launch.triton_decode import DecodeShape, build_combine, build_split
 from ..launch.triton_fwd import build_launch
@@ -87,10 +89,11 @@ def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0), full: bool = False
                     for varlen in ((False,) if secure else (False, True)):
                         specs.append(_audit_spec(dtype, hd, causal, public_diag, S, Hq, Hkv, secure, varlen, arch))
             if secure:
-                for S, _, Hkv in _AUDIT_SEQLENS:
+                for S, Hq, Hkv in _AUDIT_SEQLENS:
                     specs.append(_audit_prepass_spec(dtype, hd, S, Hkv))
                     if dtype != torch.float32 and hd in (64, 128):  # the secure Gluon kernel's (non-causal)
                         specs.append(_audit_prepass_kv_spec(dtype, hd, S, Hkv))
+                        specs.append(_audit_fill_rows_spec(dtype, hd, S, Hq))
         if secure and _hd_ones(dtype):
             for hd in _hd_ones(dtype):
                 B, S, Hq, Hkv = (_AUDIT_ONES[k] for k in ("B", "S", "Hq", "Hkv"))
@@ -99,6 +102,7 @@ def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0), full: bool = False
                 specs.append(_audit_prepass_spec(dtype, hd, S, Hkv, B=B))
                 if dtype != torch.float32:
                     specs.append(_audit_prepass_kv_spec(dtype, hd, S, Hkv, B=B))
+                    specs.append(_audit_fill_rows_spec(dtype, hd, S, Hq, B=B))
     specs += decode_specs(secure, full=full)
     if tables.is_hopper(arch):
         for dtype in (torch.bfloat16, torch.float16):
@@ -271,3 +275,14 @@ def _decode_specs(q_dtype, cache_dtype, hd, cache, page, Sq, causal, splits, sec
         specs.append(_spec_from_launch(name, replace(cfg, num_warps=4, num_stages=1), [f32, f32, q, f32, i32]
                                        + list(args), ce, TRITON_DECODE_COMBINE.secrets(secure=secure), fn=fn))
     return specs
+
+
+def _audit_fill_rows_spec(dtype, hd, S, H, B=2):
+    """The secure row fill (Q's padding; K's in the causal form), as launched on a [B, H, S, D] tensor."""
+    x = torch.empty(B, H, S, hd, dtype=dtype)
+    xs = torch.empty_like(x)
+    lens = torch.full((B,), S, dtype=torch.int32)
+    _, args, ce = build_fill_rows(x, xs, lens, seqlen=S, batch=B, num_heads=H, x_strides=x.stride()[:3])
+    cfg = Config(PREPASS_BLOCK_S, PREPASS_BLOCK_S, PREPASS_WARPS, 1)
+    return _spec_from_launch(f"secure_fill_rows_{_ELT[dtype]}_d{hd}_s{S}_h{H}{'_b1' if B == 1 else ''}", cfg, args, ce,
+                             KERNELS["secure_fill_rows"].secrets(), fn=attn_secure_fill_rows_kernel)

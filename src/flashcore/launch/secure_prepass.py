@@ -5,10 +5,11 @@ import torch
 
 from ..kernels.secure.prepass import (
     W_ROWS,
+    attn_secure_fill_rows_kernel,
     attn_secure_sanitize_kv_kernel,
     attn_secure_zero_v_padding_kernel,
 )
-from ..plan.knobs import secure_v_pad_pairs
+from ..plan.knobs import secure_padding, secure_v_pad_pairs
 from ..plan.tables import block_d
 from ..runtime import KernelStep, cdiv
 
@@ -36,10 +37,46 @@ def build_prepass_kv(k, v, ks, vs, w, seqlens_k, *, seqlen_k: int, batch: int, n
     (``attn_secure_sanitize_kv_kernel``); ``w`` is ``key_weights_shape(batch, seqlen_k)``."""
     head_dim = v.shape[-1]
     args = [k, v, ks, vs, w, seqlens_k, *k_strides, *v_strides, seqlen_k, num_heads_kv, w.shape[-1]]
+    pad = secure_padding()
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_S=PREPASS_BLOCK_S, W_ROWS=W_ROWS,
-                      V_PAD_PAIRS=secure_v_pad_pairs())
+                      V_PAD_PAIRS=secure_v_pad_pairs(), K_PAD_SCALED=pad.k_scaled, W_PAD_PAIRS=pad.w_pairs)
     # w_len <= seqlen_k rounded up to 8 <= the rows this grid covers
     return (cdiv(seqlen_k, PREPASS_BLOCK_S), batch * num_heads_kv), args, constexprs
+
+
+def build_fill_rows(x, xs, seqlens, *, seqlen: int, batch: int, num_heads: int, x_strides):
+    """(grid, positional args, constexprs) of the secure row fill (``attn_secure_fill_rows_kernel``)."""
+    head_dim = x.shape[-1]
+    args = [x, xs, seqlens, *x_strides, seqlen, num_heads]
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_S=PREPASS_BLOCK_S)
+    return (cdiv(seqlen, PREPASS_BLOCK_S), batch * num_heads), args, constexprs
+
+
+class SecureRowFill:
+    """A plan's step that copies Q (or K) with its padding rows replaced by data-like stand-ins;
+    ``run(x, seqlens)`` returns the copy (contiguous ``[B, H, S, D]``, the plan's workspace)."""
+    __slots__ = ("step", "shape", "name")
+
+    def __init__(self, step, shape, name):
+        self.step, self.shape, self.name = step, shape, name
+
+    @property
+    def workspace(self) -> tuple:
+        return ((self.name, self.shape),)
+
+    def run(self, x, seqlens):
+        xs = torch.empty(self.shape, dtype=x.dtype, device=x.device)
+        self.step.run((x, xs, seqlens), x.device)
+        return xs
+
+
+def fill_rows(x, seqlens, *, batch, num_heads, seqlen, x_strides, name):
+    """(row-fill step, a representative copy) for secure mode."""
+    xs = torch.empty((batch, num_heads, seqlen, x.shape[-1]), dtype=x.dtype, device=x.device)
+    grid, args, ce = build_fill_rows(x, xs, seqlens, seqlen=seqlen, batch=batch, num_heads=num_heads,
+                                     x_strides=x_strides)
+    step = KernelStep(attn_secure_fill_rows_kernel, grid, args, 3, ce, PREPASS_WARPS, 1)
+    return SecureRowFill(step, xs.shape, name), xs
 
 
 class SecurePrepass:

@@ -6,10 +6,11 @@ from __future__ import annotations
 import torch
 
 from .._checks import check_secure_lengths
-from ..launch.secure_prepass import prepass_kv, prepass_v
+from ..launch.secure_prepass import fill_rows, prepass_kv, prepass_v
 from ..launch.sm90_fwd import GluonLaunch
 from ..launch.triton_fwd import TritonForward, pointer_args
 from ..problem import Problem
+from .knobs import secure_padding
 from ..runtime.launcher import capturing
 from .select import SM90, Selection, select
 
@@ -20,21 +21,24 @@ class Plan:
     Steps, in order: the secure pre-pass (secure mode; it writes the plan's :attr:`workspace`), then the
     main kernel. q/k/v/out are the caller's tensors in the caller's layout (only their pointers are read:
     strides were fixed when the plan was made)."""
-    __slots__ = ("problem", "selection", "prepass", "main", "out_shape", "lse_shape", "validate", "check_cu")
+    __slots__ = ("problem", "selection", "prepass", "main", "out_shape", "lse_shape", "validate", "check_cu",
+                 "fill_q", "fill_k")
 
-    def __init__(self, problem: Problem, selection: Selection, prepass, main, out_shape, lse_shape, validate: bool):
+    def __init__(self, problem: Problem, selection: Selection, prepass, main, out_shape, lse_shape, validate: bool,
+                 fill_q=None, fill_k=None):
         self.problem, self.selection, self.prepass, self.main = problem, selection, prepass, main
         self.out_shape, self.lse_shape, self.validate = out_shape, lse_shape, validate
         self.check_cu = None
+        self.fill_q, self.fill_k = fill_q, fill_k  # secure: Q's / K's padding rows replaced (SecureRowFill)
 
     @property
     def steps(self) -> tuple:
-        return tuple(s for s in (self.prepass, self.main) if s is not None)
+        return tuple(s for s in (self.fill_q, self.fill_k, self.prepass, self.main) if s is not None)
 
     @property
     def workspace(self) -> tuple:
         """(name, shape) of each buffer the steps need beside the caller's (q's dtype)."""
-        return self.prepass.workspace if self.prepass is not None else ()
+        return tuple(w for s in self.steps[:-1] for w in s.workspace)
 
     def __call__(self, q, k, v, seqlens_q=None, seqlens_k=None, out=None, cu_seqlens_q=None, cu_seqlens_k=None):
         device = q.device
@@ -59,6 +63,10 @@ class Plan:
             end_q = self.check_cu(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], self.problem.seqlen_q,
                                   self.problem.seqlen_k)
         w = None
+        if self.fill_q is not None:
+            q = self.fill_q.run(q, seqlens_q)
+        if self.fill_k is not None:
+            k = self.fill_k.run(k, seqlens_k)
         if self.prepass is not None:
             k, v, w = self.prepass.run(k, v, seqlens_k)
         self.main.run(pointer_args(q, k, v, out, lse, (seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlens_k), dummy=q),
@@ -97,16 +105,23 @@ def build(problem: Problem, q, k, v, o, lse, *, seqlens_q=None, seqlens_k=None, 
         seqlens_q = seqlens_k
     kw = dict(scale=p.scale, causal=p.causal, seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k, batch=p.batch,
               num_heads_q=p.num_heads_q, num_heads_kv=p.num_heads_kv, lse_strides=lse_strides)
-    prepass = None
+    prepass = fill_q = fill_k = None
     if sel.kernel == SM90:
-        k_in, v_in = k, v
+        q_in, k_in, v_in = q, k, v
+        pad = secure_padding() if p.secure else None
+        if p.secure and pad.fill_q:  # Q's padding rows: data-like stand-ins (a copy of Q)
+            fill_q, q_in = fill_rows(q, seqlens_q, batch=p.batch, num_heads=p.num_heads_q, seqlen=p.seqlen_q,
+                                     x_strides=p.q_strides[:3], name="q_clean")
+        if p.secure and p.causal and pad.fill_k:  # causal: only padding rows see padding keys
+            fill_k, k_in = fill_rows(k, seqlens_k, batch=p.batch, num_heads=p.num_heads_kv, seqlen=p.seqlen_k,
+                                     x_strides=p.k_strides[:3], name="k_clean")
         if p.secure and not p.causal:  # no key mask in the kernel: K, V and key weights
             prepass, k_in, v_in = prepass_kv(k, v, seqlens_k, batch=p.batch, num_heads_kv=p.num_heads_kv,
                                              seqlen_k=p.seqlen_k, k_strides=p.k_strides[:3], v_strides=p.v_strides[:3])
         elif p.secure:
             prepass, v_in = prepass_v(v, seqlens_k, batch=p.batch, num_heads_kv=p.num_heads_kv, seqlen_k=p.seqlen_k,
                                       v_strides=p.v_strides[:3])
-        main = GluonLaunch(q, k_in, v_in, o, lse, cfg=cfg, secure=p.secure, **kw)
+        main = GluonLaunch(q_in, k_in, v_in, o, lse, cfg=cfg, secure=p.secure, **kw)
     else:
         v_strides = p.v_strides[:3]
         if p.secure and cfg.v_prepass:
@@ -120,4 +135,4 @@ def build(problem: Problem, q, k, v, o, lse, *, seqlens_q=None, seqlens_k=None, 
     lse_shape = None
     if p.return_lse:
         lse_shape = (p.num_heads_q, q.shape[0]) if p.varlen else (p.batch, p.num_heads_q, p.seqlen_q)
-    return Plan(p, sel, prepass, main, out_shape, lse_shape, validate)
+    return Plan(p, sel, prepass, main, out_shape, lse_shape, validate, fill_q, fill_k)

@@ -23,7 +23,8 @@ HOPPER_KERNEL_ENV = "FLASHCORE_HOPPER_KERNEL"
 HOPPER_KERNEL_MODES = ("auto", "triton", "gluon_ws")
 SECURE_KERNEL_ENV = "FLASHCORE_SECURE_KERNEL"
 SECURE_V_PAD_ENV = "FLASHCORE_SECURE_V_PAD"
-ENV_VARS = (HOPPER_KERNEL_ENV, SECURE_V_ZEROING_ENV, SECURE_KERNEL_ENV, SECURE_V_PAD_ENV)
+SECURE_PAD_ENV = "FLASHCORE_SECURE_PAD"
+ENV_VARS = (HOPPER_KERNEL_ENV, SECURE_V_ZEROING_ENV, SECURE_KERNEL_ENV, SECURE_V_PAD_ENV, SECURE_PAD_ENV)
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,37 @@ def secure_v_pad_pairs() -> bool:
     return mode == "pairs"
 
 
+@dataclass(frozen=True)
+class SecurePadding:
+    """What the secure pre-passes put in the padding that the tensor cores multiply (timing gate,
+    docs/security.md 5.4): ``k_scaled`` padding keys as public shrinks of key 0 instead of copies
+    (non-causal Gluon form); ``w_pairs`` the key weights' padding as cancelling pairs instead of zeros;
+    ``fill_q`` Q's padding rows replaced by data-like stand-ins (a pre-pass over Q); ``fill_k`` the same
+    for K in the causal self-attention form."""
+    k_scaled: bool = True
+    w_pairs: bool = True
+    fill_q: bool = False
+    fill_k: bool = False
+
+
+def secure_padding() -> SecurePadding:
+    """``FLASHCORE_SECURE_PAD`` (an audit knob): a comma list of :class:`SecurePadding` fields to switch on,
+    ``-name`` to switch one off (unset: the defaults)."""
+    raw = os.environ.get(SECURE_PAD_ENV, "")
+    known = [f.name for f in fields(SecurePadding)]
+    values = {}
+    for item in (n.strip() for n in raw.split(",")):
+        if not item:
+            continue
+        name = item.lstrip("-")
+        if name not in known:
+            raise ValueError(f"{SECURE_PAD_ENV} takes a comma list of {known} (-name: off), got {item!r}")
+        values[name] = not item.startswith("-")
+    return SecurePadding(**values)
+
+
 def snapshot() -> tuple:
     """Every knob's current value: part of every plan key."""
     get = os.environ.get
-    return (get(HOPPER_KERNEL_ENV), get(SECURE_V_ZEROING_ENV), get(SECURE_KERNEL_ENV), get(SECURE_V_PAD_ENV), _switches)
+    return (get(HOPPER_KERNEL_ENV), get(SECURE_V_ZEROING_ENV), get(SECURE_KERNEL_ENV), get(SECURE_V_PAD_ENV),
+            get(SECURE_PAD_ENV), _switches)

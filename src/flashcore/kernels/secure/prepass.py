@@ -27,16 +27,30 @@ from ..capabilities import Capabilities
 W_ROWS = 8
 # Magnitude of the cancelling V padding pattern (attn_secure_sanitize_kv_kernel): exact in 16-bit, small.
 PAD_SCALE: tl.constexpr = tl.constexpr(1.0 / 64)
+# K_PAD_SCALED: the largest shrink of key 0 in a padding key. A padding score is then within K_PAD_EPS *
+# sum_d |q_d k0_d| * scale of key 0's own (valid) score, so the row max exceeds the valid one by at most that.
+K_PAD_EPS: tl.constexpr = tl.constexpr(1.0 / 16)
+
+
+@triton.jit
+def _hash(a, b, salt):
+    """A public 32-bit hash of (salt, a, b) (integer tensors that broadcast): data-independent."""
+    h = (a.to(tl.uint32) * 0x9E3779B1) ^ (b.to(tl.uint32) * 0x85EBCA77) ^ (salt.to(tl.uint32) * 0xC2B2AE3D)
+    h = (h ^ (h >> 15)) * 0x2C1B3C6D
+    return h ^ (h >> 12)
 
 
 @triton.jit
 def _position_noise(rows, cols, salt):
     """Finite values in [-2, 2) from a hash of (salt, row, col): public, data-independent."""
-    h = (rows[:, None].to(tl.uint32) * 0x9E3779B1) ^ (cols[None, :].to(tl.uint32) * 0x85EBCA77) ^ (
-        salt.to(tl.uint32) * 0xC2B2AE3D)
-    h = (h ^ (h >> 15)) * 0x2C1B3C6D
-    h = h ^ (h >> 12)
+    h = _hash(rows[:, None], cols[None, :], salt)
     return ((h >> 8) & 0xFFFF).to(tl.float32) * (4.0 / 65536.0) - 2.0
+
+
+@triton.jit
+def _row_unit(rows, salt):
+    """One public value in [0, 1) per row (a hash of the row and ``salt``)."""
+    return ((_hash(rows, rows * 0 + 0x5BD1, salt) >> 8) & 0xFFFF).to(tl.float32) * (1.0 / 65536.0)
 
 
 @triton.jit
@@ -74,14 +88,18 @@ def attn_secure_sanitize_kv_kernel(
     stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
     seqlen_k, num_heads_kv, w_len,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, W_ROWS: tl.constexpr,
-    V_PAD_PAIRS: tl.constexpr = True,
+    V_PAD_PAIRS: tl.constexpr = True, K_PAD_SCALED: tl.constexpr = True, W_PAD_PAIRS: tl.constexpr = True,
 ):
     """The pre-pass of the secure Gluon kernel's non-causal form, which masks no key (kernels/sm90/fwd.py):
 
-    * KS: K with every padding row replaced by the sequence's first key. A padding key's score then
-      equals a valid one (row 0's), so the unmasked row max is the true one and every probability is
-      finite (at most 1), whatever the padding held. With no valid key (length 0) the rows get the
-      public position pattern: the kernel's row sum is 0 then and the row outputs zeros.
+    * KS: K with every padding row replaced by a public shrink of the sequence's first key, ``(1 - eps) * key0``
+      with eps in [0, K_PAD_EPS), the same for both keys of a pair (counted from the length). A padding
+      key's score is then within K_PAD_EPS * sum_d |q_d key0_d| * scale of a valid one (key 0's), so the
+      unmasked row max exceeds the true one by at most that, every probability is finite, and the two
+      keys of a pair have equal probabilities, whatever the padding held. Not plain copies of key 0
+      (``K_PAD_SCALED`` False, an audit knob): a tile of one repeated key made the tensor cores' time
+      follow the length (docs/security.md 5.4). With no valid key (length 0) the rows get the public
+      position pattern: the kernel's row sum is 0 then and the row outputs zeros.
     * VS: V whose padding rows add nothing to P V although their probabilities are not zero: the rows
       come in pairs (counted from the length) of a small public pattern and its exact negation, and a
       padding key's probability is the same for every padding key of a row (all are copies of key 0),
@@ -90,9 +108,11 @@ def attn_secure_sanitize_kv_kernel(
       exact in real arithmetic; the MMA's fp32 accumulation rounds, which leaves at most about
       n_pad * 2^-22 * PAD_SCALE * 2 in an output (PAD_SCALE keeps the pattern small). An odd last
       padding row has no partner and is zero.
-    * W: ``[B, W_ROWS, w_len]``, 1 where a key is valid and 0 past the length (and past ``seqlen_k`` up to
-      ``w_len``), all rows alike: the kernel's row sum is the MMA ``P W``, so padding keys drop out of
-      the softmax denominator without a select per score. Written by the programs of head 0.
+    * W: ``[B, W_ROWS, w_len]``, 1 where a key is valid, and on padding keys pairs ``(c, -c)`` like V's
+      (``W_PAD_PAIRS``; zeros with the knob off), 0 for an odd last padding key and past ``seqlen_k`` up
+      to ``w_len``; all rows alike: the kernel's row sum is the MMA ``P W``, so padding keys drop out of
+      the softmax denominator (their pairs cancel) without a select per score. Written by the programs
+      of head 0.
 
     Constant time as the V pre-pass above: whole tiles read and written, the length only in selects."""
     pid_bh, b, h, len_k, rows, offs_d = _prepass_tile(SEQLENS_K, seqlen_k, num_heads_kv, BLOCK_S, BLOCK_D)
@@ -105,7 +125,11 @@ def attn_secure_sanitize_kv_kernel(
     # one public pattern per pair of padding rows (counted from the length), computed once for K and V
     pair_first = rows - ((rows - len_k) & 1)
     noise = _position_noise(pair_first, offs_d, pid_bh)
-    kx = tl.where(valid, kx, tl.where(len_k > 0, key0[None, :], noise.to(kx.dtype)))
+    key_pad = key0[None, :]
+    if K_PAD_SCALED:  # each pair of padding keys a public shrink of key 0: (1 - eps) * key0, eps in [0, K_PAD_EPS)
+        shrink = 1.0 - _row_unit(pair_first, pid_bh) * K_PAD_EPS
+        key_pad = (key0[None, :].to(tl.float32) * shrink[:, None]).to(kx.dtype)
+    kx = tl.where(valid, kx, tl.where(len_k > 0, key_pad, noise.to(kx.dtype)))
     vx = tl.load(V + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh + rows[:, None] * stride_vs
                  + offs_d[None, :], mask=in_bounds, other=0.0)
     rel = rows[:, None] - len_k  # >= 0 on padding
@@ -121,9 +145,48 @@ def attn_secure_sanitize_kv_kernel(
     tl.store(VS + dst, vx, mask=in_bounds)
     if h == 0:  # public: one head per batch writes the key weights
         w_rows = tl.arange(0, W_ROWS)
-        w = tl.where(rows[None, :] < len_k, 1.0, 0.0) + tl.zeros([W_ROWS, BLOCK_S], tl.float32)
+        w_pad = tl.zeros([BLOCK_S], tl.float32)
+        if W_PAD_PAIRS:  # pairs (pattern, -pattern) like V's: a pair's probabilities are equal, so they cancel
+            w_rel = rows - len_k
+            w_pad = (0.5 + _row_unit(pair_first, pid_bh + 0x2F)) * PAD_SCALE
+            w_pad = tl.where((w_rel & 1) == 0, w_pad, -w_pad)
+            w_pad = tl.where((rows < seqlen_k) & ((w_rel != n_pad - 1) | ((n_pad & 1) == 0)), w_pad, 0.0)
+        w = tl.where(rows[None, :] < len_k, 1.0, w_pad[None, :]) + tl.zeros([W_ROWS, BLOCK_S], tl.float32)
         dst_w = W + (b.to(tl.int64) * W_ROWS + w_rows[:, None]) * w_len + rows[None, :]
         tl.store(dst_w, w.to(W.dtype.element_ty), mask=rows[None, :] < w_len)
+
+
+@triton.jit
+def attn_secure_fill_rows_kernel(
+    X, XS, SEQLENS,
+    stride_b, stride_h, stride_s,
+    seqlen, num_heads,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    """A copy of X ``[B, H, S, D]`` (contiguous XS) whose rows at or past the secret length ``SEQLENS[b]``
+    hold data-like public stand-ins instead of the caller's padding: row 0 of the sequence with its head dim
+    permuted (``d XOR m``, m a public hash of the row) and public signs flipped. So padding rows have the
+    magnitudes of real data whatever the caller padded with (zeros make the tensor cores faster,
+    docs/security.md 5.4). Used for Q (rows past the query length are computed, then replaced by zeros)
+    and, in the causal self-attention form, for K (only rows past the length see padding keys). With
+    length 0 the rows get the public position pattern.
+
+    Constant time as the pre-passes above: whole tiles read and written, row 0 at a public address, the
+    length only in selects."""
+    pid_bh, b, h, length, rows, offs_d = _prepass_tile(SEQLENS, seqlen, num_heads, BLOCK_S, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    in_bounds = (rows[:, None] < seqlen) & d_ok[None, :]  # public shape only
+    base = X + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
+    x = tl.load(base + rows[:, None] * stride_s + offs_d[None, :], mask=in_bounds, other=0.0)
+    perm = offs_d[None, :] ^ (_hash(rows, rows * 0 + 0x71, pid_bh) & (BLOCK_D - 1))[:, None]
+    row0 = tl.load(base + perm, mask=perm < HEAD_DIM, other=0.0).to(tl.float32)
+    flip = (_hash(rows[:, None], offs_d[None, :], pid_bh + 0x3C) & 0x100) != 0
+    noise = _position_noise(rows, offs_d, pid_bh)
+    stand_in = tl.where(flip, -row0, row0)
+    stand_in = tl.where((length > 0) & (perm < HEAD_DIM), stand_in, noise)
+    x = tl.where(rows[:, None] < length, x, stand_in.to(x.dtype))
+    dst = (pid_bh.to(tl.int64) * seqlen + rows[:, None]) * HEAD_DIM + offs_d[None, :]
+    tl.store(XS + dst, x, mask=in_bounds)
 
 
 V_CAPABILITIES = Capabilities(
@@ -136,3 +199,8 @@ KV_CAPABILITIES = Capabilities(
     role="secure mode: sanitised K/V copies and 0/1 key weights (before the sm_90 non-causal form)",
     dtypes=("fp16", "bf16"), head_dims=(64, 128), archs=None, features=("secure",),
     secret=("K", "V", "KS", "VS", "W", "SEQLENS_K"))
+ROWS_CAPABILITIES = Capabilities(
+    name="secure_fill_rows", module=__name__,
+    role="secure mode: a copy of Q (or of K, causal form) whose padding rows hold data-like public stand-ins",
+    dtypes=("fp16", "bf16", "fp32"), head_dims=tuple(range(8, 257, 8)), archs=None, features=("secure",),
+    secret=("X", "XS", "SEQLENS"))
