@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .._checks import check_secure_lengths
-from ..launch.secure_prepass import fill_rows, prepass_kv, prepass_v
+from ..launch.secure_prepass import SecureRowFill, fill_rows, prepass_kv, prepass_v
 from ..launch.sm90_fwd import GluonLaunch
 from ..launch.triton_fwd import TritonForward, pointer_args
 from ..problem import Problem
@@ -67,7 +67,9 @@ class Plan:
             q = self.fill_q.run(q, seqlens_q)
         if self.fill_k is not None:
             k = self.fill_k.run(k, seqlens_k)
-        if self.prepass is not None:
+        if isinstance(self.prepass, SecureRowFill):  # the causal form's V (fill_k)
+            v = self.prepass.run(v, seqlens_k)
+        elif self.prepass is not None:
             k, v, w = self.prepass.run(k, v, seqlens_k)
         self.main.run(pointer_args(q, k, v, out, lse, (seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlens_k), dummy=q),
                       device, w)
@@ -118,6 +120,9 @@ def build(problem: Problem, q, k, v, o, lse, *, seqlens_q=None, seqlens_k=None, 
         if p.secure and not p.causal:  # no key mask in the kernel: K, V and key weights
             prepass, k_in, v_in = prepass_kv(k, v, seqlens_k, batch=p.batch, num_heads_kv=p.num_heads_kv,
                                              seqlen_k=p.seqlen_k, k_strides=p.k_strides[:3], v_strides=p.v_strides[:3])
+        elif p.secure and pad.fill_k:  # V's padding: data-like stand-ins too (finite, as the V pre-pass's)
+            prepass, v_in = fill_rows(v, seqlens_k, batch=p.batch, num_heads=p.num_heads_kv, seqlen=p.seqlen_k,
+                                      x_strides=p.v_strides[:3], name="v_clean")
         elif p.secure:
             prepass, v_in = prepass_v(v, seqlens_k, batch=p.batch, num_heads_kv=p.num_heads_kv, seqlen_k=p.seqlen_k,
                                       v_strides=p.v_strides[:3])

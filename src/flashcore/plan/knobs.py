@@ -94,7 +94,7 @@ class SecurePadding:
     docs/security.md 5.4): ``k_scaled`` padding keys as public shrinks of key 0 instead of copies
     (non-causal Gluon form); ``w_pairs`` the key weights' padding as cancelling pairs instead of zeros;
     ``fill_q`` Q's padding rows replaced by data-like stand-ins (a pre-pass over Q); ``fill_k`` the same
-    for K in the causal self-attention form."""
+    for K and V in the causal self-attention form (V's stand-ins replace the V pre-pass's pattern)."""
     k_scaled: bool = True
     w_pairs: bool = True
     fill_q: bool = False
