@@ -35,6 +35,7 @@ SECURE_SUBSET = (
     "secure_fp32_d128_causal_pubdiag_s4096_gqa1_",
     "secure_prepass_bf16_d72_s1000_hkv2",
     "secure_prepass_kv_bf16_d128_s1000_hkv2",
+    "secure_fill_rows_bf16_d128_s1000_h8",
     "secure_gluon_ws_bf16_d128_causal_s1000_gqa4_lse_",
     "secure_gluon_ws_fp16_d64_full_s4096_gqa1_",
     # the KV-cache kernels: a paged cache (the form the gate once flagged through the pipeliner's shared-memory copy

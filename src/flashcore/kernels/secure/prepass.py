@@ -201,6 +201,6 @@ KV_CAPABILITIES = Capabilities(
     secret=("K", "V", "KS", "VS", "W", "SEQLENS_K"))
 ROWS_CAPABILITIES = Capabilities(
     name="secure_fill_rows", module=__name__,
-    role="secure mode: a copy of Q (or of K, causal form) whose padding rows hold data-like public stand-ins",
+    role="secure mode: a copy of Q (or of K and V, causal form) whose padding rows hold data-like public stand-ins",
     dtypes=("fp16", "bf16", "fp32"), head_dims=tuple(range(8, 257, 8)), archs=None, features=("secure",),
     secret=("X", "XS", "SEQLENS"))
