@@ -178,6 +178,17 @@ def strict_interpreter(monkeypatch):
     return launches
 
 
+def nvdisasm_missing() -> str | None:
+    """Why the SASS tests cannot compile and disassemble here (no ``nvdisasm``), or None: their skip condition."""
+    from flashcore.audit.sass.compile import _tool
+
+    try:
+        _tool("nvdisasm")
+    except FileNotFoundError as e:
+        return str(e)
+    return None
+
+
 def rel_err(out, ref) -> float:
     ref = ref.double()
     denom = ref.norm().item()

@@ -16,19 +16,12 @@ triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
 from flashcore.audit.sass import ParamInfo, analyze_listing, compile_cubin, disassemble, sass_taint  # noqa: E402
-from flashcore.audit.sass.compile import _tool  # noqa: E402
+from conftest import nvdisasm_missing  # noqa: E402
 from flashcore.audit.sass.isa import parse_nvdisasm  # noqa: E402
 
 
-def _can_compile() -> str | None:
-    try:
-        _tool("nvdisasm")
-    except FileNotFoundError as e:
-        return str(e)
-    return None
-
-
-pytestmark = [pytest.mark.skipif(_can_compile() is not None, reason=f"no nvdisasm: {_can_compile()}"),
+_NO_NVDISASM = nvdisasm_missing()
+pytestmark = [pytest.mark.skipif(_NO_NVDISASM is not None, reason=f"no nvdisasm: {_NO_NVDISASM}"),
               pytest.mark.fresh_process]
 
 
