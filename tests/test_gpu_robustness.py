@@ -81,6 +81,58 @@ def test_tensors_on_a_non_current_device_launch_on_their_own_device():
     assert torch.cuda.current_device() == 0
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("path", ["gluon", "triton", "secure", "varlen", "kvcache", "backward"])
+def test_the_same_call_on_two_devices_runs_on_each_ones_own(path):
+    """One shape, called on cuda:1, cuda:0, then cuda:1 again, with cuda:0 current: each call's plan, its cached
+    launch (TMA descriptors, workspace) and its kernels belong to the tensors' device, whichever device planned
+    that shape first. Every path: the Gluon and Triton forwards, secure mode with its pre-pass, varlen, the
+    KV-cache decode kernels (with a split count from the device's SM count) and the backward."""
+    torch.cuda.set_device(0)
+    for dev in ("cuda:1", "cuda:0", "cuda:1"):
+        torch.manual_seed(5)
+        if path == "kvcache":
+            q = torch.randn(2, 1, 8, 128, device=dev).to(torch.bfloat16)
+            kc, vc = (torch.randn(2, 4096, 2, 128, device=dev).to(torch.bfloat16) for _ in range(2))
+            lens = torch.tensor([4000, 1234], dtype=torch.int32, device=dev)
+            run = lambda: flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lens)
+            ref = flashcore.reference.attention_with_kvcache(q, kc, vc, cache_seqlens=lens)
+        elif path == "varlen":
+            cu = torch.tensor([0, 100, 357, 700], dtype=torch.int32, device=dev)
+            q, k, v = (torch.randn(700, h, 128, device=dev).to(torch.bfloat16) for h in (8, 2, 2))
+            run = lambda: flashcore.attention_varlen(q, k, v, cu, cu, 343, 343, causal=True)
+            ref = flashcore.reference.attention_varlen(q, k, v, cu, cu, 343, 343, causal=True)
+        else:
+            S, D = (700, 128) if path in ("gluon", "secure") else (300, 96)
+            q, k, v = _qkv(2, 8, 2, S, D, seed=3, device=dev)
+            kw = {"secure": True, "seqlens_k": torch.tensor([S, 311], dtype=torch.int32, device=dev)} \
+                if path == "secure" else {}
+            run = lambda: flashcore.attention(q, k, v, causal=True, **kw)
+            ref = flashcore.reference.attention(q, k, v, causal=True, **kw)
+        if path == "backward":
+            q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+            out = flashcore.attention(q, k, v, causal=True)
+            dout = torch.randn_like(out)
+            grads = torch.autograd.grad(out, (q, k, v), dout)
+            qr, kr, vr = (t.detach().double().requires_grad_() for t in (q, k, v))
+            want = torch.autograd.grad(flashcore.reference.attention(qr, kr, vr, causal=True), (qr, kr, vr),
+                                       dout.double())
+            for g, w in zip(grads, want):
+                assert g.device == q.device
+                assert rel_err(g, w) < TOL
+        else:
+            plan = flashcore.plan_attention(q, k, v, causal=True, **kw) if path in ("gluon", "triton", "secure") \
+                else None
+            if plan is not None:
+                assert plan.selection.kernel.startswith("sm90_fwd" if path != "triton" else "triton_fwd"), \
+                    plan.selection.explain()
+            out = run()
+            assert out.device == q.device
+            torch.cuda.synchronize(q.device)
+            assert rel_err(out, ref) < TOL
+        assert torch.cuda.current_device() == 0
+
+
 _OOM_SCENARIO = """
 import torch, flashcore
 g = torch.Generator(device="cuda").manual_seed(4)

@@ -102,15 +102,70 @@ def ws_control() -> bool:
     return bool(torch.equal(out, want))
 
 
+# The racecheck controls (kernels/sm90/ws_control.py): the barrier control's forms, by the switches
+# (PROLOGUE, IN_DEFAULT, IN_WORKER), and the hand-written CUDA copy of the dispatch (racecheck_dispatch.cu), by its
+# (prologue, in_default) barriers. Each runs alone under racecheck, so a report names the form that caused it.
+BARRIER_FORMS = {"none": (0, 0, 0), "prologue": (1, 0, 0), "in-default": (0, 1, 0), "in-worker": (0, 0, 1)}
+CUDA_FORMS = {"none": (0, 0), "prologue": (1, 0), "in-default": (0, 1)}
+GLUON_WORKLOADS = ("large-fast-d128-causal", "secure-d128")
+
+
+def ws_barrier_control(form: str) -> bool:
+    """``ws_barrier_control_kernel`` in one form of BARRIER_FORMS, on a persistent-sized grid (132 programs)."""
+    from ...kernels.sm90.ws_control import ws_barrier_control_kernel
+
+    prologue, in_default, in_worker = (bool(x) for x in BARRIER_FORMS[form])
+    out = torch.full((132, 384), -1, dtype=torch.int32, device="cuda")
+    for i in range(out.shape[0]):  # one program per launch: each writes the same slice
+        ws_barrier_control_kernel[(1,)](out[i], PROLOGUE=prologue, IN_DEFAULT=in_default, IN_WORKER=in_worker,
+                                        num_warps=4)
+    torch.cuda.synchronize()
+    want = torch.cat([torch.arange(128), torch.arange(128), torch.arange(128) + 1]).to(out)
+    return bool((out == want).all())
+
+
+def build_cuda_control(workdir: str) -> str:
+    """nvcc-built racecheck_dispatch.cu (the hand-written dispatch); returns the executable's path."""
+    src = os.path.join(os.path.dirname(__file__), "racecheck_dispatch.cu")
+    exe = os.path.join(workdir, "racecheck_dispatch")
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    subprocess.run([nvcc, "-arch=sm_90a", "-O2", "-o", exe, src], check=True, capture_output=True, text=True)
+    return exe
+
+
+def racecheck_controls(timeout_s: int, workdir: str) -> list:
+    """racecheck on each control form alone, then on the Gluon workloads alone (which of their reports follow
+    which form)."""
+    rows = [sanitize("racecheck", timeout_s, only="ws-control")]
+    rows += [sanitize("racecheck", timeout_s, only=f"ws-barrier:{form}") for form in BARRIER_FORMS]
+    try:
+        exe = build_cuda_control(workdir)
+        rows += [sanitize("racecheck", timeout_s, argv=[exe, *map(str, CUDA_FORMS[form])], label=f"cuda-dispatch:{form}")
+                 for form in CUDA_FORMS]
+    except (OSError, subprocess.CalledProcessError) as e:
+        rows.append({"tool": "racecheck (cuda-dispatch)", "returncode": "not built", "errors": None, "workloads": [],
+                     "findings": [f"{type(e).__name__}: {getattr(e, 'stderr', '') or e}"[:500]], "seconds": 0.0})
+    rows += [sanitize("racecheck", timeout_s, only=name) for name in GLUON_WORKLOADS]
+    return rows
+
+
 def workload(only: str | None = None) -> int:
     """Run every workload once and check it (the process compute-sanitizer wraps). ``only="ws-control"``:
-    just the control kernel."""
+    just the control kernel; ``only="ws-barrier:FORM"``: the barrier control in that form (BARRIER_FORMS);
+    ``only=NAME``: the workload NAME alone."""
+    if only and only.startswith("ws-barrier:"):
+        form = only.split(":", 1)[1]
+        ok = ws_barrier_control(form)
+        print(f"WORKLOAD ws-barrier:{form} kernel=ws_barrier_control_kernel ok={ok}", flush=True)
+        return 0 if ok else 1
     ok = ws_control()
     print(f"WORKLOAD ws-control kernel=ws_control_kernel ok={ok}", flush=True)
     if only == "ws-control":
         return 0 if ok else 1
     bad = [] if ok else ["ws-control"]
     for name, run, ref, plan, tol in calls(seed=1):
+        if only and name != only:
+            continue
         out = run()
         torch.cuda.synchronize()
         p = plan()
@@ -123,12 +178,15 @@ def workload(only: str | None = None) -> int:
     return 1 if bad else 0
 
 
-def sanitize(tool: str, timeout_s: int, only: str | None = None) -> dict:
+def sanitize(tool: str, timeout_s: int, only: str | None = None, argv: list | None = None,
+             label: str | None = None) -> dict:
+    """``tool`` over the workload process (``only``: one workload, see :func:`workload`), or over ``argv``."""
     exe = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
     cmd = [exe, "--tool", tool, "--print-limit", "50", "--error-exitcode", "99"]
     if tool == "memcheck":
         cmd += ["--leak-check", "no"]  # torch's caching allocator keeps memory by design
-    cmd += [sys.executable, "-m", MODULE, "workload"] + ([only] if only else [])
+    cmd += argv or ([sys.executable, "-m", MODULE, "workload"] + ([only] if only else []))
+    only = label or only
     t0 = time.time()
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
@@ -186,10 +244,14 @@ def main(argv=None) -> int:
     ap.add_argument("--tools", nargs="*", default=["memcheck", "racecheck", "synccheck"])
     ap.add_argument("--timeout", type=int, default=240, help="seconds per sanitizer tool")
     ap.add_argument("--no-threads", action="store_true")
+    ap.add_argument("--racecheck-controls", action="store_true",
+                    help="racecheck on each control form alone and on the Gluon workloads alone (after --tools)")
     args = ap.parse_args(argv)
     doc = {"environment": collect_environment(), "workloads": [n for n, _ in DENSE] + [n for n, _ in VARLEN],
            "sanitizer": [sanitize(t, args.timeout) for t in args.tools]}
-    if "racecheck" in args.tools:  # the control alone: which racecheck findings are Triton's dispatch
+    if args.racecheck_controls:
+        doc["sanitizer"] += racecheck_controls(args.timeout, args.out)
+    elif "racecheck" in args.tools:  # the control alone: which racecheck findings are Triton's dispatch
         doc["sanitizer"].append(sanitize("racecheck", args.timeout, only="ws-control"))
     if not args.no_threads:
         doc["threads"] = threads_check()
