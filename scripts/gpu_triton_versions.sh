@@ -7,7 +7,10 @@
 # Triton 3.9 arrives as .t39/part.* (a tar.xz of the wheel's triton package, stripped to what sm_90 needs: no AMD
 # backend, no profiler libraries, libtriton.so without its static symbols; scripts/stage_triton39.sh builds it);
 # a part that came in an earlier call of the same warm machine waits in /root/t39stash.
-# Usage (device): bash scripts/gpu_triton_versions.sh [stash]   -- 'stash' only keeps the parts that came along.
+# Usage (device): bash scripts/gpu_triton_versions.sh [stash|launch]
+#   stash: only keep the parts that came along;
+#   launch: the Gluon tests under 3.9, the host cost of one call (flashcore.bench.experiments.host_latency) under
+#           3.9 and 3.6, and two against three consumer warpgroups at D=64 under 3.9 (experiments.wg_count).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p /root/t39stash "$OUT"
@@ -21,6 +24,17 @@ T36="/tmp/site:$PWD/src"
 PYTHONPATH=$T39 python3 -c "import triton; assert triton.__version__ == '3.9.0', triton.__version__; print('triton', triton.__version__)" || exit 3
 export FLASHCORE_GIT_SHA=${FLASHCORE_GIT_SHA:-unknown} PYTHONUNBUFFERED=1
 t0=$(date +%s)
+if [ "${1:-}" = launch ]; then
+  PYTHONPATH=$T39 timeout 200 python3 -m pytest tests/test_hopper_gluon.py -q -p no:cacheprovider -n 8 -rfEx 2>&1 \
+    | tee "$OUT/gluon-tests-triton-3.9.0.log" | grep -E "passed|failed|FAILED|XFAIL"
+  for v in 3.9 3.6; do
+    [ $v = 3.9 ] && P=$T39 || P=$T36
+    PYTHONPATH=$P timeout 120 python3 -m flashcore.bench.experiments.host_latency --out "$OUT/host-triton-$v" 2>&1 | tail -14
+  done
+  PYTHONPATH=$T39 timeout 200 python3 -m flashcore.bench.experiments.wg_count --out "$OUT/wg-count" 2>&1 | tail -6
+  echo "total $(( $(date +%s) - t0 )) s"
+  exit 0
+fi
 PYTHONPATH=$T39 timeout 330 python3 -m pytest tests/test_gpu.py tests/test_hopper_gluon.py tests/test_secure_gluon.py \
   -q -p no:cacheprovider -n 8 -rfEx 2>&1 | tee "$OUT/gpu-tests-triton-3.9.0.log" | tail -25
 echo "GPU tests (triton 3.9.0): $(( $(date +%s) - t0 )) s"

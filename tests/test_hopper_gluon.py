@@ -503,48 +503,53 @@ def test_misaligned_strides_fall_back_to_triton():
     assert rel_err(out, flashcore.reference.attention(q, k, v)) < 1.2e-2
 
 
-def test_descriptor_fast_path_finds_tritons_raw_launcher(monkeypatch):
-    """The encoded-descriptor cache launches through the raw launcher behind Triton's own
-    descriptor-expanding wrapper, calling it with one flat argument list (RAW_LAUNCH_BASE_ARGS launch
-    arguments, then the kernel's, descriptors encoded). Built here with Triton's very wrapper, the raw launcher
-    must be found exactly when that wrapper hands it such a flat list (Triton 3.6), and refused otherwise
-    (3.7 on pass the kernel's arguments as one trailing list to a launcher of another signature: calling it
-    the flat way would be wrong); refused also where scratch memory or a different wrapper shape would make
-    the shortcut wrong."""
+@pytest.mark.parametrize("with_key_weights", [False, True])
+def test_descriptor_fast_path_calls_the_raw_launcher_as_tritons_own_launch_does(monkeypatch, with_key_weights):
+    """The encoded-descriptor cache launches through the raw launcher behind Triton's descriptor-expanding wrapper.
+    On this Triton (every supported version has one of the wrapper shapes runtime.tma knows), the raw launcher must
+    be found, and our call must hand it exactly the arguments that Triton's own launch path does: Triton's
+    CudaLauncher.__call__, run here with its wrapper around a recording launcher (the encoder stubbed: the real one
+    needs a GPU), once with the absent key-weight descriptor (a constexpr slot) and once with five descriptors.
+    Refused where scratch memory, a sanitizer or another wrapper shape would make the shortcut wrong."""
     from types import SimpleNamespace
 
+    import triton
     import triton.backends.nvidia.driver as driver
-    from triton.backends.nvidia.driver import wrap_handle_tensordesc
+    from triton.backends.nvidia.driver import CudaLauncher, wrap_handle_tensordesc
 
-    from flashcore.runtime.tma import RAW_LAUNCH_BASE_ARGS, unwrap_tensordesc_launcher
+    from flashcore.runtime.tma import RawLauncher, unwrap_tensordesc_launcher
 
-    def raw(*args):
-        return args
+    calls = []
+    raw = lambda *args: calls.append(args)  # noqa: E731
+    monkeypatch.setattr(driver, "make_tensordesc_arg", lambda d, m, *_: [f"map:{d}", f"shape:{d}", f"strides:{d}"])
+    if hasattr(triton.runtime.driver, "_active"):  # 3.8 on read the active driver in __call__ (no GPU here)
+        monkeypatch.setattr(triton.runtime.driver, "_active", SimpleNamespace())
+    n = 5 if with_key_weights else 4
+    sig = {f"{x}_desc": f"tensordesc<bf16[1, 1, 64, 128]>" for x in "qkvo"}
+    sig["w_desc"] = "tensordesc<bf16[1, 1, 128, 1]>" if with_key_weights else "constexpr"
+    sig.update(lse_ptr="*fp32", seqlens_q_ptr="*i32", qk_scale="fp32", BLOCK_M="constexpr")
+    meta = [{"swizzle": 3, "elem_size": 2, "elem_type": "bf16", "block_size": [1, 1, 64, 128], "fp4_padded": False}] * n
+    run = SimpleNamespace(launch=wrap_handle_tensordesc(raw, sig, meta), global_scratch_size=0, global_scratch_align=1,
+                          profile_scratch_size=0, profile_scratch_align=1, num_ctas=1, launch_cooperative_grid=False,
+                          launch_pdl=False, arg_annotations="annotations", kernel_signature="signature",
+                          gsan_enabled=False)
+    compiled = SimpleNamespace(run=run, function="function", packed_metadata="packed")
+    found = unwrap_tensordesc_launcher(compiled, sm90_fwd.DESC_ARGS)
+    assert isinstance(found, RawLauncher), f"no raw-launcher shortcut on triton {triton.__version__}"
 
-    sig = {"q_desc": "tensordesc<bf16[1, 1, 64, 128]>", "k_desc": "tensordesc<bf16[1, 1, 128, 128]>",
-           "v_desc": "tensordesc<bf16[1, 1, 128, 128]>", "o_desc": "tensordesc<bf16[1, 1, 64, 128]>",
-           "lse_ptr": "*fp32", "qk_scale": "fp32"}
-    meta = [{"swizzle": 3, "elem_size": 2, "elem_type": "bf16", "block_size": [1, 1, 64, 128], "fp4_padded": False}] * 4
-    wrapper = wrap_handle_tensordesc(raw, sig, meta)
-    run = SimpleNamespace(launch=wrapper, global_scratch_size=0, profile_scratch_size=0)
-    found = unwrap_tensordesc_launcher(SimpleNamespace(run=run), sm90_fwd.DESC_ARGS)
+    descs = ["q", "k", "v", "o"] + (["w"] if with_key_weights else [None])
+    rest = ("lse", "seqlens", 0.5, 64)  # pointers, the scalar, the constexpr's slot (step.tail)
+    CudaLauncher.__call__(run, 132, 1, 1, "stream", "function", "packed", None, None, None, *descs, *rest)
+    enc = found.encode(descs[:n], sm90_fwd.DESC_ARGS)
+    found((132, 1), "stream", compiled, (*enc, *rest))
+    same = lambda c: tuple(list(x) if isinstance(x, (list, tuple)) else x for x in c)  # noqa: E731 (a sequence)
+    assert len(calls) == 2 and same(calls[1]) == same(calls[0]), calls
 
-    # how this Triton's wrapper calls its raw launcher, with the encoder stubbed (the real one needs a GPU)
-    monkeypatch.setattr(driver, "make_tensordesc_arg", lambda d, m, *_: [f"enc:{d}"], raising=True)
-    base = tuple(f"b{i}" for i in range(RAW_LAUNCH_BASE_ARGS))
-    try:
-        flat = wrap_handle_tensordesc(raw, sig, meta)(*base, "q", "k", "v", "o", "lse", 0.5)
-    except Exception:  # noqa: BLE001 - a wrapper that does not take a flat list
-        flat = None
-    takes_flat_list = flat == (*base, "enc:q", "enc:k", "enc:v", "enc:o", "lse", 0.5)
-    assert (found is not None) == takes_flat_list
-    if found is not None:
-        assert found[0] is raw and found[1] == meta
-    for bad in (dict(global_scratch_size=256), dict(profile_scratch_size=64), dict(launch=raw)):
+    for bad in (dict(global_scratch_size=256), dict(profile_scratch_size=64), dict(launch=raw), dict(gsan_enabled=True)):
         run2 = SimpleNamespace(**{**vars(run), **bad})
         assert unwrap_tensordesc_launcher(SimpleNamespace(run=run2), sm90_fwd.DESC_ARGS) is None, bad
-    wrong_sig = dict(sig, q_desc="*bf16")  # three descriptors: not this kernel's wrapper
-    run3 = SimpleNamespace(**{**vars(run), "launch": wrap_handle_tensordesc(raw, wrong_sig, meta[:3])})
+    wrong_sig = dict(sig, q_desc="*bf16")  # three or four descriptors, not first: not this kernel's wrapper
+    run3 = SimpleNamespace(**{**vars(run), "launch": wrap_handle_tensordesc(raw, wrong_sig, meta[:n - 1])})
     assert unwrap_tensordesc_launcher(SimpleNamespace(run=run3), sm90_fwd.DESC_ARGS) is None
 
 

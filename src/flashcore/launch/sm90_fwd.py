@@ -16,7 +16,7 @@ from ..plan.knobs import GluonSwitches, gluon_switches
 from .secure_prepass import key_weights_shape
 from ..plan.tables import gluon_config_error, v_stages
 from ..runtime import KernelStep, cdiv, current_stream, launch_hooks_active, sm_count
-from ..runtime.tma import EncodedDescriptors, encode, make_descriptors, unwrap_tensordesc_launcher
+from ..runtime.tma import EncodedDescriptors, make_descriptors, unwrap_tensordesc_launcher
 
 # Register budgets per partition (setmaxnreg): the loader needs almost nothing, the consumers get
 # the rest. 12 warps x MAXNREG must fit the 64K-register file.
@@ -104,7 +104,7 @@ class GluonLaunch:
         self.step = KernelStep(attn_fwd_hopper_kernel, grid, args, 7, constexprs, cfg.num_warps, 1,
                                options=dict(maxnreg=maxnreg))
         self.trace_slots = grid[0] * num_wg * TRACE_SLOTS if constexprs["TRACE"] else 0
-        self.fast = None  # (raw launcher, descriptor metadata) once compiled; False: not available
+        self.fast = None  # a runtime.tma.RawLauncher once compiled; False: not available
         self.encoded = EncodedDescriptors(ENCODED_SETS)
 
     def descriptors(self, q, k, v, o, w=None):
@@ -134,11 +134,8 @@ class GluonLaunch:
                 self.fast = unwrap_tensordesc_launcher(step.compiled, DESC_ARGS) or False
             return
         key = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), w.data_ptr() if w is not None else 0)
-        enc = self.encoded.get(key, lambda: encode(self.descriptors(q, k, v, o, w), fast[1], DESC_ARGS))
-        c, grid = step.compiled, step.grid
-        fast[0](grid[0], grid[1], 1, current_stream(device), c.function, c.run.launch_cooperative_grid,
-                c.run.launch_pdl, None, None, c.packed_metadata, None, None, None, *enc, lse, sq, *step.scalars,
-                *step.tail)
+        enc = self.encoded.get(key, lambda: fast.encode(self.descriptors(q, k, v, o, w), DESC_ARGS))
+        fast(step.grid, current_stream(device), step.compiled, (*enc, lse, sq, *step.scalars, *step.tail))
 
     def _check_trace(self, q, trace) -> None:
         """A traced launch writes TRACE_SLOTS int64 per consumer warpgroup through the lengths argument: refuse

@@ -31,36 +31,86 @@ def make_descriptors(tensors, geometry, count: int) -> list:
     return descs + [None] * (count - len(descs))
 
 
-# The launch arguments before the kernel's own in the raw launcher's flat argument list (grid x/y/z, stream,
-# function, cooperative grid, PDL, and six metadata/hook/scratch slots), as sm90_fwd.GluonLaunch.run passes them.
+# The launch arguments before the kernel's own in Triton 3.6's flat argument list (grid x/y/z, stream, function,
+# cooperative grid, PDL, and six metadata/hook/scratch slots); Triton 3.7-3.9 pass 15 (those, then the argument
+# annotations and the kernel signature) and the kernel's arguments as one trailing list.
 RAW_LAUNCH_BASE_ARGS = 13
+LIST_LAUNCH_BASE_ARGS = 15
+
+
+class RawLauncher:
+    """Triton's raw launcher, called as this Triton's descriptor-expanding wrapper calls it, with descriptors that
+    were encoded once (:meth:`encode`). Two conventions, told apart by the wrapper's own shape:
+
+    * ``flat`` (Triton 3.6): ``launcher(13 launch arguments, *kernel arguments)``, each descriptor expanded in place;
+    * ``list`` (Triton 3.7-3.9): ``launcher(15 launch arguments, kernel arguments)``, the same expansion in a list,
+      where a parameter that is a constexpr (an absent descriptor: None) keeps its slot.
+
+    Both expand a descriptor into its encoded CUtensorMap, shape and strides (the wrapper's ``make_tensordesc_arg``).
+    """
+    __slots__ = ("launcher", "meta", "flat", "make_arg")
+
+    def __init__(self, launcher, meta, flat: bool, make_arg=None):
+        self.launcher, self.meta, self.flat, self.make_arg = launcher, list(meta), flat, make_arg
+
+    def encode(self, descs, count: int) -> tuple:
+        """The launcher's arguments for the descriptors, as the wrapper would build them; an absent descriptor (past
+        the planned ones) stays one None, up to ``count``."""
+        if self.make_arg is not None:  # 3.8 on: the encoder the wrapper holds (its third argument is unused)
+            make = lambda d, m: self.make_arg(d, m, None)  # noqa: E731
+        else:  # 3.6, 3.7: the driver module's, looked up as the wrapper does (at call time)
+            from triton.backends.nvidia import driver
+
+            make = driver.make_tensordesc_arg
+        out = []
+        for d, m in zip(descs, self.meta):
+            out.extend(make(d, m))
+        return tuple(out) + (None,) * (count - len(self.meta))
+
+    def __call__(self, grid, stream, compiled, kernel_args: tuple) -> None:
+        run = compiled.run
+        if self.flat:
+            self.launcher(grid[0], grid[1], 1, stream, compiled.function, run.launch_cooperative_grid, run.launch_pdl,
+                          None, None, compiled.packed_metadata, None, None, None, *kernel_args)
+        else:
+            self.launcher(grid[0], grid[1], 1, stream, compiled.function, run.launch_cooperative_grid, run.launch_pdl,
+                          compiled.packed_metadata, None, None, None, None, None, run.arg_annotations,
+                          run.kernel_signature, kernel_args)
 
 
 def unwrap_tensordesc_launcher(compiled, max_descriptors: int):
-    """(raw launcher, per-descriptor metadata) behind Triton's descriptor-expanding wrapper, or None where
-    this Triton build does not have that shape; the caller then keeps Triton's own path. Reaches into
-    Triton 3.6's launcher on purpose (see the module docstring): its wrapper takes one flat argument list and
-    splits ``_BASE_ARGS_FORMAT_LEN`` (13) launch arguments off the front. Later Triton versions (3.7 on) pass the
-    kernel's arguments as one trailing list to a launcher with another signature: refused, so those keep
-    Triton's own (slower, equally correct) path."""
+    """The :class:`RawLauncher` behind Triton's descriptor-expanding wrapper, or None where this Triton build does
+    not have one of the wrapper shapes it knows; the caller then keeps Triton's own path. Reaches into Triton's
+    launcher on purpose (see the module docstring). The kernel's descriptors must be its first parameters (4, or
+    ``max_descriptors``), and the launch must need no scratch memory, no sanitizer state, and no other wrapper."""
     run = getattr(compiled, "run", None)
     inner = getattr(run, "launch", None)
     code, cells = getattr(inner, "__code__", None), getattr(inner, "__closure__", None)
     if code is None or not cells or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
         return None
-    if ("_BASE_ARGS_FORMAT_LEN" not in code.co_names
-            or getattr(inner, "__globals__", {}).get("_BASE_ARGS_FORMAT_LEN") != RAW_LAUNCH_BASE_ARGS):
-        return None  # not the flat convention GluonLaunch.run calls the raw launcher with
+    if getattr(run, "gsan_enabled", False):
+        return None
     try:
         free = dict(zip(code.co_freevars, (c.cell_contents for c in cells)))
     except ValueError:  # an empty cell
         return None
-    launcher, meta, idx = free.get("launcher"), free.get("tensordesc_meta"), free.get("tensordesc_indices")
+    launcher, meta = free.get("launcher"), free.get("tensordesc_meta")
     if not callable(launcher) or meta is None or len(meta) not in (4, max_descriptors):
         return None
-    if idx != set(range(len(meta))):
+    first = set(range(len(meta)))
+    if "_BASE_ARGS_FORMAT_LEN" in code.co_names:  # 3.6: one flat list
+        if getattr(inner, "__globals__", {}).get("_BASE_ARGS_FORMAT_LEN") != RAW_LAUNCH_BASE_ARGS:
+            return None
+        return RawLauncher(launcher, meta, flat=True) if free.get("tensordesc_indices") == first else None
+    if not {"base_args", "kernel_args"} <= set(code.co_varnames) or not hasattr(run, "arg_annotations") \
+            or not hasattr(run, "kernel_signature"):
         return None
-    return launcher, list(meta)
+    if "tensordesc_indices" in free:  # 3.7: indices of the descriptor parameters, the driver's encoder
+        return RawLauncher(launcher, meta, flat=False) if free["tensordesc_indices"] == first else None
+    paths, make_arg = free.get("relevant_paths"), free.get("make_tensordesc_arg")
+    if paths == {i: {} for i in first} and callable(make_arg):  # 3.8, 3.9: a tree of descriptor paths
+        return RawLauncher(launcher, meta, flat=False, make_arg=make_arg)
+    return None
 
 
 class EncodedDescriptors:
@@ -83,14 +133,3 @@ class EncodedDescriptors:
 
     def __len__(self) -> int:
         return len(self.sets)
-
-
-def encode(descs, meta, count: int) -> tuple:
-    """The raw launcher's arguments for the descriptors (each: encoded CUtensorMap, shape, strides; an
-    absent descriptor stays None), as Triton's wrapper would build them."""
-    from triton.backends.nvidia.driver import make_tensordesc_arg
-
-    out = []
-    for d, m in zip(descs, meta):
-        out.extend(make_tensordesc_arg(d, m))
-    return tuple(out) + (None, ) * (count - len(meta))

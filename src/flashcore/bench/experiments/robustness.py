@@ -104,9 +104,10 @@ def ws_control() -> bool:
 
 # The racecheck controls (kernels/sm90/ws_control.py): the barrier control's forms, by the switches
 # (PROLOGUE, IN_DEFAULT, IN_WORKER), and the hand-written CUDA copy of the dispatch (racecheck_dispatch.cu), by its
-# (prologue, in_default) barriers. Each runs alone under racecheck, so a report names the form that caused it.
+# (prologue, in_default) barriers and their barrier id. Each runs alone under racecheck, so a report names the form that caused it.
 BARRIER_FORMS = {"none": (0, 0, 0), "prologue": (1, 0, 0), "in-default": (0, 1, 0), "in-worker": (0, 0, 1)}
-CUDA_FORMS = {"none": (0, 0), "prologue": (1, 0), "in-default": (0, 1)}
+CUDA_FORMS = {"none": (0, 0, 0), "prologue": (1, 0, 0), "in-default": (0, 1, 0), "prologue-id5": (1, 0, 5),
+              "in-default-id5": (0, 1, 5)}
 GLUON_WORKLOADS = ("large-fast-d128-causal", "secure-d128")
 
 
@@ -127,17 +128,18 @@ def ws_barrier_control(form: str) -> bool:
 def build_cuda_control(workdir: str) -> str:
     """nvcc-built racecheck_dispatch.cu (the hand-written dispatch); returns the executable's path."""
     src = os.path.join(os.path.dirname(__file__), "racecheck_dispatch.cu")
+    os.makedirs(workdir, exist_ok=True)
     exe = os.path.join(workdir, "racecheck_dispatch")
     nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
     subprocess.run([nvcc, "-arch=sm_90a", "-O2", "-o", exe, src], check=True, capture_output=True, text=True)
     return exe
 
 
-def racecheck_controls(timeout_s: int, workdir: str) -> list:
-    """racecheck on each control form alone, then on the Gluon workloads alone (which of their reports follow
-    which form)."""
-    rows = [sanitize("racecheck", timeout_s, only="ws-control")]
-    rows += [sanitize("racecheck", timeout_s, only=f"ws-barrier:{form}") for form in BARRIER_FORMS]
+def racecheck_controls(timeout_s: int, workdir: str, gluon: bool = True) -> list:
+    """racecheck on each control form alone, then (``gluon``) on the Gluon workloads alone (which of their reports
+    follow which form)."""
+    rows = [sanitize("racecheck", timeout_s, only="ws-control")] if gluon else []
+    rows += [sanitize("racecheck", timeout_s, only=f"ws-barrier:{form}") for form in BARRIER_FORMS] if gluon else []
     try:
         exe = build_cuda_control(workdir)
         rows += [sanitize("racecheck", timeout_s, argv=[exe, *map(str, CUDA_FORMS[form])], label=f"cuda-dispatch:{form}")
@@ -145,7 +147,7 @@ def racecheck_controls(timeout_s: int, workdir: str) -> list:
     except (OSError, subprocess.CalledProcessError) as e:
         rows.append({"tool": "racecheck (cuda-dispatch)", "returncode": "not built", "errors": None, "workloads": [],
                      "findings": [f"{type(e).__name__}: {getattr(e, 'stderr', '') or e}"[:500]], "seconds": 0.0})
-    rows += [sanitize("racecheck", timeout_s, only=name) for name in GLUON_WORKLOADS]
+    rows += [sanitize("racecheck", timeout_s, only=name) for name in GLUON_WORKLOADS] if gluon else []
     return rows
 
 
@@ -246,11 +248,13 @@ def main(argv=None) -> int:
     ap.add_argument("--no-threads", action="store_true")
     ap.add_argument("--racecheck-controls", action="store_true",
                     help="racecheck on each control form alone and on the Gluon workloads alone (after --tools)")
+    ap.add_argument("--cuda-controls-only", action="store_true",
+                    help="with --racecheck-controls: the hand-written CUDA forms only")
     args = ap.parse_args(argv)
     doc = {"environment": collect_environment(), "workloads": [n for n, _ in DENSE] + [n for n, _ in VARLEN],
            "sanitizer": [sanitize(t, args.timeout) for t in args.tools]}
     if args.racecheck_controls:
-        doc["sanitizer"] += racecheck_controls(args.timeout, args.out)
+        doc["sanitizer"] += racecheck_controls(args.timeout, args.out, gluon=not args.cuda_controls_only)
     elif "racecheck" in args.tools:  # the control alone: which racecheck findings are Triton's dispatch
         doc["sanitizer"].append(sanitize("racecheck", args.timeout, only="ws-control"))
     if not args.no_threads:
