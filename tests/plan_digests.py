@@ -3,6 +3,10 @@ Gluon descriptor geometry) for a grid of 1,468 problems on sm_90, sm_80 and the 
 forced, so no GPU is needed), with every environment knob and Gluon switch; one short digest per problem.
 ``tests/test_plans_pinned.py`` compares them with ``tests/data/plans.json``, pinned from the planner before the
 layout move (9875aa0). A change meant to alter what runs re-pins deliberately: ``python tests/plan_digests.py --write``.
+
+The pins are Triton 3.6's. Where a table depends on the toolchain (``plan.tables.SECURE_D64_TWO_WG``), another
+Triton's differences are pinned in ``tests/data/plans-triton-<major.minor>.json`` (only the problems that plan
+differently there), written by ``--write`` under that Triton.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PINNED = os.path.join(HERE, "data", "plans.json")
+BASE_TRITON = "3.6"
 ARCHS = {"sm90": (9, 0), "sm80": (8, 0), "interpreter": None}
 SHAPES = [(1, 8, 8, 512, 512), (2, 16, 4, 1024, 1024), (1, 4, 4, 4096, 4096), (2, 8, 2, 1000, 1000),
           (1, 8, 8, 100, 3000), (1, 32, 8, 64, 8192), (4, 16, 16, 2048, 2048)]
@@ -123,15 +128,45 @@ def digests() -> dict:
     return out
 
 
+def overlay_path(minor: str) -> str:
+    return os.path.join(HERE, "data", f"plans-triton-{minor}.json")
+
+
+def pinned() -> dict:
+    """The pins for the installed Triton: Triton 3.6's, with this version's overlay (if any) on top."""
+    from flashcore.plan.tables import triton_minor
+
+    with open(PINNED) as f:
+        pins = json.load(f)
+    minor = triton_minor()
+    if minor != BASE_TRITON and os.path.exists(overlay_path(minor)):
+        with open(overlay_path(minor)) as f:
+            for arch, plans in json.load(f).items():
+                pins[arch].update(plans)
+    return pins
+
+
 def main(argv=None) -> int:
+    from flashcore.plan.tables import triton_minor
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--write", action="store_true", help="re-pin: write the digests to tests/data/plans.json")
+    p.add_argument("--write", action="store_true", help="re-pin: write the digests to tests/data/plans.json (under "
+                   "Triton 3.6) or this Triton's differences to tests/data/plans-triton-<major.minor>.json")
     a = p.parse_args(argv)
     d = digests()
     if a.write:
-        with open(PINNED, "w") as f:
-            json.dump(d, f, indent=0, sort_keys=True)
+        minor = triton_minor()
+        if minor == BASE_TRITON:
+            path, doc = PINNED, d
+        else:
+            with open(PINNED) as f:
+                base = json.load(f)
+            path = overlay_path(minor)
+            doc = {arch: {n: v for n, v in plans.items() if base.get(arch, {}).get(n) != v} for arch, plans in d.items()}
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=0, sort_keys=True)
             f.write("\n")
+        print("wrote", path)
     print(sum(len(v) for v in d.values()), "plans")
     return 0
 

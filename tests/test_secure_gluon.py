@@ -2,6 +2,7 @@
 ``attn_fwd_hopper_kernel`` with ``SECURE``; secure mode's kernel on Hopper): dispatch and the machine code on the CPU;
 the secure contract against float64 on the GPU."""
 import warnings
+from dataclasses import replace
 
 import pytest
 import torch
@@ -28,8 +29,9 @@ def test_secure_mode_runs_the_gluon_kernel_where_it_can(monkeypatch):
     for d, causal, S in ((128, False, 4096), (64, False, 4096), (128, True, 4096), (64, True, 4096),
                          (64, False, 1024)):
         cfg = select.table_config(H100, **_facts(d, causal, S))
-        assert cfg == tables.gluon_secure(d, S, causal) == tables.gluon_ws(d, S, causal)
-    assert select.table_config(H100, **_facts(64, False, 4096)).block_m == 192  # three consumer warpgroups
+        fast = tables.gluon_ws(d, S, causal)
+        two_wg = fast.block_m == 192 and tables.triton_minor() in tables.SECURE_D64_TWO_WG
+        assert cfg == tables.gluon_secure(d, S, causal) == (replace(fast, block_m=128) if two_wg else fast)
     assert select.table_config(H100, **_facts(128, False, 64, bh=1)).kernel == "triton"  # below the size threshold
     assert select.table_config(H100, **_facts(128, False, dtype_bytes=4)).kernel == "triton"
     assert select.table_config(H100, **_facts(96, False)).kernel == "triton"
@@ -44,6 +46,19 @@ def test_secure_mode_runs_the_gluon_kernel_where_it_can(monkeypatch):
     monkeypatch.setenv(knobs.SECURE_KERNEL_ENV, "nope")
     with pytest.raises(ValueError, match=knobs.SECURE_KERNEL_ENV):
         select.table_config(H100, **_facts(128))
+
+
+@pytest.mark.parametrize("minor", ["3.6", "3.8", "3.9"])
+def test_secure_d64_layout_follows_the_toolchain(monkeypatch, minor):
+    """Secure D=64 non-causal from 2048 query rows: three consumer warpgroups, as the fast path, except under a
+    toolchain that serialises that form's wgmmas (tables.SECURE_D64_TWO_WG: Triton 3.9), where two ran faster."""
+    monkeypatch.setattr(tables, "triton_minor", lambda: minor)
+    cfg = select.table_config(H100, **_facts(64, False, 4096))
+    assert cfg.kernel == "gluon_ws" and cfg.block_m == (128 if minor == "3.9" else 192)
+    assert cfg.num_stages == tables.gluon_ws(64, 4096, False).num_stages
+    assert tables.gluon_ws(64, 4096, False).block_m == 192  # the fast path keeps three everywhere
+    for causal, S in ((True, 4096), (False, 1024)):  # layouts of two consumer warpgroups anyway: unchanged
+        assert select.table_config(H100, **_facts(64, causal, S)) == tables.gluon_ws(64, S, causal)
 
 
 def test_secure_launch_passes_the_lengths_key_weights_and_the_fast_register_split():
@@ -64,18 +79,25 @@ def test_secure_launch_passes_the_lengths_key_weights_and_the_fast_register_spli
             assert descs[4].block_shape == [1, 8, 128]
 
 
-@pytest.mark.parametrize("head_dim,causal", [(128, False), (64, False), (64, True), (128, True)])
-def test_secure_machine_code_keeps_the_fast_loop(head_dim, causal):
+@pytest.mark.parametrize("head_dim,causal,block_m", [(128, False, None), (64, False, None), (64, True, None),
+                                                     (128, True, None), (64, False, 192)])
+def test_secure_machine_code_keeps_the_fast_loop(head_dim, causal, block_m):
     """sm_90a SASS (no GPU), secure against fast. In both, the main loop's exponentials sit between the
     wait for S_j and the wait for the previous P@V, so the softmax overlaps that MMA (in v9's secure
     kernel ptxas had hoisted the P@V wait above them). Causal (self form), the secure loop is the fast
     one instruction for instruction, by opcode, up to a few integer bookkeeping instructions. Non-causal, it masks no key (the pre-pass made padding keys
     copies of a valid one): no more selects than the fast loop, and its row sums are a 64x8 MMA against
-    the key weights instead of an add per score (and a cross-lane reduction per tile)."""
+    the key weights instead of an add per score (and a cross-lane reduction per tile). ``block_m`` None: the layout
+    flashcore launches on this Triton (tables.gluon_secure: three consumer warpgroups at D=64 non-causal, two where
+    the toolchain serialises that form's wgmmas); 192: the three-warpgroup form, whose fit is pinned per version.
+    The fast loop compared is the fast path's in the same layout."""
     from conftest import expect_register_fit, gluon_sass, main_loop_opcodes
 
-    sass, fast_sass = gluon_sass(head_dim, causal, secure=True), gluon_sass(head_dim, causal)
-    form = {(64, False): "secure_d64_full_3wg", (128, True): "d128_causal"}.get((head_dim, causal))
+    block_m = block_m or tables.gluon_secure(head_dim, 4096, causal).block_m
+    sass = gluon_sass(head_dim, causal, secure=True, block_m=block_m)
+    fast_sass = gluon_sass(head_dim, causal, block_m=block_m)
+    form = f"secure_d64_full_{block_m // 64}wg" if (head_dim, causal) == (64, False) else \
+        {(128, True): "d128_causal"}.get((head_dim, causal))
     if "WARPGROUP.DEPBAR.LE gsb0, 0x1" not in sass:  # ptxas serialised every wgmma: no main loop to look at
         expect_register_fit(form, False, "the secure kernel's wgmmas are serialised")
     loop, fast_loop = main_loop_opcodes(sass), main_loop_opcodes(fast_sass)

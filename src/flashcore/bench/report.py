@@ -276,3 +276,26 @@ def decode_summary_table(doc: dict) -> Table:
     table.caption = "* a shape the issue requires; secure/fast: fast time / secure time (throughput ratio)"
     table.caption_justify = "left"
     return table
+
+
+def versions_markdown_table(doc_a: dict, doc_b: dict) -> str:
+    """The README's table of one bench suite run under two Triton versions on one machine (``doc_a`` the newer):
+    flashcore's and secure mode's median times under each, their ratio (b / a: > 1 means ``a`` is faster), and
+    flashcore against SDPA within each run (same-run ratios)."""
+    va, vb = (d["environment"]["versions"]["triton"] for d in (doc_a, doc_b))
+    rows = [f"| shape | flashcore µs, triton {va} / {vb} | speed, {va} vs {vb} | secure µs, {va} / {vb} | "
+            f"speed, {va} vs {vb} | flashcore vs SDPA, {va} / {vb} |", "|---|---|---|---|---|---|"]
+    b_by_key = {e["key"]: e for e in doc_b["results"]}
+    for ea in doc_a["results"]:
+        eb = b_by_key.get(ea["key"])
+        if eb is None:
+            continue
+        fa, fb = (_median_us(e["backends"].get("flashcore")) for e in (ea, eb))
+        sa, sb = (_median_us(e["backends"].get("flashcore-secure")) for e in (ea, eb))
+        pa, pb = (_median_us(e["backends"].get("sdpa-default")) for e in (ea, eb))
+        pair = lambda x, y: f"{x:.1f} / {y:.1f}" if x and y else "-"  # noqa: E731
+        speed = lambda x, y: f"{y / x:.2f}x" if x and y else "-"  # noqa: E731
+        vs = lambda f, p: f"{p / f:.2f}x" if f and p else "-"  # noqa: E731
+        rows.append(f"| {ea['label']} | {pair(fa, fb)} | {speed(fa, fb)} | {pair(sa, sb)} | {speed(sa, sb)} | "
+                    f"{vs(fa, pa)} / {vs(fb, pb)} |")
+    return "\n".join(rows)

@@ -6,7 +6,8 @@ docs/perf-notes.md for the sweeps that chose them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 
 
 def is_hopper(arch) -> bool:
@@ -97,12 +98,33 @@ def block_d(head_dim: int) -> int:
     return max(16, 1 << (head_dim - 1).bit_length())
 
 
+# Triton versions whose toolchain does not fit the secure D=64 three-warpgroup form in its registers: ptxas 13.4
+# (Triton 3.9) serialises its wgmmas (C7512; tests/conftest.REGISTER_MISSES). Measured on one H100, 2026-11-26,
+# triton 3.9.0, same run, do_bench medians (bench/results/triton-versions/wg-count-triton-3.9.0.json), secure at
+# true length = S_max, two consumer warpgroups against three: 16x16x2048x64 746 vs 817 us, 4x32x4096x64 1384 vs
+# 1527, 1x32x16384x64 5148 vs 5548; the fast path's three-warpgroup form ties or wins there (643 vs 651, 1285 vs
+# 1282, 4826 vs 5121) and keeps it. Triton 3.7 and 3.8 were not timed on a GPU: they keep three.
+SECURE_D64_TWO_WG = ("3.9",)
+
+
+@lru_cache(maxsize=None)
+def triton_minor() -> str:
+    """The installed Triton's "major.minor": the toolchain (ptxas) a register budget was measured with."""
+    import triton
+
+    return ".".join(triton.__version__.split(".")[:2])
+
+
 def gluon_secure(head_dim: int, seqlen_q: int = 0, causal: bool = False) -> Config:
     """The Gluon kernel in secure mode (kernels.sm90.fwd.attn_fwd_hopper_kernel with SECURE): the fast path's own
     configuration, since v11 its loop is the fast one (no key mask; perf-notes v11): three consumer
     warpgroups at D=64 non-causal from 2048 query rows (main kernel 0.97-0.98x of the fast path there,
-    against 0.91x with two). K/V always come from a pre-pass (the kernel has no in-loop select)."""
-    return gluon_ws(head_dim, seqlen_q, causal)
+    against 0.91x with two), except on the toolchains of SECURE_D64_TWO_WG (two there). K/V always come from a
+    pre-pass (the kernel has no in-loop select)."""
+    cfg = gluon_ws(head_dim, seqlen_q, causal)
+    if cfg.block_m == 192 and triton_minor() in SECURE_D64_TWO_WG:
+        return replace(cfg, block_m=128)
+    return cfg
 
 
 def hopper(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q: int, seqlen_k: int,
