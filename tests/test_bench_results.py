@@ -178,3 +178,22 @@ def test_merged_runs_compare_by_the_median_of_medians():
     assert R.merge_runs([a_runs[0], other])["environment"]["git_sha"] == "mixed"
     assert R.merge_runs([a_runs[1]]) is a_runs[1]
     assert a_runs[0]["results"][0]["backends"]["flashcore"]["timing"]["median_us"] == pytest.approx(10.0)  # inputs kept
+
+
+def test_readme_triton_versions_table_is_the_committed_runs():
+    """The README's Triton-versions table is generated from the two committed runs it names (one machine, the newer
+    Triton first), never typed; both runs are on an H100 at one git SHA, one per version."""
+    import os
+    import re
+
+    from flashcore.bench.report import versions_markdown_table
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    readme = open(os.path.join(root, "README.md")).read()
+    m = re.search(r"<!-- triton-versions-table: (\S+) (\S+) -->\n(.*?)\n<!-- /triton-versions-table -->", readme, re.S)
+    assert m, "README lost its generated Triton-versions table"
+    a, b = (json.load(open(os.path.join(root, m.group(i)))) for i in (1, 2))
+    assert [d["environment"]["versions"]["triton"] for d in (a, b)] == ["3.9.0", "3.6.0"]
+    assert a["environment"]["git_sha"] == b["environment"]["git_sha"]
+    assert all(d["environment"]["gpu"]["name"].startswith("NVIDIA H100") for d in (a, b))
+    assert m.group(3).strip() == versions_markdown_table(a, b).strip(), "README's Triton-versions table is stale"
