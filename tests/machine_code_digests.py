@@ -66,6 +66,9 @@ def switch_specs() -> list[dict]:
     for causal in (False, True):
         add({}, f"x_fast_d64_{'causal' if causal else 'full'}_1wg", 64, causal, block_m=64)
         add({}, f"x_fast_d64_{'causal' if causal else 'full'}_3wg", 64, causal, block_m=192)
+    # secure D=64 non-causal in both layouts whichever one this Triton launches (tables.SECURE_D64_TWO_WG)
+    for wg in (2, 3):
+        add({}, f"x_secure_d64_full_{wg}wg", 64, False, secure=True, block_m=64 * wg)
     return out
 
 

@@ -14,7 +14,10 @@ to ``--out`` (default ``$OUT`` or ``.``). docs/perf-notes.md says which version 
 * ``audit_gpu``: the GPU audit gates (counters, repro, timing; sass if time is left) in one device call,
   with a time budget, a ``--quick`` smoke mode and a summary table (docs/security.md §4);
 * ``robustness``: compute-sanitizer (memcheck, racecheck, synccheck) over every kernel family, and 8 threads
-  calling at once against single-threaded results (issue 24's reports, audit/results/robustness-*).
+  calling at once against single-threaded results (issue 24's reports, audit/results/robustness-*);
+  ``--racecheck-controls``: racecheck on control kernels, one form at a time (docs/reliability.md);
+* ``wg_count``: two consumer warpgroups against three at D=64, fast and secure, on the installed Triton's toolchain
+  (plan.tables.SECURE_D64_TWO_WG);
 * ``hf_generate``: transformers generation (a random 8-layer Llama of 8B width, bf16) with flashcore as the
   attention implementation beside ``sdpa``: prefill and decode tokens/s, batch 1 and 32, prompt 2048, 256 new tokens.
 """

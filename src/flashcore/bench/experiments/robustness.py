@@ -138,8 +138,10 @@ def build_cuda_control(workdir: str) -> str:
 def racecheck_controls(timeout_s: int, workdir: str, gluon: bool = True) -> list:
     """racecheck on each control form alone, then (``gluon``) on the Gluon workloads alone (which of their reports
     follow which form)."""
-    rows = [sanitize("racecheck", timeout_s, only="ws-control")] if gluon else []
-    rows += [sanitize("racecheck", timeout_s, only=f"ws-barrier:{form}") for form in BARRIER_FORMS] if gluon else []
+    rows = []
+    if gluon:
+        rows.append(sanitize("racecheck", timeout_s, only="ws-control"))
+        rows += [sanitize("racecheck", timeout_s, only=f"ws-barrier:{form}") for form in BARRIER_FORMS]
     try:
         exe = build_cuda_control(workdir)
         rows += [sanitize("racecheck", timeout_s, argv=[exe, *map(str, CUDA_FORMS[form])], label=f"cuda-dispatch:{form}")
@@ -147,7 +149,8 @@ def racecheck_controls(timeout_s: int, workdir: str, gluon: bool = True) -> list
     except (OSError, subprocess.CalledProcessError) as e:
         rows.append({"tool": "racecheck (cuda-dispatch)", "returncode": "not built", "errors": None, "workloads": [],
                      "findings": [f"{type(e).__name__}: {getattr(e, 'stderr', '') or e}"[:500]], "seconds": 0.0})
-    rows += [sanitize("racecheck", timeout_s, only=name) for name in GLUON_WORKLOADS] if gluon else []
+    if gluon:
+        rows += [sanitize("racecheck", timeout_s, only=name) for name in GLUON_WORKLOADS]
     return rows
 
 

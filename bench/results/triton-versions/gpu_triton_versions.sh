@@ -5,9 +5,9 @@
 #   2. `flashcore bench --suite all` (flashcore, flashcore-secure, SDPA) under triton 3.9, then under 3.6:
 #      each backend checked against float64 first, then timed; ratios against SDPA are same-run.
 # Triton 3.9 arrives as .t39/part.* (a tar.xz of the wheel's triton package, stripped to what sm_90 needs: no AMD
-# backend, no profiler libraries, libtriton.so without its static symbols; scripts/stage_triton39.sh builds it);
+# backend, no profiler libraries, libtriton.so without its static symbols; bench/results/triton-versions/stage_triton39.sh builds it);
 # a part that came in an earlier call of the same warm machine waits in /root/t39stash.
-# Usage (device): bash scripts/gpu_triton_versions.sh [stash|launch]
+# Usage (device): bash bench/results/triton-versions/gpu_triton_versions.sh [stash|launch]
 #   stash: only keep the parts that came along;
 #   launch: the Gluon tests under 3.9, the host cost of one call (flashcore.bench.experiments.host_latency) under
 #           3.9 and 3.6, and two against three consumer warpgroups at D=64 under 3.9 (experiments.wg_count).
