@@ -14,6 +14,34 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 _FRESH_OUTCOMES: dict[str, str] = {}
 
 
+def _language_objects():
+    import triton.language as tl
+
+    return (tl, tl.core, tl.math, tl.tensor, tl.core.tensor_descriptor_base)
+
+
+# Triton's interpreter swaps triton.language's functions for interpreter versions while it runs a kernel and puts
+# them back afterwards, except on one path: a @jit device function it calls re-patches the language through a scope
+# nobody restores (triton/runtime/interpreter.py, InterpretedFunction.__call__, 3.6 and 3.9). After such a call the
+# process keeps interpreter lambdas in triton.language, and every later compile in it fails in the front end
+# ("'value' object has no attribute 'dtype'", "Unsupported function referenced: _patch_attr.<locals>.<lambda>"):
+# seen 2026-11-26 after tests/test_api_errors.py's triton-backend cases, failing the SASS tests that compile after
+# them in the same process. The language as imported here (before any kernel ran) is put back after every test.
+_PRISTINE_LANGUAGE = {(id(o), name): value for o in _language_objects() for name, value in list(vars(o).items())}
+
+
+@pytest.fixture(autouse=True)
+def _restore_the_language_the_interpreter_left_patched():
+    yield
+    if not INTERPRET:
+        return
+    for o in _language_objects():
+        for name, value in list(vars(o).items()):
+            pristine = _PRISTINE_LANGUAGE.get((id(o), name), value)
+            if pristine is not value:
+                setattr(o, name, pristine)
+
+
 def pytest_pyfunc_call(pyfuncitem):
     """Tests marked ``fresh_process`` run in one child pytest per module, without the interpreter, when this
     process runs interpreter tests: after the interpreter has run kernels in a process, triton 3.9's front end
