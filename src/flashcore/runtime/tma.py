@@ -35,7 +35,6 @@ def make_descriptors(tensors, geometry, count: int) -> list:
 # cooperative grid, PDL, and six metadata/hook/scratch slots); Triton 3.7-3.9 pass 15 (those, then the argument
 # annotations and the kernel signature) and the kernel's arguments as one trailing list.
 RAW_LAUNCH_BASE_ARGS = 13
-LIST_LAUNCH_BASE_ARGS = 15
 
 
 class RawLauncher:

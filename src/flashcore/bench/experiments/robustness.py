@@ -112,12 +112,13 @@ GLUON_WORKLOADS = ("large-fast-d128-causal", "secure-d128")
 
 
 def ws_barrier_control(form: str) -> bool:
-    """``ws_barrier_control_kernel`` in one form of BARRIER_FORMS, on a persistent-sized grid (132 programs)."""
+    """``ws_barrier_control_kernel`` in one form of BARRIER_FORMS: 132 launches of one program each (as many as the
+    persistent kernel's programs), each writing its own row, every row checked."""
     from ...kernels.sm90.ws_control import ws_barrier_control_kernel
 
     prologue, in_default, in_worker = (bool(x) for x in BARRIER_FORMS[form])
     out = torch.full((132, 384), -1, dtype=torch.int32, device="cuda")
-    for i in range(out.shape[0]):  # one program per launch: each writes the same slice
+    for i in range(out.shape[0]):
         ws_barrier_control_kernel[(1,)](out[i], PROLOGUE=prologue, IN_DEFAULT=in_default, IN_WORKER=in_worker,
                                         num_warps=4)
     torch.cuda.synchronize()
