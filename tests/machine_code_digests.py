@@ -84,13 +84,15 @@ def _digest(i: int):
     return s["name"], text_digest(c.cubin)
 
 
-def digests(jobs: int = 2) -> dict:
+def digests(jobs: int = 2, only: str | None = None) -> dict:
     from flashcore.audit.specs import audit_specs
 
     specs = audit_specs(secure=True) + audit_specs(secure=False) + switch_specs()
     names = [s["name"] for s in specs]
     if len(set(names)) != len(names):
         raise RuntimeError("two specs share a name")
+    if only is not None:
+        specs = [s for s in specs if only in s["name"]]
     _SPECS[:] = specs
     with mp.get_context("fork").Pool(jobs) as pool:
         return dict(sorted(pool.imap(_digest, range(len(specs)))))
@@ -100,10 +102,19 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--write", action="store_true", help="re-pin: write the digests to the golden file")
     p.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)))
+    p.add_argument("--only", metavar="TEXT", help="only the configurations whose name contains TEXT (with --write: "
+                   "re-pin those and keep every other pinned digest); prints which of them changed")
     a = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("run without TRITON_INTERPRET=1 (Gluon's front end does not compile after the interpreter)")
-    d = digests(a.jobs)
+    d = digests(a.jobs, a.only)
+    if a.only is not None:
+        with open(golden_path()) as f:
+            pinned = json.load(f)
+        changed = sorted(n for n in d if pinned.get(n) != d[n])
+        print(f"{len(d)} configurations match {a.only!r}; {len(changed)} differ from the pins: {changed}",
+              file=sys.stderr)
+        d = dict(sorted({**pinned, **d}.items()))
     if a.write:
         with open(golden_path(), "w") as f:
             json.dump(d, f, indent=1)

@@ -2,7 +2,9 @@
 
 A key holds every public fact a plan depends on and every knob (``knobs.snapshot``), so an entry never
 goes stale and nothing needs clearing when a knob changes. Reads are lock-free (a dict lookup under the
-GIL); inserts take a lock, so threads planning the same key concurrently keep one plan."""
+GIL); inserts take a lock, so threads planning the same key concurrently keep one plan. At ``limit`` plans
+the oldest goes: a KV cache that grows by a token per step (transformers' DynamicCache) makes a key per
+length, and a server would otherwise stop caching once it had seen ``limit`` lengths."""
 from __future__ import annotations
 
 import threading
@@ -23,7 +25,9 @@ class PlanCache:
             kept = self._plans.get(key)
             if kept is not None:
                 return kept
-            if len(self._plans) < self.limit:
+            while len(self._plans) >= self.limit > 0:
+                self._plans.pop(next(iter(self._plans)))  # the oldest insert (dicts keep insertion order)
+            if self.limit > 0:
                 self._plans[key] = plan
         return plan
 

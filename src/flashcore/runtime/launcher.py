@@ -51,12 +51,38 @@ def current_stream(device: torch.device) -> int:
     return torch._C._cuda_getCurrentRawStream(index)
 
 
+def _arg_class(a):
+    """What Triton's launcher specialises on of one runtime argument (Triton 3.6-3.9: a tensor's dtype and
+    16-byte alignment; an int's value 1, divisibility by 16 and integer width; a float's type), or a finer
+    fact. TypeError for any other kind of argument (descriptors, ...): such launches are not shared."""
+    if a is None:
+        return None
+    t = type(a)
+    if t is torch.Tensor:
+        return "t", a.dtype, a.data_ptr() % 16 == 0
+    if t is bool:
+        return "b", a
+    if t is int:
+        return "i", a == 1, a % 16 == 0, -2 ** 31 <= a < 2 ** 31, a < 2 ** 63
+    if t is float:
+        return ("f",)
+    raise TypeError(f"no launch class for {t.__name__}")
+
+
+# (kernel, device, constexprs, warps, stages, options, every runtime argument's class) -> (compiled, tail): the
+# kernel Triton's launcher chose for that class, shared by every KernelStep of the same class. A plan made for
+# new shapes whose launch class was seen before (a KV cache one token longer, a new batch size with the same
+# divisibility) then skips Triton's argument binding on its first run too.
+_LAUNCHED: dict = {}
+
+
 class KernelStep:
     """One kernel launch whose scalars and constexprs are fixed; only the pointers change.
 
-    The first run goes through Triton's launcher (compiling if needed). On a GPU the compiled
-    kernel is kept and later runs call it directly, skipping Triton's argument binding: the plan
-    key holds every fact Triton specialises on, so this is the kernel Triton would pick. (Two
+    The first run goes through Triton's launcher (compiling if needed), unless a launch of the same class
+    (:func:`_arg_class` of every argument, the same constexprs, warps, stages, options and device) ran before.
+    On a GPU the compiled kernel is kept and later runs call it directly, skipping Triton's argument binding:
+    the plan key holds every fact Triton specialises on, so this is the kernel Triton would pick. (Two
     threads racing on the first run both compile through Triton's own cache and keep the same kernel.)"""
     __slots__ = ("fn", "grid", "n_ptrs", "scalars", "constexprs", "num_warps", "num_stages", "options", "compiled",
                  "tail")
@@ -74,15 +100,22 @@ class KernelStep:
             return
         compiled = self.compiled
         if compiled is None:
-            kernel = self.fn[grid](*ptrs, *self.scalars, **self.constexprs, num_warps=self.num_warps,
-                                   num_stages=self.num_stages, **self.options)
-            if hasattr(kernel, "result"):  # asynchronous compilation hands back a future
-                kernel = kernel.result()
-            if device.type == "cuda" and not interpreting() and kernel is not None:
-                names = list(self.fn.arg_names)
-                self.tail = tuple(self.constexprs[n] for n in names[len(ptrs) + len(self.scalars):])
-                self.compiled = kernel
-            return
+            cls = self._launch_class(ptrs, device)
+            known = _LAUNCHED.get(cls) if cls is not None else None
+            if known is None:
+                kernel = self.fn[grid](*ptrs, *self.scalars, **self.constexprs, num_warps=self.num_warps,
+                                       num_stages=self.num_stages, **self.options)
+                if hasattr(kernel, "result"):  # asynchronous compilation hands back a future
+                    kernel = kernel.result()
+                if device.type == "cuda" and not interpreting() and kernel is not None:
+                    names = list(self.fn.arg_names)
+                    self.tail = tuple(self.constexprs[n] for n in names[len(ptrs) + len(self.scalars):])
+                    self.compiled = kernel
+                    if cls is not None:
+                        _LAUNCHED[cls] = (kernel, self.tail)
+                return
+            compiled, self.tail = known
+            self.compiled = compiled
         args = (*ptrs, *self.scalars, *self.tail)
         stream = current_stream(device)
         if launch_hooks_active():
@@ -94,3 +127,15 @@ class KernelStep:
         else:  # no hook to call: skip building launch metadata and calling two empty hook chains
             compiled.run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
                          *args)
+
+    def _launch_class(self, ptrs, device: torch.device):
+        """This launch's key in ``_LAUNCHED`` (None: not shareable, or not a compiled launch on a GPU)."""
+        if device.type != "cuda" or interpreting():
+            return None
+        try:
+            cls = (self.fn, device.index, tuple(sorted(self.constexprs.items())), self.num_warps, self.num_stages,
+                   tuple(sorted(self.options.items())), tuple(_arg_class(a) for a in (*ptrs, *self.scalars)))
+            hash(cls)
+        except TypeError:
+            return None
+        return cls

@@ -75,6 +75,62 @@ def _key_pointers(C, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_ID
 
 
 @triton.jit
+def _attend_tiles(q, m_i, l_i, acc, lo, hi, gap, start, L, see_to, row_ok, scale2, KC, VC, b, hkv, offs_d,
+                  PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt, stride_kh, stride_vp,
+                  stride_vt, stride_vh, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                  PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, CAUSAL: tl.constexpr, FP8: tl.constexpr,
+                  PRECISION: tl.constexpr, MASKED: tl.constexpr, BLOCK_D: tl.constexpr, gap_at, SKIP: tl.constexpr):
+    """Online softmax over the key tiles ``lo, lo + BLOCK_N, ... < hi``. ``SKIP``: a tile at or past ``gap_at``
+    is moved ``gap`` keys on (the masked loop jumps the unmasked tiles). ``MASKED``: visibility (range, causal,
+    real rows) enters by select; without it the caller guarantees every key of every tile visible to every row."""
+    offs_n0 = tl.arange(0, BLOCK_N)
+    for t0 in range(lo, hi, BLOCK_N):
+        n0 = t0
+        if SKIP:
+            n0 = tl.where(t0 >= gap_at, t0 + gap, t0)
+        offs_n = n0 + offs_n0
+        if MASKED:
+            key_ok = (offs_n >= start) & (offs_n < L)
+        kp = _key_pointers(KC, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
+                           stride_kp, stride_kt, stride_kh, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX, False)
+        if MASKED:
+            kt = tl.load(kp, mask=key_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        elif BLOCK_D == HEAD_DIM:
+            kt = tl.load(kp)
+        else:
+            kt = tl.load(kp, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+        if FP8:
+            kt = _widen_fp8(kt)
+        s = tl.dot(q, tl.trans(kt), input_precision=PRECISION) * scale2
+        if MASKED:
+            vis = key_ok[None, :] & row_ok[:, None]
+            if CAUSAL:
+                vis = vis & (offs_n[None, :] <= see_to[:, None])
+            s = tl.where(vis, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        if MASKED:
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_safe = m_new
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        vp = _key_pointers(VC, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
+                           stride_vp, stride_vt, stride_vh, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX, False)
+        if MASKED:
+            vt = tl.load(vp, mask=key_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        elif BLOCK_D == HEAD_DIM:
+            vt = tl.load(vp)
+        else:
+            vt = tl.load(vp, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+        if FP8:
+            vt = _widen_fp8(vt)
+        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PRECISION)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
 def decode_split_kernel(
     Q, KC, VC, O, LSE, PART_O, PART_LSE,
     CACHE_SEQLENS, PAGE_TABLE, BATCH_IDX, LEFTPAD, CU_Q, K_DESCALE, V_DESCALE,
@@ -154,37 +210,57 @@ def decode_split_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     offs_n0 = tl.arange(0, BLOCK_N)
     see_to = L - n_q + tok  # causal: the last key each row sees
-    for n0 in range(lo_s, hi_s, BLOCK_N):
-        offs_n = n0 + offs_n0
-        key_ok = (offs_n >= start) & (offs_n < L)
-        if SECURE:
+    if SECURE:  # the form the SASS gate has passed (machine code pinned), kept as it was
+        for n0 in range(lo_s, hi_s, BLOCK_N):
+            offs_n = n0 + offs_n0
+            key_ok = (offs_n >= start) & (offs_n < L)
             load_ok = offs_n < capacity  # public bound; visibility is a select below
-        else:
-            load_ok = key_ok
-        kp = _key_pointers(KC, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
-                           stride_kp, stride_kt, stride_kh, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX, SECURE)
-        kt = tl.load(kp, mask=load_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-        if FP8:
-            kt = _widen_fp8(kt)
-        s = tl.dot(q, tl.trans(kt), input_precision=PRECISION) * scale2
-        vis = key_ok[None, :] & row_ok[:, None]
-        if CAUSAL:
-            vis = vis & (offs_n[None, :] <= see_to[:, None])
-        s = tl.where(vis, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        vp = _key_pointers(VC, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
-                           stride_vp, stride_vt, stride_vh, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX, SECURE)
-        vt = tl.load(vp, mask=load_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-        if SECURE:
+            kp = _key_pointers(KC, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
+                               stride_kp, stride_kt, stride_kh, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX, SECURE)
+            kt = tl.load(kp, mask=load_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+            if FP8:
+                kt = _widen_fp8(kt)
+            s = tl.dot(q, tl.trans(kt), input_precision=PRECISION) * scale2
+            vis = key_ok[None, :] & row_ok[:, None]
+            if CAUSAL:
+                vis = vis & (offs_n[None, :] <= see_to[:, None])
+            s = tl.where(vis, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s - m_safe[:, None])
+            alpha = tl.exp2(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            vp = _key_pointers(VC, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
+                               stride_vp, stride_vt, stride_vh, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX, SECURE)
+            vt = tl.load(vp, mask=load_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
             vt = tl.where(key_ok[:, None], vt, 0.0)
-        if FP8:
-            vt = _widen_fp8(vt)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PRECISION)
-        m_i = m_new
+            if FP8:
+                vt = _widen_fp8(vt)
+            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PRECISION)
+            m_i = m_new
+    else:
+        # Tiles every row of this query tile sees whole (inside [start, L) and, causal, at or below the first
+        # row's last key) need no mask: a loop of their own, then the masked rest (the leading tile of a left
+        # pad, the diagonal band, the tail at L). A chunked-prefill tile otherwise masks every one of its tiles.
+        first_tok = tl.minimum((m_tile * BLOCK_M) // GROUP, tl.maximum(n_q - 1, 0))
+        full_to = L
+        if CAUSAL:
+            full_to = tl.minimum(L, L - n_q + first_tok + 1)
+        u_lo = tl.minimum(tl.maximum(lo_s, tl.cdiv(start, BLOCK_N) * BLOCK_N), hi_s)
+        u_hi = tl.maximum(tl.minimum(hi_s, lo_s + ((full_to - lo_s) // BLOCK_N) * BLOCK_N), u_lo)
+        if n_q == 0:
+            u_hi = u_lo
+        m_i, l_i, acc = _attend_tiles(
+            q, m_i, l_i, acc, u_lo, u_hi, 0, start, L, see_to, row_ok, scale2, KC, VC, b, hkv, offs_d, PAGE_TABLE,
+            stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt,
+            stride_vh, HEAD_DIM, BLOCK_N, PAGE_SIZE, PAGED, HAS_BATCH_IDX, CAUSAL, FP8, PRECISION, False, BLOCK_D, 0,
+            False)
+        # the masked tiles: those before u_lo, then those from u_hi on (one loop; the index jumps the gap)
+        m_i, l_i, acc = _attend_tiles(
+            q, m_i, l_i, acc, lo_s, hi_s - (u_hi - u_lo), u_hi - u_lo, start, L, see_to, row_ok, scale2, KC, VC, b,
+            hkv, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt, stride_kh,
+            stride_vp, stride_vt, stride_vh, HEAD_DIM, BLOCK_N, PAGE_SIZE, PAGED, HAS_BATCH_IDX, CAUSAL, FP8, PRECISION,
+            True, BLOCK_D, u_lo, True)
 
     if FP8:
         acc = acc * (tl.load(V_DESCALE + b * num_heads_kv + hkv) / FP8_WIDEN_C)

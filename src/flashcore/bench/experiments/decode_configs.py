@@ -1,0 +1,285 @@
+"""KV-cache kernel configurations and the host cost of KV-cache calls (issue 22; docs/perf-notes.md v22).
+
+Three questions, one device call:
+
+* ``correct``: the split kernel (bf16, FP8) against the float64 reference on random lengths, leftpad, paged and
+  contiguous caches, chunked-prefill query lengths, split counts 1 and many; outputs poisoned with NaN first.
+* ``configs``: candidate :class:`~flashcore.launch.triton_decode.DecodeConfig` per shape (chunked prefill
+  Sq 512 against 8k, the FP8 cache, B1 4k), each planned once (``plan.decode.plan_kvcache(config=...)``) and
+  timed as a CUDA-graph replay (``do_bench_cudagraph``: GPU time, no host), beside the planner's own choice
+  and, for FP8, the bf16 cache of the same problem.
+* ``host``: wall time per eager call (200 calls, then one sync) of a B1 decode step as transformers makes it:
+  the same cache every call (a plan-cache hit), a cache one token longer every call (a new ``[B, Hkv, S, D]``
+  tensor viewed as ``[B, S, Hkv, D]``, as transformers' DynamicCache hands it over), and SDPA on the same
+  growing tensors.
+
+    python -m flashcore.bench.experiments.decode_configs --out $OUT [--only correct,configs,host]
+
+Writes ``decode_configs.json`` and prints a table.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+from triton.testing import do_bench_cudagraph
+
+import flashcore
+from ... import _checks as C
+from ...launch.triton_decode import DecodeConfig
+from ...plan.decode import plan_kvcache
+from ...reference import attention_with_kvcache as reference
+from ..results import collect_environment
+from . import parser
+
+E4M3 = torch.float8_e4m3fn
+
+
+def _make(B, Hq, Hkv, D, cap, Sq, page, fp8, gen, dev, lens=None):
+    """q, caches (paged: shuffled pages), and the call's keyword arguments (every sequence full unless ``lens``)."""
+    q = torch.randn(B, Sq, Hq, D, generator=gen, device=dev).to(torch.bfloat16)
+    kc = torch.randn(B, cap, Hkv, D, generator=gen, device=dev)
+    vc = torch.randn(B, cap, Hkv, D, generator=gen, device=dev)
+    kw = dict(cache_seqlens=lens if lens is not None else torch.full((B,), cap, dtype=torch.int32, device=dev))
+    if fp8:
+        kd = torch.rand(B, Hkv, generator=gen, device=dev) + 0.5
+        vd = torch.rand(B, Hkv, generator=gen, device=dev) + 0.5
+        kc, vc = (kc / kd[:, None, :, None]).to(E4M3), (vc / vd[:, None, :, None]).to(E4M3)
+        kw.update(k_descale=kd, v_descale=vd)
+    else:
+        kc, vc = kc.to(torch.bfloat16), vc.to(torch.bfloat16)
+    if page:
+        n = B * cap // page
+        perm = torch.randperm(n, generator=gen, device=dev)
+        table = perm.view(B, cap // page).to(torch.int32)
+        pk = torch.empty((n, page, Hkv, D), dtype=kc.dtype, device=dev)
+        pv = torch.empty_like(pk)
+        pk[perm] = kc.reshape(n, page, Hkv, D)
+        pv[perm] = vc.reshape(n, page, Hkv, D)
+        kc, vc = pk, pv
+        kw["page_table"] = table
+    return q, kc, vc, kw
+
+
+def _rel(a, b):
+    return ((a.double() - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def correct(dev) -> list:
+    gen = torch.Generator(device=dev).manual_seed(int(time.time()) & 0xFFFF)
+    rows = []
+    cases = [  # B, Hq, Hkv, D, cap, Sq, page, fp8, splits, leftpad
+        (3, 32, 8, 128, 2048, 300, 0, False, 0, False), (3, 32, 8, 128, 2048, 300, 128, False, 3, False),
+        (2, 16, 2, 128, 4096, 512, 16, False, 0, False), (2, 32, 8, 64, 1024, 77, 0, False, 2, True),
+        (2, 32, 8, 128, 2048, 1, 0, False, 0, False), (2, 32, 8, 128, 2048, 4, 64, False, 5, False),
+        (2, 32, 8, 128, 2048, 1, 0, True, 0, False), (2, 32, 8, 128, 2048, 200, 128, True, 0, False),
+        (4, 8, 8, 256, 1000, 33, 0, False, 0, True),
+    ]
+    for B, Hq, Hkv, D, cap, Sq, page, fp8, splits, leftpad in cases:
+        lens = torch.randint(Sq, cap + 1, (B,), generator=gen, device=dev, dtype=torch.int32)
+        lens[0] = cap
+        q, kc, vc, kw = _make(B, Hq, Hkv, D, cap, Sq, page, fp8, gen, dev, lens=lens)
+        if leftpad:
+            frac = torch.rand(B, generator=gen, device=dev)
+            kw["cache_leftpad"] = (frac * torch.clamp(lens, max=200)).to(torch.int32)
+        out = torch.full_like(q, float("nan"))
+        o, lse = flashcore.attention_with_kvcache(q, kc, vc, num_splits=splits, return_lse=True, out=out, **kw)
+        ref, ref_lse = reference(q.double(), kc.double() if not fp8 else kc, vc.double() if not fp8 else vc,
+                                 return_lse=True, **kw)
+        err = _rel(o, ref)
+        fin = torch.isfinite(ref_lse)
+        lerr = (lse[fin].double() - ref_lse[fin]).abs().max().item() if fin.any() else 0.0
+        ok = err < 1e-2 and lerr < 1e-3 and not torch.isnan(o).any().item() and torch.equal(torch.isfinite(lse), fin)
+        rows.append(dict(B=B, Hq=Hq, Hkv=Hkv, D=D, cap=cap, Sq=Sq, page=page, fp8=fp8, splits=splits,
+                         leftpad=leftpad, err=err, lse_err=lerr, ok=bool(ok)))
+    return rows
+
+
+def _graph_us(fn) -> float:
+    fn()
+    torch.cuda.synchronize()
+    return do_bench_cudagraph(fn, rep=60)
+
+
+def _planned(q, kc, vc, kw, cfg):
+    """A replayable call with ``cfg`` (None: the planner's), through the same plan class the library runs."""
+    opt = {n: kw.get(n) for n in ("k", "v", "page_table", "cache_batch_idx", "cache_leftpad", "cu_seqlens_q",
+                                  "k_descale", "v_descale")}
+    a = C.check_kvcache(q, kc, vc, cache_seqlens=kw["cache_seqlens"], **opt, max_seqlen_q=None, causal=True,
+                        scale=None, num_splits=0, return_lse=False, out=None, secure=False, backend="auto")
+    out = torch.empty_like(q)
+    plan = plan_kvcache(a, q, kc, vc, None, None, opt["page_table"], None, None, out, config=cfg)
+    t = dict(opt, cache_seqlens=kw["cache_seqlens"])
+    return plan, (lambda: plan(q, kc, vc, t, out))
+
+
+CFG = DecodeConfig
+CONFIG_CASES = {
+    # name: (B, Hq, Hkv, D, cap, Sq, page, fp8, candidates)
+    "prefill512_8k": ((4, 32, 8, 128, 8192, 512, 0, False),
+                      [CFG(64, 128, 8, 3, 1), CFG(128, 128, 8, 3, 1), CFG(128, 64, 8, 3, 1), CFG(128, 64, 4, 3, 1),
+                       CFG(128, 128, 8, 2, 1), CFG(64, 64, 4, 3, 1), CFG(128, 64, 8, 4, 1), CFG(256, 64, 8, 3, 1)]),
+    "prefill512_8k_page128": ((4, 32, 8, 128, 8192, 512, 128, False),
+                              [CFG(128, 128, 8, 3, 1), CFG(128, 64, 8, 3, 1)]),
+    "fp8_b64_16k": ((64, 32, 8, 128, 16384, 1, 0, True),
+                    [CFG(16, 128, 8, 3, 1), CFG(16, 256, 8, 3, 1), CFG(16, 128, 4, 3, 1), CFG(16, 128, 4, 4, 1),
+                     CFG(16, 256, 4, 3, 1), CFG(16, 128, 8, 4, 1), CFG(16, 64, 4, 4, 1), CFG(16, 256, 8, 2, 1)]),
+    "bf16_b64_16k": ((64, 32, 8, 128, 16384, 1, 0, False), [CFG(16, 128, 8, 3, 1)]),
+    "fp8_b1_64k": ((1, 32, 8, 128, 65536, 1, 0, True),
+                   [CFG(16, 128, 8, 3, 66), CFG(16, 256, 8, 3, 66), CFG(16, 128, 4, 4, 66), CFG(16, 256, 4, 3, 66),
+                    CFG(16, 128, 8, 3, 128)]),
+    "bf16_b1_64k": ((1, 32, 8, 128, 65536, 1, 0, False), [CFG(16, 128, 8, 3, 66)]),
+    "b1_4k": ((1, 32, 8, 128, 4096, 1, 0, False),
+              [CFG(16, 128, 8, 3, 8), CFG(16, 64, 4, 3, 16), CFG(16, 64, 4, 2, 32), CFG(16, 128, 4, 2, 16),
+               CFG(16, 32, 4, 2, 32), CFG(16, 64, 8, 3, 16), CFG(16, 128, 8, 3, 4)]),
+}
+
+
+def configs(dev, names) -> list:
+    gen = torch.Generator(device=dev).manual_seed(1234)
+    rows = []
+    for name, (shape, cands) in CONFIG_CASES.items():
+        if name not in names:
+            continue
+        B, Hq, Hkv, D, cap, Sq, page, fp8 = shape
+        q, kc, vc, kw = _make(B, Hq, Hkv, D, cap, Sq, page, fp8, gen, dev)
+        kv_bytes = B * cap * Hkv * D * 2 * (1 if fp8 else 2)
+        base = None
+        for cfg in [None] + cands:
+            try:
+                plan, fn = _planned(q, kc, vc, kw, cfg)
+                us = _graph_us(fn) * 1e3  # do_bench_cudagraph gives ms
+                o = fn()[0]
+                if base is None:
+                    base = o.float()
+                err = ((o.float() - base).norm() / base.norm()).item()
+                rows.append(dict(case=name, cfg=str(plan.config), auto=cfg is None, us=us,
+                                 tbs=kv_bytes / us / 1e6, vs_auto_err=err))  # bytes/us/1e6 = TB/s
+            except Exception as e:  # a config that does not compile or fit: say so, go on
+                rows.append(dict(case=name, cfg=str(cfg), auto=cfg is None, error=f"{type(e).__name__}: {e}"[:300]))
+            print(json.dumps(rows[-1]), flush=True)
+        del q, kc, vc
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _loop_us(fn, n=200) -> float:
+    fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / n * 1e6
+
+
+def host(dev) -> list:
+    """A B1 decode step against 2k cached tokens (32/8 heads, D 128), the way transformers calls it."""
+    B, Hq, Hkv, D, S0 = 1, 32, 8, 128, 2048
+    n = 200
+    q = torch.randn(B, Hq, 1, D, device=dev, dtype=torch.bfloat16)
+    big_k = torch.randn(B, Hkv, S0 + n + 1, D, device=dev, dtype=torch.bfloat16)
+    big_v = torch.randn_like(big_k)
+    qv = q.transpose(1, 2)
+    rows = []
+    fixed_k, fixed_v = big_k[:, :, :S0].contiguous(), big_v[:, :, :S0].contiguous()
+
+    def same():
+        return flashcore.attention_with_kvcache(qv, fixed_k.transpose(1, 2), fixed_v.transpose(1, 2),
+                                                cache_seqlens=S0, validate=False)
+
+    rows.append(dict(what="flashcore, same cache (plan hit), int cache_seqlens", us=_loop_us(same, n)))
+    lens = torch.full((B,), S0, dtype=torch.int32, device=dev)
+
+    def same_t():
+        return flashcore.attention_with_kvcache(qv, fixed_k.transpose(1, 2), fixed_v.transpose(1, 2),
+                                                cache_seqlens=lens, validate=False)
+
+    rows.append(dict(what="flashcore, same cache (plan hit), tensor cache_seqlens", us=_loop_us(same_t, n)))
+    # a growing cache: a fresh tensor one token longer per call (transformers' torch.cat), viewed [B, S, H, D]
+    grown = [(big_k[:, :, :S0 + i].contiguous(), big_v[:, :, :S0 + i].contiguous()) for i in range(1, n + 2)]
+    for label, fn_of in (
+        ("flashcore, a cache one token longer per call (new plan per call today)",
+         lambda k, v: flashcore.attention_with_kvcache(qv, k.transpose(1, 2), v.transpose(1, 2),
+                                                       cache_seqlens=k.shape[2], validate=False)),
+        ("sdpa, the same growing cache",
+         lambda k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)),
+    ):
+        it = iter(grown)
+        fn_of(*next(it))
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for k, v in it:
+            fn_of(k, v)
+        torch.cuda.synchronize()
+        rows.append(dict(what=label, us=(time.perf_counter() - t) / n * 1e6))
+    sd = lambda: F.scaled_dot_product_attention(q, fixed_k, fixed_v, enable_gqa=True)  # noqa: E731
+    rows.append(dict(what="sdpa, same cache", us=_loop_us(sd, n)))
+    for r in rows:
+        print(f"{r['us']:9.1f} us  {r['what']}", flush=True)
+    return rows
+
+
+def hostprof(dev) -> dict:
+    """cProfile of 300 calls each: the same cache (plan hit) and a growing cache (a new plan per call)."""
+    import cProfile
+    import io
+    import pstats
+
+    B, Hq, Hkv, D, S0, n = 1, 32, 8, 128, 2048, 300
+    qv = torch.randn(B, 1, Hq, D, device=dev, dtype=torch.bfloat16)
+    big_k = torch.randn(B, Hkv, S0 + n + 1, D, device=dev, dtype=torch.bfloat16)
+    big_v = torch.randn_like(big_k)
+    grown = [(big_k[:, :, :S0 + i].contiguous(), big_v[:, :, :S0 + i].contiguous()) for i in range(n + 1)]
+    res = {}
+    for label, pick in (("same", lambda i: grown[0]), ("growing", lambda i: grown[i + 1])):
+        k, v = grown[0]
+        flashcore.attention_with_kvcache(qv, k.transpose(1, 2), v.transpose(1, 2), cache_seqlens=S0, validate=False)
+        torch.cuda.synchronize()
+        pr = cProfile.Profile()
+        pr.enable()
+        for i in range(n):
+            k, v = pick(i)
+            flashcore.attention_with_kvcache(qv, k.transpose(1, 2), v.transpose(1, 2), cache_seqlens=k.shape[2],
+                                             validate=False)
+        pr.disable()
+        torch.cuda.synchronize()
+        buf = io.StringIO()
+        pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(25)
+        res[label] = buf.getvalue()
+        print(label, buf.getvalue()[:6000], flush=True)
+    return res
+
+
+def main(argv=None) -> int:
+    ap = parser(__name__, __doc__)
+    ap.add_argument("--only", default="correct,configs,host")
+    ap.add_argument("--cases", default=",".join(CONFIG_CASES), help="the config cases to time")
+    a = ap.parse_args(argv)
+    dev = torch.device("cuda")
+    res = dict(env=collect_environment())
+    parts = a.only.split(",")
+    if "correct" in parts:
+        res["correct"] = correct(dev)
+        print("correct:", sum(r["ok"] for r in res["correct"]), "/", len(res["correct"]),
+              [r for r in res["correct"] if not r["ok"]], flush=True)
+    if "host" in parts:
+        res["host"] = host(dev)
+    if "hostprof" in parts:
+        res["hostprof"] = hostprof(dev)
+    if "configs" in parts:
+        res["configs"] = configs(dev, a.cases.split(","))
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "decode_configs.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    for r in res.get("configs", []):
+        print(f"{r['case']:24s} {'*' if r['auto'] else ' '} {r.get('us', float('nan')):9.1f} us "
+              f"{r.get('tbs', float('nan')):6.2f} TB/s  {r['cfg']}  {r.get('error', '')[:80]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
