@@ -112,3 +112,36 @@ def test_dense_short_query_runs_on_the_decode_kernel(layout, Sq, causal):
     o, lse = flashcore.attention(q, k, v, causal=causal, layout=layout, return_lse=True)
     ro, rl = R.attention(q, k, v, causal=causal, layout=layout, return_lse=True)
     assert rel_err(o, ro) < 1e-2 and rel_err(lse, rl) < 1e-4
+
+
+def test_int_cache_seqlens_share_one_length_tensor_per_value_and_stream_only_where_safe():
+    from flashcore import ops
+
+    q, kc, vc, _, _, _ = _case(2, 8, 2, 64, 256, 0, seed=5)
+    ref = R.attention_with_kvcache(q.double(), kc.double(), vc.double(), cache_seqlens=200)
+    a = ops.lengths_tensor(200, 2, q.device, secure=False)
+    assert a is ops.lengths_tensor(200, 2, q.device, secure=False)  # the layers of one decode step share it
+    assert a.tolist() == [200, 200]
+    assert ops.lengths_tensor(201, 2, q.device, secure=False) is not a
+    assert ops.lengths_tensor(200, 2, q.device, secure=True) is not a  # host time must not follow a secret
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        assert ops.lengths_tensor(200, 2, q.device, secure=False) is not a  # the fill is ordered on its stream
+    # a length tensor filled during capture has its value only at replay: never kept for eager calls, not even
+    # for later eager calls on the capturing stream itself
+    out = torch.empty_like(q)
+    flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=90, out=out)  # plan and compile outside capture
+    cap = torch.cuda.Stream()
+    cap.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(cap):
+        with torch.cuda.graph(graph, stream=cap):
+            flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=137, out=out)
+        eager = flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=137)  # before any replay
+        torch.cuda.synchronize()
+    ref137 = R.attention_with_kvcache(q.double(), kc.double(), vc.double(), cache_seqlens=137)
+    assert rel_err(eager, ref137) < 1e-2
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_err(out, ref137) < 1e-2
+    assert rel_err(flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=200), ref) < 1e-2

@@ -238,7 +238,7 @@ def attention_with_kvcache(
     """
     if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool) and isinstance(q, Tensor):
         batch = cu_seqlens_q.shape[0] - 1 if isinstance(cu_seqlens_q, Tensor) else q.shape[0]
-        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
+        cache_seqlens = ops.lengths_tensor(cache_seqlens, batch, q.device, secure=secure)
     opt = dict(k=k, v=v, page_table=page_table, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
                cu_seqlens_q=cu_seqlens_q, k_descale=k_descale, v_descale=v_descale)
     return ops.kvcache_call(q, k_cache, v_cache, cache_seqlens, opt, max_seqlen_q=max_seqlen_q, causal=causal,

@@ -333,6 +333,27 @@ def _(d_out, q, k, v, out, lse, d_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
 
 KV_OPTIONAL = ("k", "v", "page_table", "cache_batch_idx", "cache_leftpad", "cu_seqlens_q", "k_descale", "v_descale")
 
+_LENGTHS: dict = {}  # (value, batch, device, stream) -> int32 [batch] tensor of value, made on that stream
+_LENGTHS_KEPT = 64
+
+
+def lengths_tensor(value: int, batch: int, device: torch.device, *, secure: bool) -> torch.Tensor:
+    """``cache_seqlens`` given as an int, as the int32 ``[batch]`` tensor the kernels read. Eager calls share one
+    per (value, batch, device, stream): transformers passes the same int to every layer of a decode step, and a
+    fill is a kernel launch. Never shared under graph capture or tracing (a fill made there has no value until
+    replay), nor across streams (the fill is ordered on its own stream only), nor in secure mode (a hit or a
+    miss would make host time depend on the secret length). Nothing writes these tensors."""
+    if secure is not False or device.type != "cuda" or torch.compiler.is_compiling() or C.capturing(device):
+        return torch.full((batch,), value, dtype=torch.int32, device=device)
+    key = (value, batch, device, torch.cuda.current_stream(device).cuda_stream)
+    t = _LENGTHS.get(key)
+    if t is None:
+        t = torch.full((batch,), value, dtype=torch.int32, device=device)
+        if len(_LENGTHS) >= _LENGTHS_KEPT:
+            _LENGTHS.pop(next(iter(_LENGTHS)))
+        _LENGTHS[key] = t
+    return t
+
 
 def kvcache_call(q, k_cache, v_cache, cache_seqlens, opt: dict, *, max_seqlen_q, causal, scale, num_splits,
                  return_lse, out, secure, backend, validate):

@@ -6,6 +6,8 @@ table's width times the page size) and the SM count, never on ``cache_seqlens``:
 stays valid for any lengths, and in secure mode the schedule reveals nothing."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..launch.triton_decode import (DecodeConfig, DecodeShape, build_append, build_combine, build_split,
@@ -95,7 +97,12 @@ class DecodePlan:
         if out is None:
             out = torch.empty(self.out_shape, dtype=q.dtype, device=device)
         lse = None if self.lse_shape is None else torch.empty(self.lse_shape, dtype=torch.float32, device=device)
-        ws = {name: torch.empty(s, dtype=torch.float32, device=device) for name, s in self.workspace}
+        ws = {}
+        if self.workspace:  # one allocation for both (an allocation is a few us of a decode call's host time)
+            sizes = [math.prod(s) for _, s in self.workspace]
+            flat = torch.empty(sum(sizes), dtype=torch.float32, device=device)
+            for (name, s), part in zip(self.workspace, flat.split(sizes)):
+                ws[name] = part.view(s)
         dummy = t["cache_seqlens"]
         get = lambda n: t.get(n) if t.get(n) is not None else dummy  # noqa: E731  (an unused pointer)
         if self.append is not None:
