@@ -99,6 +99,16 @@ def lse_strides(shape: DecodeShape, total_q: int) -> tuple:
     return shape.num_heads_q * shape.seqlen_q, shape.seqlen_q, 1
 
 
+def full_tiles(shape: DecodeShape, cfg: DecodeConfig) -> bool:
+    """Whether the fast split kernel runs the tiles every row sees whole in a loop without masks. Measured on H200
+    (2026-11-26, same-run A/B against one masked loop, docs/perf-notes.md v22): Sq 512 against 8k 569 against
+    840 us, FP8 B64 16k 1118 against 1275 us; but a per-key page gather (page size below the key tile) ran
+    794 against 497-514 us (B64 8k page 16), and B1 4k 14.4 against 13.4 us. So: not with a gather, and only for
+    query tiles of 64 rows or more or an FP8 cache."""
+    gather = shape.paged and shape.page_size % cfg.block_n != 0
+    return not shape.secure and not gather and (cfg.block_m >= 64 or shape.fp8)
+
+
 def build_split(shape: DecodeShape, cfg: DecodeConfig, q, k_cache, v_cache, out, page_table_stride: int):
     """(grid, scalar args, constexprs) of the split kernel (pointers are passed per call)."""
     total_q = q.shape[0] if shape.packed else shape.batch * shape.seqlen_q
@@ -114,7 +124,8 @@ def build_split(shape: DecodeShape, cfg: DecodeConfig, q, k_cache, v_cache, out,
         PACKED=shape.packed, APPENDED=shape.appended, HAS_BATCH_IDX=shape.has_batch_idx,
         HAS_LEFTPAD=shape.has_leftpad, CAUSAL=shape.causal, SECURE=shape.secure, FP8=shape.fp8,
         Q_PRESCALE=fp8_q_prescale("fp16" if q.dtype == torch.float16 else "bf16") if shape.fp8 else 1.0,
-        SPLIT=cfg.num_splits > 1, RETURN_LSE=shape.return_lse, PRECISION="ieee" if shape.fp32 else "tf32")
+        SPLIT=cfg.num_splits > 1, FULL_TILES=full_tiles(shape, cfg), RETURN_LSE=shape.return_lse,
+        PRECISION="ieee" if shape.fp32 else "tf32")
     grid = (cfg.num_splits * query_tiles(shape, cfg), shape.batch * shape.num_heads_kv)
     return decode_split_kernel, grid, args, constexprs
 

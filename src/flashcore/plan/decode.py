@@ -22,9 +22,10 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
     """The split kernel's configuration. ``num_splits`` 0 chooses the split count (public facts only)."""
     d = shape.head_dim
     block_m = 16 if shape.rows <= 16 else (32 if shape.rows <= 32 else 64)
-    if shape.rows >= 128 and d <= 128 and not shape.fp32:
+    if shape.rows >= 128 and d <= 128 and not shape.fp32 and not shape.secure:
         # chunked prefill: 128-row tiles halve the K/V reads per query (measured on H200, 2026-11-26, Sq 512 against
-        # 8k, 32/8 heads, D 128: 566 us against 1002 us with 64-row tiles; docs/perf-notes.md v22)
+        # 8k, 32/8 heads, D 128: 566 us against 1002 us with 64-row tiles; docs/perf-notes.md v22). Not in secure
+        # mode: the SASS gate's secure decode forms are decode-sized (Sq 1 and 4, 16-row tiles)
         block_m = 128
     if shape.fp32:
         block_n = 32

@@ -15,7 +15,8 @@ Key ``j`` of sequence ``b`` is visible to query token ``i`` (of ``n_b``) when ``
 causal, ``j <= L_b - n_b + i`` (bottom-right), with ``L_b = CACHE_SEQLENS[b]`` (+ ``n_b`` when the new tokens
 were appended).
 
-* fast path: each split covers its share of the *true* range, and loops over it only.
+* fast path: each split covers its share of the *true* range, and loops over it only; with ``FULL_TILES`` the
+  tiles that every row sees whole run in a loop without masks, the rest in a masked loop.
 * ``SECURE``: the lengths are secret. Each split covers a fixed share of the public capacity (the page
   table's width times the page size) and loops over all of it; visibility enters only selects, page
   indices are clamped to real pages by arithmetic, and V is zeroed by a select where a key is not visible
@@ -145,7 +146,7 @@ def decode_split_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, PACKED: tl.constexpr,
     APPENDED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr, CAUSAL: tl.constexpr,
-    SECURE: tl.constexpr, FP8: tl.constexpr, Q_PRESCALE: tl.constexpr, SPLIT: tl.constexpr,
+    SECURE: tl.constexpr, FP8: tl.constexpr, Q_PRESCALE: tl.constexpr, SPLIT: tl.constexpr, FULL_TILES: tl.constexpr,
     RETURN_LSE: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
@@ -238,6 +239,12 @@ def decode_split_kernel(
                 vt = _widen_fp8(vt)
             acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PRECISION)
             m_i = m_new
+    elif not FULL_TILES:  # one masked loop
+        m_i, l_i, acc = _attend_tiles(
+            q, m_i, l_i, acc, lo_s, hi_s, 0, start, L, see_to, row_ok, scale2, KC, VC, b, hkv, offs_d, PAGE_TABLE,
+            stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt,
+            stride_vh, HEAD_DIM, BLOCK_N, PAGE_SIZE, PAGED, HAS_BATCH_IDX, CAUSAL, FP8, PRECISION, True, BLOCK_D, 0,
+            False)
     else:
         # Tiles every row of this query tile sees whole (inside [start, L) and, causal, at or below the first
         # row's last key) need no mask: a loop of their own, then the masked rest (the leading tile of a left
