@@ -112,9 +112,11 @@ def main(argv=None) -> int:
         with open(golden_path()) as f:
             pinned = json.load(f)
         changed = sorted(n for n in d if pinned.get(n) != d[n])
-        print(f"{len(d)} configurations match {a.only!r}; {len(changed)} differ from the pins: {changed}",
-              file=sys.stderr)
-        d = dict(sorted({**pinned, **d}.items()))
+        gone = sorted(n for n in pinned if a.only in n and n not in d)
+        print(f"{len(d)} configurations match {a.only!r}; {len(changed)} differ from the pins: {changed}; "
+              f"{len(gone)} pinned ones are no longer listed: {gone}", file=sys.stderr)
+        # the matching pins are replaced as a set: a configuration the list no longer has is dropped
+        d = dict(sorted({**{n: v for n, v in pinned.items() if a.only not in n}, **d}.items()))
     if a.write:
         with open(golden_path(), "w") as f:
             json.dump(d, f, indent=1)

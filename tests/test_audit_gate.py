@@ -111,3 +111,13 @@ def test_secure_specs_have_no_violations(gate):
 def test_negative_control_is_flagged(gate):
     neg = gate["reports"][-1]
     assert neg["error"] is None and not neg["ok"] and neg["counts"].get("branch"), neg
+
+
+def test_every_page_size_secure_mode_accepts_is_in_the_gates_list():
+    # "every launchable configuration": the page size is a constexpr, so each accepted size is its own binary
+    from flashcore._checks import SECURE_PAGE_SIZES
+    from flashcore.audit.specs import decode_specs
+
+    names = [s["name"] for s in decode_specs(secure=True)]
+    for page in SECURE_PAGE_SIZES:
+        assert any(f"_paged{page}_" in n for n in names), f"secure page size {page} is accepted but not audited"

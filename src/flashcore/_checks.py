@@ -524,8 +524,8 @@ def check_kvcache(q, k_cache, v_cache, *, cache_seqlens, k, v, page_table, cache
         if page_table.shape[1] < 1 or k_cache.shape[0] < 1:
             raise ValueError("a paged cache needs at least one page and a page table at least one page wide")
         if secure and page_size not in SECURE_PAGE_SIZES:
-            raise ValueError(f"secure=True needs a page size in {SECURE_PAGE_SIZES} (one page per key tile; the "
-                             f"per-key page gather of other sizes is not verified by the SASS gate), got {page_size}")
+            raise ValueError(f"secure=True needs a page size in {SECURE_PAGE_SIZES} (the sizes whose kernels the "
+                             f"SASS gate verifies; the page size is compiled into the kernel), got {page_size}")
         capacity = page_table.shape[1] * page_size
     else:
         page_size = capacity = k_cache.shape[1]

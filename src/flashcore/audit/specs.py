@@ -217,7 +217,9 @@ def _on_arch(problem: Problem, arch) -> Problem:
 # gather, 128 one page per 128-key tile; secure mode takes one page per tile always (page sizes 16..256, tiles of
 # min(page, 128) keys); "rows" reads a contiguous cache through cache_batch_idx, "leftpad" with cache_leftpad.
 _AUDIT_DECODE_CACHES = (("paged", 1), ("paged", 16), ("paged", 128), ("contiguous", 0), ("rows", 0), ("leftpad", 0))
-_SECURE_DECODE_CACHES = (("paged", 16), ("paged", 64), ("paged", 128), ("contiguous", 0), ("rows", 0), ("leftpad", 0))
+# every page size secure mode accepts (_checks.SECURE_PAGE_SIZES: 16-64 gather a page per key, 128-256 one per tile)
+_SECURE_DECODE_CACHES = (("paged", 16), ("paged", 32), ("paged", 64), ("paged", 128), ("paged", 256), ("contiguous", 0),
+                         ("rows", 0), ("leftpad", 0))
 # (q dtype, cache dtype, head dims): bf16 over the BLOCK_D families (72: a masked head dim), the others at 128
 _AUDIT_DECODE_DTYPES = ((torch.bfloat16, torch.bfloat16, (64, 72, 128, 256)), (torch.float32, torch.float32, (128,)),
                         (torch.bfloat16, torch.float8_e4m3fn, (128,)), (torch.float16, torch.float8_e4m3fn, (128,)))

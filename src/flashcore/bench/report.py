@@ -299,3 +299,29 @@ def versions_markdown_table(doc_a: dict, doc_b: dict) -> str:
         rows.append(f"| {ea['label']} | {pair(fa, fb)} | {speed(fa, fb)} | {pair(sa, sb)} | {speed(sa, sb)} | "
                     f"{vs(fa, pa)} / {vs(fb, pb)} |")
     return "\n".join(rows)
+
+
+def decode_markdown_table(doc: dict) -> str:
+    """The README's decode table from one ``--suite decode``/``decode-must`` run: flashcore's median time, secure
+    mode's throughput against it, SDPA and FA4 (same run), flashcore against the fastest peer, and flashcore's KV
+    read rate with its fraction of the run's copy ceiling."""
+    rows = ["| case (B x Hq/Hkv x D, cache, Sq, layout, cache dtype) | flashcore µs | secure / fast | SDPA µs (dense) "
+            "| FA4 µs | vs fastest peer | KV TB/s (% of copy ceiling) |", "|---|---|---|---|---|---|---|"]
+
+    def us_or_status(r):
+        r = r or {}
+        us = _median_us(r)
+        return f"{us:.1f}" if us else r.get("status", "-")
+
+    for e in doc["results"]:
+        b = e["backends"]
+        fc = b.get("flashcore") or {}
+        fc_us, sec_us = _median_us(fc), _median_us(b.get("flashcore-secure"))
+        secure = f"{fc_us / sec_us:.2f}" if fc_us and sec_us else "-"
+        ratio = f"{fc['vs_fastest_peer']:.2f}x" if fc.get("vs_fastest_peer") else "-"
+        rate = "-"
+        if fc.get("kv_gbps") and fc.get("frac_copy_ceiling"):
+            rate = f"{fc['kv_gbps'] / 1e3:.2f} ({fc['frac_copy_ceiling'] * 100:.0f}%)"
+        rows.append(f"| {e['label']} | {us_or_status(fc)} | {secure} | {us_or_status(b.get('sdpa-default'))} | "
+                    f"{us_or_status(b.get('fa4'))} | {ratio} | {rate} |")
+    return "\n".join(rows)

@@ -124,7 +124,7 @@ def build_split(shape: DecodeShape, cfg: DecodeConfig, q, k_cache, v_cache, out,
         PACKED=shape.packed, APPENDED=shape.appended, HAS_BATCH_IDX=shape.has_batch_idx,
         HAS_LEFTPAD=shape.has_leftpad, CAUSAL=shape.causal, SECURE=shape.secure, FP8=shape.fp8,
         Q_PRESCALE=fp8_q_prescale("fp16" if q.dtype == torch.float16 else "bf16") if shape.fp8 else 1.0,
-        SPLIT=cfg.num_splits > 1, FULL_TILES=full_tiles(shape, cfg), RETURN_LSE=shape.return_lse,
+        SPLIT=cfg.num_splits > 1, FULL_TILES=full_tiles(shape, cfg), ASM_LOADS=True, RETURN_LSE=shape.return_lse,
         PRECISION="ieee" if shape.fp32 else "tf32")
     grid = (cfg.num_splits * query_tiles(shape, cfg), shape.batch * shape.num_heads_kv)
     return decode_split_kernel, grid, args, constexprs

@@ -12,7 +12,7 @@ import torch
 
 from ..launch.triton_decode import (DecodeConfig, DecodeShape, build_append, build_combine, build_split,
                                     query_tiles, workspace_shapes)
-from ..runtime import KernelStep, cdiv, sm_count
+from ..runtime import KernelStep, cdiv, interpreting, sm_count
 from .build import clear_unowned_rows
 
 MIN_TILES_PER_SPLIT = 2  # fewer key tiles per split and the combine's reads stop being negligible
@@ -31,10 +31,6 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
         block_n = 32
     else:
         block_n = 128 if d <= 128 else 64
-    if shape.secure and shape.paged and shape.page_size < block_n:
-        # one page per tile: a per-key page gather reaches the addresses through a shared-memory layout
-        # conversion, which the SASS gate cannot tell from secret data (secure page sizes are powers of two >= 16)
-        block_n = shape.page_size
     gather = shape.paged and shape.page_size % block_n != 0  # a page index per key, not per tile
     if num_splits == 0:
         # One wave: as many splits as fit beside the other programs on the SMs (measured on H100, 2026-11-25:
@@ -45,10 +41,6 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
         tiles = cdiv(shape.capacity, block_n)
         num_splits = max(1, min(target // programs, tiles // MIN_TILES_PER_SPLIT, 128))
     num_warps, num_stages = (4, 2) if shape.fp32 or gather and num_splits > 1 else (8, 3)
-    if shape.secure and shape.paged:
-        # no software pipelining: it carries each tile's page index to the loads through shared memory, where the
-        # SASS gate cannot tell it (public) from the K/V tiles (secret) that share it
-        num_stages = 1
     return DecodeConfig(block_m, block_n, num_warps, num_stages, num_splits)
 
 
@@ -65,6 +57,8 @@ class DecodePlan:
         pts = page_table.stride(0) if page_table is not None else 0
         self.page_table_stride = pts
         fn, grid, args, cx = build_split(shape, config, q, k_cache, v_cache, out, pts)
+        if interpreting():  # Triton's CPU interpreter runs no inline assembly: the page index by a plain load
+            cx = dict(cx, ASM_LOADS=False)
         self.split = KernelStep(fn, grid, (None,) * 14 + tuple(args), 14, cx, config.num_warps, config.num_stages)
         self.combine = None
         if config.num_splits > 1:

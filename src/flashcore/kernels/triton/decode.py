@@ -50,20 +50,38 @@ def _widen_fp8(x):
 
 
 @triton.jit
+def _load_public_i32(ptr, ASM: tl.constexpr):
+    """A load Triton's pipeliner leaves alone (``ASM``, on a GPU): it moves the load (and the address arithmetic
+    after it) into an earlier stage as an ordinary register load, instead of copying the value through shared
+    memory (cp.async), where the SASS gate cannot tell a public page index from the secret K/V tiles beside it.
+    Without ``ASM`` (the CPU interpreter, which runs no inline assembly) a plain load of the same value."""
+    if ASM:
+        return tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32, is_pure=True,
+                                         pack=1)
+    else:
+        return tl.load(ptr)
+
+
+@triton.jit
 def _key_pointers(C, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_p,
                   stride_t, stride_h, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr,
-                  HAS_BATCH_IDX: tl.constexpr, SECURE: tl.constexpr):
+                  HAS_BATCH_IDX: tl.constexpr, SECURE: tl.constexpr, ASM_LOADS: tl.constexpr):
     """Pointers of the [BLOCK_N, BLOCK_D] tile of cache ``C`` at logical positions ``offs_n`` of sequence ``b``."""
     if PAGED:
         if PAGE_SIZE % BLOCK_N == 0:  # the whole tile lies in one page (tiles start at multiples of BLOCK_N)
-            # volatile: Triton's pipeliner would otherwise copy the index through shared memory (cp.async), where
-            # the SASS gate cannot tell it (public) from the K/V tiles (secret) that share it
-            page = tl.load(PAGE_TABLE + b * stride_pt + n0 // PAGE_SIZE, volatile=SECURE).to(tl.int64)
+            if SECURE:  # not through shared memory (_load_public_i32)
+                page = _load_public_i32(PAGE_TABLE + b * stride_pt + n0 // PAGE_SIZE, ASM_LOADS).to(tl.int64)
+            else:
+                page = tl.load(PAGE_TABLE + b * stride_pt + n0 // PAGE_SIZE).to(tl.int64)
             page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
             row = page * stride_p + (offs_n % PAGE_SIZE).to(tl.int64) * stride_t
         else:
             col = offs_n // PAGE_SIZE
-            page = tl.load(PAGE_TABLE + b * stride_pt + col, mask=offs_n < capacity, other=0).to(tl.int64)
+            if SECURE:  # the table's last column past the capacity (a public bound), instead of a mask
+                col = tl.minimum(col, capacity // PAGE_SIZE - 1)
+                page = _load_public_i32(PAGE_TABLE + b * stride_pt + col, ASM_LOADS).to(tl.int64)
+            else:
+                page = tl.load(PAGE_TABLE + b * stride_pt + col, mask=offs_n < capacity, other=0).to(tl.int64)
             page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
             row = page * stride_p + (offs_n % PAGE_SIZE).to(tl.int64) * stride_t
     else:
@@ -93,7 +111,8 @@ def _attend_tiles(q, m_i, l_i, acc, lo, hi, gap, start, L, see_to, row_ok, scale
         if MASKED:
             key_ok = (offs_n >= start) & (offs_n < L)
         kp = _key_pointers(KC, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
-                           stride_kp, stride_kt, stride_kh, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX, False)
+                           stride_kp, stride_kt, stride_kh, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX, False,
+                           False)
         if MASKED:
             kt = tl.load(kp, mask=key_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
         elif BLOCK_D == HEAD_DIM:
@@ -117,7 +136,8 @@ def _attend_tiles(q, m_i, l_i, acc, lo, hi, gap, start, L, see_to, row_ok, scale
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         vp = _key_pointers(VC, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
-                           stride_vp, stride_vt, stride_vh, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX, False)
+                           stride_vp, stride_vt, stride_vh, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX, False,
+                           False)
         if MASKED:
             vt = tl.load(vp, mask=key_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
         elif BLOCK_D == HEAD_DIM:
@@ -147,6 +167,7 @@ def decode_split_kernel(
     BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, PACKED: tl.constexpr,
     APPENDED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr, CAUSAL: tl.constexpr,
     SECURE: tl.constexpr, FP8: tl.constexpr, Q_PRESCALE: tl.constexpr, SPLIT: tl.constexpr, FULL_TILES: tl.constexpr,
+    ASM_LOADS: tl.constexpr,
     RETURN_LSE: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
@@ -217,7 +238,8 @@ def decode_split_kernel(
             key_ok = (offs_n >= start) & (offs_n < L)
             load_ok = offs_n < capacity  # public bound; visibility is a select below
             kp = _key_pointers(KC, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
-                               stride_kp, stride_kt, stride_kh, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX, SECURE)
+                               stride_kp, stride_kt, stride_kh, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX,
+                               SECURE, ASM_LOADS)
             kt = tl.load(kp, mask=load_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
             if FP8:
                 kt = _widen_fp8(kt)
@@ -232,7 +254,8 @@ def decode_split_kernel(
             alpha = tl.exp2(m_i - m_safe)
             l_i = l_i * alpha + tl.sum(p, axis=1)
             vp = _key_pointers(VC, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
-                               stride_vp, stride_vt, stride_vh, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX, SECURE)
+                               stride_vp, stride_vt, stride_vh, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX,
+                               SECURE, ASM_LOADS)
             vt = tl.load(vp, mask=load_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
             vt = tl.where(key_ok[:, None], vt, 0.0)
             if FP8:
