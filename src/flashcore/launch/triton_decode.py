@@ -36,6 +36,8 @@ class DecodeConfig:
     num_warps: int
     num_stages: int
     num_splits: int
+    full_tiles: bool | None = None  # None: the measured policy (full_tiles); sweeps set it
+    reg_pages: bool | None = None  # page indices by register loads (_load_public_i32); None: the policy (reg_pages)
 
 
 @dataclass(frozen=True)
@@ -105,8 +107,19 @@ def full_tiles(shape: DecodeShape, cfg: DecodeConfig) -> bool:
     840 us, FP8 B64 16k 1118 against 1275 us; but a per-key page gather (page size below the key tile) ran
     794 against 497-514 us (B64 8k page 16), and B1 4k 14.4 against 13.4 us. So: not with a gather, and only for
     query tiles of 64 rows or more or an FP8 cache."""
+    if cfg.full_tiles is not None:
+        return cfg.full_tiles and not shape.secure
     gather = shape.paged and shape.page_size % cfg.block_n != 0
     return not shape.secure and not gather and (cfg.block_m >= 64 or shape.fp8)
+
+
+def reg_pages(shape: DecodeShape, cfg: DecodeConfig) -> bool:
+    """Whether page indices reach the addresses by a register load that the pipeliner keeps out of shared memory
+    (``kernels.triton.decode._load_public_i32``). Always in secure mode: the SASS gate cannot tell an index copied
+    through shared memory from the secret K/V tiles beside it."""
+    if cfg.reg_pages is not None:
+        return cfg.reg_pages
+    return shape.secure
 
 
 def build_split(shape: DecodeShape, cfg: DecodeConfig, q, k_cache, v_cache, out, page_table_stride: int):
@@ -124,7 +137,8 @@ def build_split(shape: DecodeShape, cfg: DecodeConfig, q, k_cache, v_cache, out,
         PACKED=shape.packed, APPENDED=shape.appended, HAS_BATCH_IDX=shape.has_batch_idx,
         HAS_LEFTPAD=shape.has_leftpad, CAUSAL=shape.causal, SECURE=shape.secure, FP8=shape.fp8,
         Q_PRESCALE=fp8_q_prescale("fp16" if q.dtype == torch.float16 else "bf16") if shape.fp8 else 1.0,
-        SPLIT=cfg.num_splits > 1, FULL_TILES=full_tiles(shape, cfg), ASM_LOADS=True, RETURN_LSE=shape.return_lse,
+        SPLIT=cfg.num_splits > 1, FULL_TILES=full_tiles(shape, cfg), REG_PAGES=reg_pages(shape, cfg),
+        ASM_LOADS=True, RETURN_LSE=shape.return_lse,
         PRECISION="ieee" if shape.fp32 else "tf32")
     grid = (cfg.num_splits * query_tiles(shape, cfg), shape.batch * shape.num_heads_kv)
     return decode_split_kernel, grid, args, constexprs

@@ -104,12 +104,12 @@ def _graph_us(fn) -> float:
     return do_bench_cudagraph(fn, rep=60)
 
 
-def _planned(q, kc, vc, kw, cfg):
+def _planned(q, kc, vc, kw, cfg, secure=False):
     """A replayable call with ``cfg`` (None: the planner's), through the same plan class the library runs."""
     opt = {n: kw.get(n) for n in ("k", "v", "page_table", "cache_batch_idx", "cache_leftpad", "cu_seqlens_q",
                                   "k_descale", "v_descale")}
     a = C.check_kvcache(q, kc, vc, cache_seqlens=kw["cache_seqlens"], **opt, max_seqlen_q=None, causal=True,
-                        scale=None, num_splits=0, return_lse=False, out=None, secure=False, backend="auto")
+                        scale=None, num_splits=0, return_lse=False, out=None, secure=secure, backend="auto")
     out = torch.empty_like(q)
     plan = plan_kvcache(a, q, kc, vc, None, None, opt["page_table"], None, None, out, config=cfg)
     t = dict(opt, cache_seqlens=kw["cache_seqlens"])
@@ -136,6 +136,32 @@ CONFIG_CASES = {
     "b64_8k_p16": ((64, 32, 8, 128, 8192, 1, 16, False), []),
     "b64_8k_p64": ((64, 32, 8, 128, 8192, 1, 64, False), []),
     "b1_64k_p16": ((1, 32, 8, 128, 65536, 1, 16, False), []),
+    # v22.4: paged layouts, fast and secure: unmasked loop (full_tiles) and register page loads (reg_pages)
+    "p128_b64_8k": ((64, 32, 8, 128, 8192, 1, 128, False),
+                    [CFG(16, 128, 8, 3, 1, full_tiles=True), CFG(16, 128, 8, 3, 1, reg_pages=True),
+                     CFG(16, 128, 8, 3, 1, full_tiles=True, reg_pages=True)]),
+    "p128_b1_64k": ((1, 32, 8, 128, 65536, 1, 128, False),
+                    [CFG(16, 128, 8, 3, 16, full_tiles=True), CFG(16, 128, 8, 3, 16, reg_pages=True),
+                     CFG(16, 128, 8, 3, 16, full_tiles=True, reg_pages=True)]),
+    "p16_b64_8k": ((64, 32, 8, 128, 8192, 1, 16, False),
+                   [CFG(16, 128, 8, 3, 1, reg_pages=True), CFG(16, 16, 8, 3, 1), CFG(16, 16, 4, 4, 1),
+                    CFG(16, 16, 8, 3, 1, reg_pages=True), CFG(16, 16, 4, 4, 1, reg_pages=True),
+                    CFG(16, 16, 8, 3, 1, reg_pages=True, full_tiles=True)]),
+    "p64_b64_8k": ((64, 32, 8, 128, 8192, 1, 64, False),
+                   [CFG(16, 128, 8, 3, 1, reg_pages=True), CFG(16, 64, 8, 3, 1, reg_pages=True),
+                    CFG(16, 64, 8, 3, 1, reg_pages=True, full_tiles=True)]),
+    "secure_p16_b64_8k": ((64, 32, 8, 128, 8192, 1, 16, False, True),
+                          [CFG(16, 16, 8, 3, 1), CFG(16, 16, 4, 4, 1), CFG(16, 16, 4, 3, 1), CFG(16, 128, 4, 3, 1)]),
+    "secure_p64_b64_8k": ((64, 32, 8, 128, 8192, 1, 64, False, True), [CFG(16, 64, 8, 3, 1), CFG(16, 64, 4, 4, 1)]),
+    "secure_p128_b64_8k": ((64, 32, 8, 128, 8192, 1, 128, False, True), []),
+    "secure_b64_8k": ((64, 32, 8, 128, 8192, 1, 0, False, True), []),
+    "secure_p16_b1_64k": ((1, 32, 8, 128, 65536, 1, 16, False, True),
+                          [CFG(16, 16, 8, 3, 16), CFG(16, 16, 4, 4, 16), CFG(16, 16, 4, 4, 32)]),
+    "prefill512_8k_p16": ((4, 32, 8, 128, 8192, 512, 16, False),
+                          [CFG(128, 128, 8, 3, 1, reg_pages=True), CFG(128, 16, 4, 3, 1),
+                           CFG(128, 64, 8, 3, 1, reg_pages=True, full_tiles=True)]),
+    "prefill512_8k_p128": ((4, 32, 8, 128, 8192, 512, 128, False),
+                           [CFG(128, 128, 8, 3, 1, reg_pages=True)]),
     "b1_4k": ((1, 32, 8, 128, 4096, 1, 0, False),
               [CFG(16, 128, 8, 3, 8), CFG(16, 64, 4, 3, 16), CFG(16, 64, 4, 2, 32), CFG(16, 128, 4, 2, 16),
                CFG(16, 32, 4, 2, 32), CFG(16, 64, 8, 3, 16), CFG(16, 128, 8, 3, 4)]),
@@ -148,13 +174,14 @@ def configs(dev, names) -> list:
     for name, (shape, cands) in CONFIG_CASES.items():
         if name not in names:
             continue
-        B, Hq, Hkv, D, cap, Sq, page, fp8 = shape
+        B, Hq, Hkv, D, cap, Sq, page, fp8, *rest = shape
+        secure = bool(rest and rest[0])
         q, kc, vc, kw = _make(B, Hq, Hkv, D, cap, Sq, page, fp8, gen, dev)
         kv_bytes = B * cap * Hkv * D * 2 * (1 if fp8 else 2)
         base = None
         for cfg in [None] + cands:
             try:
-                plan, fn = _planned(q, kc, vc, kw, cfg)
+                plan, fn = _planned(q, kc, vc, kw, cfg, secure)
                 us = _graph_us(fn) * 1e3  # do_bench_cudagraph gives ms
                 o = fn()[0]
                 if base is None:

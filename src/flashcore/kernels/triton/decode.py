@@ -65,11 +65,12 @@ def _load_public_i32(ptr, ASM: tl.constexpr):
 @triton.jit
 def _key_pointers(C, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_p,
                   stride_t, stride_h, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr,
-                  HAS_BATCH_IDX: tl.constexpr, SECURE: tl.constexpr, ASM_LOADS: tl.constexpr):
+                  HAS_BATCH_IDX: tl.constexpr, SECURE: tl.constexpr, ASM_LOADS: tl.constexpr,
+                  REG_PAGES: tl.constexpr):
     """Pointers of the [BLOCK_N, BLOCK_D] tile of cache ``C`` at logical positions ``offs_n`` of sequence ``b``."""
     if PAGED:
         if PAGE_SIZE % BLOCK_N == 0:  # the whole tile lies in one page (tiles start at multiples of BLOCK_N)
-            if SECURE:  # not through shared memory (_load_public_i32)
+            if REG_PAGES:  # not through shared memory (_load_public_i32)
                 page = _load_public_i32(PAGE_TABLE + b * stride_pt + n0 // PAGE_SIZE, ASM_LOADS).to(tl.int64)
             else:
                 page = tl.load(PAGE_TABLE + b * stride_pt + n0 // PAGE_SIZE).to(tl.int64)
@@ -77,7 +78,7 @@ def _key_pointers(C, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_ID
             row = page * stride_p + (offs_n % PAGE_SIZE).to(tl.int64) * stride_t
         else:
             col = offs_n // PAGE_SIZE
-            if SECURE:  # the table's last column past the capacity (a public bound), instead of a mask
+            if REG_PAGES:  # the table's last column past the capacity (a public bound), instead of a mask
                 col = tl.minimum(col, capacity // PAGE_SIZE - 1)
                 page = _load_public_i32(PAGE_TABLE + b * stride_pt + col, ASM_LOADS).to(tl.int64)
             else:
@@ -98,7 +99,8 @@ def _attend_tiles(q, m_i, l_i, acc, lo, hi, gap, start, L, see_to, row_ok, scale
                   PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt, stride_kh, stride_vp,
                   stride_vt, stride_vh, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
                   PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, CAUSAL: tl.constexpr, FP8: tl.constexpr,
-                  PRECISION: tl.constexpr, MASKED: tl.constexpr, BLOCK_D: tl.constexpr, gap_at, SKIP: tl.constexpr):
+                  PRECISION: tl.constexpr, MASKED: tl.constexpr, BLOCK_D: tl.constexpr, gap_at, SKIP: tl.constexpr,
+                  ASM_LOADS: tl.constexpr, REG_PAGES: tl.constexpr):
     """Online softmax over the key tiles ``lo, lo + BLOCK_N, ... < hi``. ``SKIP``: a tile at or past ``gap_at``
     is moved ``gap`` keys on (the masked loop jumps the unmasked tiles). ``MASKED``: visibility (range, causal,
     real rows) enters by select; without it the caller guarantees every key of every tile visible to every row."""
@@ -112,7 +114,7 @@ def _attend_tiles(q, m_i, l_i, acc, lo, hi, gap, start, L, see_to, row_ok, scale
             key_ok = (offs_n >= start) & (offs_n < L)
         kp = _key_pointers(KC, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
                            stride_kp, stride_kt, stride_kh, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX, False,
-                           False)
+                           ASM_LOADS, REG_PAGES)
         if MASKED:
             kt = tl.load(kp, mask=key_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
         elif BLOCK_D == HEAD_DIM:
@@ -137,7 +139,7 @@ def _attend_tiles(q, m_i, l_i, acc, lo, hi, gap, start, L, see_to, row_ok, scale
         l_i = l_i * alpha + tl.sum(p, axis=1)
         vp = _key_pointers(VC, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
                            stride_vp, stride_vt, stride_vh, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX, False,
-                           False)
+                           ASM_LOADS, REG_PAGES)
         if MASKED:
             vt = tl.load(vp, mask=key_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
         elif BLOCK_D == HEAD_DIM:
@@ -167,7 +169,7 @@ def decode_split_kernel(
     BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, PACKED: tl.constexpr,
     APPENDED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr, CAUSAL: tl.constexpr,
     SECURE: tl.constexpr, FP8: tl.constexpr, Q_PRESCALE: tl.constexpr, SPLIT: tl.constexpr, FULL_TILES: tl.constexpr,
-    ASM_LOADS: tl.constexpr,
+    REG_PAGES: tl.constexpr, ASM_LOADS: tl.constexpr,
     RETURN_LSE: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
@@ -239,7 +241,7 @@ def decode_split_kernel(
             load_ok = offs_n < capacity  # public bound; visibility is a select below
             kp = _key_pointers(KC, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
                                stride_kp, stride_kt, stride_kh, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX,
-                               SECURE, ASM_LOADS)
+                               SECURE, ASM_LOADS, REG_PAGES)
             kt = tl.load(kp, mask=load_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
             if FP8:
                 kt = _widen_fp8(kt)
@@ -255,7 +257,7 @@ def decode_split_kernel(
             l_i = l_i * alpha + tl.sum(p, axis=1)
             vp = _key_pointers(VC, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
                                stride_vp, stride_vt, stride_vh, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX,
-                               SECURE, ASM_LOADS)
+                               SECURE, ASM_LOADS, REG_PAGES)
             vt = tl.load(vp, mask=load_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
             vt = tl.where(key_ok[:, None], vt, 0.0)
             if FP8:
@@ -267,7 +269,7 @@ def decode_split_kernel(
             q, m_i, l_i, acc, lo_s, hi_s, 0, start, L, see_to, row_ok, scale2, KC, VC, b, hkv, offs_d, PAGE_TABLE,
             stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt,
             stride_vh, HEAD_DIM, BLOCK_N, PAGE_SIZE, PAGED, HAS_BATCH_IDX, CAUSAL, FP8, PRECISION, True, BLOCK_D, 0,
-            False)
+            False, ASM_LOADS, REG_PAGES)
     else:
         # Tiles every row of this query tile sees whole (inside [start, L) and, causal, at or below the first
         # row's last key) need no mask: a loop of their own, then the masked rest (the leading tile of a left
@@ -284,13 +286,13 @@ def decode_split_kernel(
             q, m_i, l_i, acc, u_lo, u_hi, 0, start, L, see_to, row_ok, scale2, KC, VC, b, hkv, offs_d, PAGE_TABLE,
             stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt,
             stride_vh, HEAD_DIM, BLOCK_N, PAGE_SIZE, PAGED, HAS_BATCH_IDX, CAUSAL, FP8, PRECISION, False, BLOCK_D, 0,
-            False)
+            False, ASM_LOADS, REG_PAGES)
         # the masked tiles: those before u_lo, then those from u_hi on (one loop; the index jumps the gap)
         m_i, l_i, acc = _attend_tiles(
             q, m_i, l_i, acc, lo_s, hi_s - (u_hi - u_lo), u_hi - u_lo, start, L, see_to, row_ok, scale2, KC, VC, b,
             hkv, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt, stride_kh,
             stride_vp, stride_vt, stride_vh, HEAD_DIM, BLOCK_N, PAGE_SIZE, PAGED, HAS_BATCH_IDX, CAUSAL, FP8, PRECISION,
-            True, BLOCK_D, u_lo, True)
+            True, BLOCK_D, u_lo, True, ASM_LOADS, REG_PAGES)
 
     if FP8:
         acc = acc * (tl.load(V_DESCALE + b * num_heads_kv + hkv) / FP8_WIDEN_C)
