@@ -106,11 +106,11 @@ def full_tiles(shape: DecodeShape, cfg: DecodeConfig) -> bool:
     (2026-11-26, same-run A/B against one masked loop, docs/perf-notes.md v22): Sq 512 against 8k 569 against
     840 us, FP8 B64 16k 1118 against 1275 us; but a per-key page gather (page size below the key tile) ran
     794 against 497-514 us (B64 8k page 16), and B1 4k 14.4 against 13.4 us. So: not with a gather, and only for
-    query tiles of 64 rows or more or an FP8 cache."""
+    query tiles of 64 rows or more, an FP8 cache, or a page per tile (B64 8k page 128: 639 -> 491 us, v22.4)."""
     if cfg.full_tiles is not None:
         return cfg.full_tiles and not shape.secure
     gather = shape.paged and shape.page_size % cfg.block_n != 0
-    return not shape.secure and not gather and (cfg.block_m >= 64 or shape.fp8)
+    return not shape.secure and not gather and (cfg.block_m >= 64 or shape.fp8 or shape.paged)
 
 
 def reg_pages(shape: DecodeShape, cfg: DecodeConfig) -> bool:
@@ -119,7 +119,11 @@ def reg_pages(shape: DecodeShape, cfg: DecodeConfig) -> bool:
     through shared memory from the secret K/V tiles beside it."""
     if cfg.reg_pages is not None:
         return cfg.reg_pages
-    return shape.secure
+    gather = shape.paged and shape.page_size % cfg.block_n != 0
+    # measured on H200 (2026-11-26, docs/perf-notes.md v22.4): a page per tile, B1 64k page 128 103 -> 72 us,
+    # B64 8k page 128 639 -> 490 us (with full_tiles), Sq 512 page 128 781 -> 623 us; a per-key gather slower
+    # (B64 8k page 16 497 -> 784 us)
+    return shape.secure or (shape.paged and not gather)
 
 
 def build_split(shape: DecodeShape, cfg: DecodeConfig, q, k_cache, v_cache, out, page_table_stride: int):

@@ -41,6 +41,13 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
         tiles = cdiv(shape.capacity, block_n)
         num_splits = max(1, min(target // programs, tiles // MIN_TILES_PER_SPLIT, 128))
     num_warps, num_stages = (4, 2) if shape.fp32 or gather and num_splits > 1 else (8, 3)
+    if shape.secure and gather and num_splits == 1 and not shape.fp32:
+        # Secure mode reads every page with register page loads (launch.triton_decode.reg_pages); there a tile per
+        # page beat the per-key gather at batch 64 (H200, 2026-11-26, 64x32/8 D128 8k, docs/perf-notes.md v22.4):
+        # page 16 670 us (4 warps, 4 stages) against 833; page 64 547 us (8 warps, 3 stages) against 618. With
+        # splits (B1 64k, page 16) the gather won (94.5 us against 133-237), so it stays there.
+        block_n = shape.page_size
+        num_warps, num_stages = (4, 4) if shape.page_size <= 32 else (8, 3)
     return DecodeConfig(block_m, block_n, num_warps, num_stages, num_splits)
 
 

@@ -285,6 +285,59 @@ def hostprof(dev) -> dict:
     return res
 
 
+def hostparts(dev) -> dict:
+    """Host time of the pieces of one plan-hit call (B1 32/8 D128, 2k cache), each timed alone over 2000 calls
+    while the GPU is kept busy (``torch.cuda._sleep``), so no piece waits for the GPU."""
+    from ...ops import KV_OPTIONAL, lengths_tensor
+    from ...plan.cache import PLANS
+    from ...problem import kvcache_key
+
+    B, Hq, Hkv, D, S0 = 1, 32, 8, 128, 2048
+    q = torch.randn(B, 1, Hq, D, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(B, Hkv, S0, D, device=dev, dtype=torch.bfloat16).transpose(1, 2)
+    v = torch.randn(B, Hkv, S0, D, device=dev, dtype=torch.bfloat16).transpose(1, 2)
+    lens = torch.full((B,), S0, dtype=torch.int32, device=dev)
+    opt = {n: None for n in KV_OPTIONAL}
+    flashcore.attention_with_kvcache(q, k, v, cache_seqlens=lens, validate=False)
+    flags = (None, True, None, 0, False, False, False)
+    key = kvcache_key("auto", q, k, v, tuple(opt[n] for n in KV_OPTIONAL) + (lens,), None, flags=flags)
+    plan = PLANS.get(key)
+    t = dict(opt, cache_seqlens=lens)
+    dummy = lens
+    ws = [torch.empty(shape, device=dev) for _, shape in plan.workspace] or [lens, lens]  # part_o, part_lse
+    out = torch.empty_like(q)
+    pieces = {
+        "whole call (tensor cache_seqlens)": lambda: flashcore.attention_with_kvcache(q, k, v, cache_seqlens=lens,
+                                                                                    validate=False),
+        "whole call (int cache_seqlens)": lambda: flashcore.attention_with_kvcache(q, k, v, cache_seqlens=S0,
+                                                                                 validate=False),
+        "lengths_tensor (int, shared)": lambda: lengths_tensor(S0, B, q.device, secure=False),
+        "kvcache_key": lambda: kvcache_key("auto", q, k, v, tuple(opt[n] for n in KV_OPTIONAL) + (lens,), None,
+                                           flags=flags),
+        "plan(...) (allocations + launches)": lambda: plan(q, k, v, t, None),
+        "torch.empty (out)": lambda: torch.empty(q.shape, dtype=q.dtype, device=dev),
+        "split launch alone": lambda: plan.split.run((q, k, v, out, dummy, ws[0], ws[1], dummy, dummy, dummy, dummy,
+                                                      dummy, dummy, dummy), dev),
+        "sdpa (same cache)": lambda: F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                                     v.transpose(1, 2), enable_gqa=True),
+    }
+    res = {}
+    for name, fn in pieces.items():
+        fn()
+        torch.cuda.synchronize()
+        per = []
+        for _ in range(5):
+            torch.cuda._sleep(int(3e8))
+            t0 = time.perf_counter()
+            for _ in range(400):
+                fn()
+            per.append((time.perf_counter() - t0) / 400 * 1e6)
+            torch.cuda.synchronize()
+        res[name] = sorted(per)[2]
+        print(f"{res[name]:8.1f} us  {name}", flush=True)
+    return res
+
+
 def main(argv=None) -> int:
     ap = parser(__name__, __doc__)
     ap.add_argument("--only", default="correct,configs,host")
@@ -299,6 +352,8 @@ def main(argv=None) -> int:
               [r for r in res["correct"] if not r["ok"]], flush=True)
     if "host" in parts:
         res["host"] = host(dev)
+    if "hostparts" in parts:
+        res["hostparts"] = hostparts(dev)
     if "hostprof" in parts:
         res["hostprof"] = hostprof(dev)
     if "configs" in parts:
