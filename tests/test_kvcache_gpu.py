@@ -145,3 +145,30 @@ def test_int_cache_seqlens_share_one_length_tensor_per_value_and_stream_only_whe
     torch.cuda.synchronize()
     assert rel_err(out, ref137) < 1e-2
     assert rel_err(flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=200), ref) < 1e-2
+
+
+def test_threads_on_one_stream_never_share_a_split_workspace():
+    # eager calls reuse a workspace per (size, stream, thread): two threads interleaving split and combine launches
+    # on the default stream would otherwise overwrite each other's partial results between the two steps
+    import threading
+
+    cases = [_case(1, 32, 8, 128, 4096, 0, seed=40 + i) for i in range(2)]
+    want = [flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, num_splits=16)
+            for q, kc, vc, _, lens, _ in cases]
+    bad = []
+
+    def worker(i):
+        q, kc, vc, _, lens, _ = cases[i]
+        for _ in range(200):
+            out = flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, num_splits=16)
+            if not torch.equal(out, want[i]):
+                bad.append(i)
+                return
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    torch.cuda.synchronize()
+    assert not bad, f"threads {sorted(set(bad))} got another call's partial results"

@@ -19,7 +19,7 @@ from .plan.build import Plan, build
 from .plan.cache import PLANS
 from .plan.decode import decode_serves, dense_decode_plan, plan_kvcache
 from .problem import DTYPE_NAMES, Problem, backward_key, dense_key, kvcache_key, varlen_key
-from .runtime import device_arch
+from .runtime import current_stream, device_arch
 
 Tensor = torch.Tensor
 _OP_ROUTE = "op"  # plan-key route of the custom ops (the eager entry points key by their backend)
@@ -333,19 +333,20 @@ def _(d_out, q, k, v, out, lse, d_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
 
 KV_OPTIONAL = ("k", "v", "page_table", "cache_batch_idx", "cache_leftpad", "cu_seqlens_q", "k_descale", "v_descale")
 
-_LENGTHS: dict = {}  # (value, batch, device, stream) -> int32 [batch] tensor of value, made on that stream
+_LENGTHS: dict = {}  # (value, batch, device index, raw stream) -> int32 [batch] tensor of value, made on that stream
 _LENGTHS_KEPT = 64
 
 
 def lengths_tensor(value: int, batch: int, device: torch.device, *, secure: bool) -> torch.Tensor:
     """``cache_seqlens`` given as an int, as the int32 ``[batch]`` tensor the kernels read. Eager calls share one
     per (value, batch, device, stream): transformers passes the same int to every layer of a decode step, and a
-    fill is a kernel launch. Never shared under graph capture or tracing (a fill made there has no value until
-    replay), nor across streams (the fill is ordered on its own stream only), nor in secure mode (a hit or a
-    miss would make host time depend on the secret length). Nothing writes these tensors."""
+    fill is a kernel launch. None is shared under graph capture (a fill made there runs only at replay), none
+    across streams (the fill is ordered on its own stream only), and none in secure mode (a hit or
+    a miss would make host time depend on the secret length) or under tracing. Nor is a kept one handed to a call
+    being captured: the graph would hold no reference to it, and once evicted its memory could be reused."""
     if secure is not False or device.type != "cuda" or torch.compiler.is_compiling() or C.capturing(device):
         return torch.full((batch,), value, dtype=torch.int32, device=device)
-    key = (value, batch, device, torch.cuda.current_stream(device).cuda_stream)
+    key = (value, batch, device.index, current_stream(device))
     t = _LENGTHS.get(key)
     if t is None:
         t = torch.full((batch,), value, dtype=torch.int32, device=device)

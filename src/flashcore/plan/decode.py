@@ -7,12 +7,13 @@ stays valid for any lengths, and in secure mode the schedule reveals nothing."""
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 
 from ..launch.triton_decode import (DecodeConfig, DecodeShape, build_append, build_combine, build_split,
                                     query_tiles, workspace_shapes)
-from ..runtime import KernelStep, cdiv, interpreting, sm_count
+from ..runtime import KernelStep, capturing, cdiv, current_stream, interpreting, sm_count
 from .build import clear_unowned_rows
 
 MIN_TILES_PER_SPLIT = 2  # fewer key tiles per split and the combine's reads stop being negligible
@@ -100,10 +101,10 @@ class DecodePlan:
             out = torch.empty(self.out_shape, dtype=q.dtype, device=device)
         lse = None if self.lse_shape is None else torch.empty(self.lse_shape, dtype=torch.float32, device=device)
         ws = {}
-        if self.workspace:  # one allocation for both (an allocation is a few us of a decode call's host time)
+        if self.workspace:
             sizes = [math.prod(s) for _, s in self.workspace]
-            flat = torch.empty(sum(sizes), dtype=torch.float32, device=device)
-            for (name, s), part in zip(self.workspace, flat.split(sizes)):
+            flat = workspace(sum(sizes), device)
+            for (name, s), part in zip(self.workspace, flat[:sum(sizes)].split(sizes)):
                 ws[name] = part.view(s)
         dummy = t["cache_seqlens"]
         get = lambda n: t.get(n) if t.get(n) is not None else dummy  # noqa: E731  (an unused pointer)
@@ -119,6 +120,27 @@ class DecodePlan:
         if self.shape.packed:  # rows of q past cu_seqlens_q[-1] belong to no sequence: output 0, lse -inf
             clear_unowned_rows(out, lse, t["cu_seqlens_q"], None)
         return out, lse
+
+
+_WORKSPACES: dict = {}  # (numel, device index, raw stream, thread) -> float32 buffer
+_WORKSPACES_KEPT = 16
+
+
+def workspace(numel: int, device: torch.device) -> torch.Tensor:
+    """The split step's float32 workspace. Eager calls reuse one buffer per (size, device, stream, thread): the
+    split and combine steps of one call run in stream order before the next call's, and calls from two threads
+    on one stream would interleave, so each thread has its own (an allocation is ~7 us of a decode call's host
+    time, measured on the H200's host). Under graph capture a fresh buffer, which the graph's memory pool keeps."""
+    if device.type != "cuda" or capturing(device) or torch.compiler.is_compiling():
+        return torch.empty(numel, dtype=torch.float32, device=device)
+    key = (numel, device.index, current_stream(device), threading.get_ident())
+    buf = _WORKSPACES.get(key)
+    if buf is None:
+        buf = torch.empty(numel, dtype=torch.float32, device=device)
+        if len(_WORKSPACES) >= _WORKSPACES_KEPT:
+            _WORKSPACES.pop(next(iter(_WORKSPACES)))
+        _WORKSPACES[key] = buf
+    return buf
 
 
 def plan_kvcache(a, q, k_cache, v_cache, k, v, page_table, cache_batch_idx, cache_leftpad, out,
