@@ -197,3 +197,21 @@ def test_readme_triton_versions_table_is_the_committed_runs():
     assert a["environment"]["git_sha"] == b["environment"]["git_sha"]
     assert all(d["environment"]["gpu"]["name"].startswith("NVIDIA H100") for d in (a, b))
     assert m.group(3).strip() == versions_markdown_table(a, b).strip(), "README's Triton-versions table is stale"
+
+
+def test_readme_decode_table_is_the_committed_run():
+    """The README's decode table is generated from the committed decode run it names (never typed), and that run
+    holds the peers it compares against (SDPA and FA4 in the same run)."""
+    import os
+    import re
+
+    from flashcore.bench.report import decode_markdown_table
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    readme = open(os.path.join(root, "README.md")).read()
+    m = re.search(r"<!-- decode-table: (\S+) -->\n(.*?)\n<!-- /decode-table -->", readme, re.S)
+    assert m, "README lost its generated decode table"
+    doc = json.load(open(os.path.join(root, m.group(1))))
+    assert doc["config"]["suite"].startswith("decode") and doc["complete"]
+    assert {"flashcore", "flashcore-secure", "sdpa-default", "fa4"} <= set(doc["config"]["backends"])
+    assert m.group(2).strip() == decode_markdown_table(doc).strip(), "README's decode table is stale"
