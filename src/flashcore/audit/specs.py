@@ -227,6 +227,8 @@ _AUDIT_DECODE_DTYPES = ((torch.bfloat16, torch.bfloat16, (64, 72, 128, 256)), (t
 _AUDIT_DECODE_FORMS = ((1, True, 1), (1, True, 7), (4, False, 3))
 # the fast path's chunked-prefill form too: 128-row query tiles and the unmasked loop (launch.triton_decode.full_tiles)
 _AUDIT_DECODE_FAST_FORMS = _AUDIT_DECODE_FORMS + ((64, True, 1),)
+# secure mode with more query tokens: 32- and 64-row tiles (Sq 8 and 16 at the list's 4 query heads per K/V head)
+_AUDIT_DECODE_SECURE_FORMS = _AUDIT_DECODE_FORMS + ((8, False, 3), (16, True, 1))
 
 
 def decode_specs(secure: bool, full: bool = False) -> list[dict]:
@@ -239,7 +241,7 @@ def decode_specs(secure: bool, full: bool = False) -> list[dict]:
             continue
         for hd in (tuple(range(8, 257, 8)) if full else dims if secure else (128,)):
             for cache, page in (_SECURE_DECODE_CACHES if secure else _AUDIT_DECODE_CACHES):
-                for Sq, causal, splits in (_AUDIT_DECODE_FORMS if secure else _AUDIT_DECODE_FAST_FORMS):
+                for Sq, causal, splits in (_AUDIT_DECODE_SECURE_FORMS if secure else _AUDIT_DECODE_FAST_FORMS):
                     for spec in _decode_specs(q_dtype, cache_dtype, hd, cache, page, Sq, causal, splits, secure):
                         if spec["name"] not in names:  # the combine step is shared by every cache form
                             names.add(spec["name"])

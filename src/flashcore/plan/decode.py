@@ -28,6 +28,10 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
         # 8k, 32/8 heads, D 128: 566 us against 1002 us with 64-row tiles; docs/perf-notes.md v22). Not in secure
         # mode: the SASS gate's secure decode forms are decode-sized (Sq 1 and 4, 16-row tiles)
         block_m = 128
+    if shape.secure and shape.fp32:
+        # fp32 with 64-row tiles spills, and ptxas guards the spill stores with a predicate that follows the secret
+        # lengths (`flashcore audit sass`: predicated-memory STL, 2026-11-26); the 32-row form is clean
+        block_m = min(block_m, 32)
     if shape.fp32:
         block_n = 32
     else:
@@ -42,13 +46,16 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
         tiles = cdiv(shape.capacity, block_n)
         num_splits = max(1, min(target // programs, tiles // MIN_TILES_PER_SPLIT, 128))
     num_warps, num_stages = (4, 2) if shape.fp32 or gather and num_splits > 1 else (8, 3)
-    if shape.secure and gather and num_splits == 1 and not shape.fp32:
-        # Secure mode reads every page with register page loads (launch.triton_decode.reg_pages); there a tile per
-        # page beat the per-key gather at batch 64 (H200, 2026-11-26, 64x32/8 D128 8k, docs/perf-notes.md v22.4):
-        # page 16 670 us (4 warps, 4 stages) against 833; page 64 547 us (8 warps, 3 stages) against 618. With
-        # splits (B1 64k, page 16) the gather won (94.5 us against 133-237), so it stays there.
-        block_n = shape.page_size
-        num_warps, num_stages = (4, 4) if shape.page_size <= 32 else (8, 3)
+    if shape.secure and shape.paged and num_splits == 1 and not shape.fp32 and block_m == 16 and d <= 128:
+        # Secure mode reads every page with register page loads (launch.triton_decode.reg_pages) and masks every
+        # tile; at one split, tiles of at most one page and 64 keys ran fastest (H200, 2026-11-26, 64x32/8 D128 8k,
+        # docs/perf-notes.md v22.4-v22.5): page 16 556 us (16-key tiles, 2 warps, 4 stages) against 833 for the
+        # per-key gather; page 64 547 us (64-key tiles) against 618; page 128 521 us (64-key tiles) against 576
+        # (128-key tiles). Pages 32 and 256 follow 16 and 128 unmeasured. With splits (B1 64k, page 16) the
+        # gather won (94.5 us against 133-237), so it stays there; and only in the measured decode regime (16-row
+        # tiles, D <= 128): 64-row tiles at D 256 on two warps spill under a secret guard (the SASS gate)
+        block_n = min(shape.page_size, 64, block_n)
+        num_warps, num_stages = (2, 4) if block_n <= 32 else (8, 3)
     return DecodeConfig(block_m, block_n, num_warps, num_stages, num_splits)
 
 
