@@ -214,10 +214,11 @@ def _on_arch(problem: Problem, arch) -> Problem:
 
 
 # The KV-cache kernels' audited forms: (cache, page size); the fast path's page sizes 1 and 16 take the per-key page
-# gather, 128 one page per 128-key tile; secure mode takes one page per tile always (page sizes 16..256, tiles of
-# min(page, 128) keys); "rows" reads a contiguous cache through cache_batch_idx, "leftpad" with cache_leftpad.
+# gather, 128 one page per 128-key tile; secure mode (plan.decode.choose_config) takes tiles of at most one page and 64
+# keys at one split, the per-key gather with splits; "rows" reads a contiguous cache through cache_batch_idx,
+# "leftpad" with cache_leftpad.
 _AUDIT_DECODE_CACHES = (("paged", 1), ("paged", 16), ("paged", 128), ("contiguous", 0), ("rows", 0), ("leftpad", 0))
-# every page size secure mode accepts (_checks.SECURE_PAGE_SIZES: 16-64 gather a page per key, 128-256 one per tile)
+# every page size secure mode accepts (_checks.SECURE_PAGE_SIZES; each page size is a constexpr, its own binary)
 _SECURE_DECODE_CACHES = (("paged", 16), ("paged", 32), ("paged", 64), ("paged", 128), ("paged", 256), ("contiguous", 0),
                          ("rows", 0), ("leftpad", 0))
 # (q dtype, cache dtype, head dims): bf16 over the BLOCK_D families (72: a masked head dim), the others at 128
