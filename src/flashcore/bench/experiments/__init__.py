@@ -18,6 +18,9 @@ to ``--out`` (default ``$OUT`` or ``.``). docs/perf-notes.md says which version 
   ``--racecheck-controls``: racecheck on control kernels, one form at a time (docs/reliability.md);
 * ``wg_count``: two consumer warpgroups against three at D=64, fast and secure, on the installed Triton's toolchain
   (plan.tables.SECURE_D64_TWO_WG);
+* ``kv_configs``: the KV-cache split kernel's configurations and loop forms (``DecodeConfig``, incl. ``full_tiles``
+  and ``reg_pages``) timed as CUDA-graph replays per shape, a correctness check against float64, and the host time of
+  a KV-cache call and its pieces (docs/perf-notes.md v22);
 * ``hf_generate``: transformers generation (a random 8-layer Llama of 8B width, bf16) with flashcore as the
   attention implementation beside ``sdpa``: prefill and decode tokens/s, batch 1 and 32, prompt 2048, 256 new tokens.
 """

@@ -13,9 +13,9 @@ Three questions, one device call:
   tensor viewed as ``[B, S, Hkv, D]``, as transformers' DynamicCache hands it over), and SDPA on the same
   growing tensors.
 
-    python -m flashcore.bench.experiments.decode_configs --out $OUT [--only correct,configs,host]
+    python -m flashcore.bench.experiments.kv_configs --out $OUT [--only correct,configs,host]
 
-Writes ``decode_configs.json`` and prints a table.
+Writes ``decode_configs.json`` and prints a table. (Named kv_configs: the KV-cache kernel's configurations.)
 """
 from __future__ import annotations
 
