@@ -26,7 +26,7 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
     if shape.rows >= 128 and d <= 128 and not shape.fp32 and not shape.secure:
         # chunked prefill: 128-row tiles halve the K/V reads per query (measured on H200, 2026-11-26, Sq 512 against
         # 8k, 32/8 heads, D 128: 566 us against 1002 us with 64-row tiles; docs/perf-notes.md v22). Not in secure
-        # mode: the SASS gate's secure decode forms are decode-sized (Sq 1 and 4, 16-row tiles)
+        # mode: the SASS gate's secure decode forms have tiles of 16 to 64 rows (audit/specs.py)
         block_m = 128
     if shape.secure and shape.fp32:
         # fp32 with 64-row tiles spills, and ptxas guards the spill stores with a predicate that follows the secret
