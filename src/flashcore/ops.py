@@ -16,7 +16,7 @@ from . import reference as _ref
 from .launch.triton_bwd import BackwardLaunch
 from .plan.backward import backward_config
 from .plan.build import Plan, build
-from .plan.cache import PLANS
+from .plan.cache import PLANS, PlanCache
 from .plan.decode import decode_serves, dense_decode_plan, plan_kvcache
 from .problem import DTYPE_NAMES, Problem, backward_key, dense_key, kvcache_key, varlen_key
 from .runtime import current_stream, device_arch
@@ -333,8 +333,7 @@ def _(d_out, q, k, v, out, lse, d_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
 
 KV_OPTIONAL = ("k", "v", "page_table", "cache_batch_idx", "cache_leftpad", "cu_seqlens_q", "k_descale", "v_descale")
 
-_LENGTHS: dict = {}  # (value, batch, device index, raw stream) -> int32 [batch] tensor of value, made on that stream
-_LENGTHS_KEPT = 64
+_LENGTHS = PlanCache(limit=64)  # (value, batch, device index, raw stream) -> int32 [batch] tensor, made on that stream
 
 
 def lengths_tensor(value: int, batch: int, device: torch.device, *, secure: bool) -> torch.Tensor:
@@ -347,13 +346,7 @@ def lengths_tensor(value: int, batch: int, device: torch.device, *, secure: bool
     if secure is not False or device.type != "cuda" or torch.compiler.is_compiling() or C.capturing(device):
         return torch.full((batch,), value, dtype=torch.int32, device=device)
     key = (value, batch, device.index, current_stream(device))
-    t = _LENGTHS.get(key)
-    if t is None:
-        t = torch.full((batch,), value, dtype=torch.int32, device=device)
-        if len(_LENGTHS) >= _LENGTHS_KEPT:
-            _LENGTHS.pop(next(iter(_LENGTHS)))
-        _LENGTHS[key] = t
-    return t
+    return _LENGTHS.get_or_build(key, lambda: torch.full((batch,), value, dtype=torch.int32, device=device))
 
 
 def kvcache_call(q, k_cache, v_cache, cache_seqlens, opt: dict, *, max_seqlen_q, causal, scale, num_splits,

@@ -15,6 +15,7 @@ from ..launch.triton_decode import (DecodeConfig, DecodeShape, build_append, bui
                                     query_tiles, workspace_shapes)
 from ..runtime import KernelStep, capturing, cdiv, current_stream, interpreting, sm_count
 from .build import clear_unowned_rows
+from .cache import PlanCache
 
 MIN_TILES_PER_SPLIT = 2  # fewer key tiles per split and the combine's reads stop being negligible
 
@@ -111,7 +112,7 @@ class DecodePlan:
         if self.workspace:
             sizes = [math.prod(s) for _, s in self.workspace]
             flat = workspace(sum(sizes), device)
-            for (name, s), part in zip(self.workspace, flat[:sum(sizes)].split(sizes)):
+            for (name, s), part in zip(self.workspace, flat.split(sizes)):
                 ws[name] = part.view(s)
         dummy = t["cache_seqlens"]
         get = lambda n: t.get(n) if t.get(n) is not None else dummy  # noqa: E731  (an unused pointer)
@@ -129,8 +130,7 @@ class DecodePlan:
         return out, lse
 
 
-_WORKSPACES: dict = {}  # (numel, device index, raw stream, thread) -> float32 buffer
-_WORKSPACES_KEPT = 16
+_WORKSPACES = PlanCache(limit=16)  # (numel, device index, raw stream, thread) -> float32 buffer
 
 
 def workspace(numel: int, device: torch.device) -> torch.Tensor:
@@ -141,13 +141,7 @@ def workspace(numel: int, device: torch.device) -> torch.Tensor:
     if device.type != "cuda" or capturing(device) or torch.compiler.is_compiling():
         return torch.empty(numel, dtype=torch.float32, device=device)
     key = (numel, device.index, current_stream(device), threading.get_ident())
-    buf = _WORKSPACES.get(key)
-    if buf is None:
-        buf = torch.empty(numel, dtype=torch.float32, device=device)
-        if len(_WORKSPACES) >= _WORKSPACES_KEPT:
-            _WORKSPACES.pop(next(iter(_WORKSPACES)))
-        _WORKSPACES[key] = buf
-    return buf
+    return _WORKSPACES.get_or_build(key, lambda: torch.empty(numel, dtype=torch.float32, device=device))
 
 
 def plan_kvcache(a, q, k_cache, v_cache, k, v, page_table, cache_batch_idx, cache_leftpad, out,
