@@ -121,3 +121,35 @@ def test_every_page_size_secure_mode_accepts_is_in_the_gates_list():
     names = [s["name"] for s in decode_specs(secure=True)]
     for page in SECURE_PAGE_SIZES:
         assert any(f"_paged{page}_" in n for n in names), f"secure page size {page} is accepted but not audited"
+
+
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float16", "float32"])
+def test_every_secure_dense_selection_runs_a_form_the_gate_lists(dtype_name):
+    """What ``select`` launches in secure mode on sm_90 is a form ``audit_specs(secure=True)`` compiles: the Triton
+    kernel in its own table's form (the one ``audit.specs.triton_config`` lists), the Gluon kernel in a layout the
+    list holds for that dtype, head dim and causal mode. Small and large problems, explicit query lengths (the
+    Gluon kernel cannot take them causal, and the Triton kernel runs instead) and self-attention."""
+    import torch
+
+    from flashcore.audit.specs import _on_arch, audit_specs
+    from flashcore.plan.select import SM90, select, triton_config
+    from flashcore.problem import Problem
+
+    dtype = getattr(torch, dtype_name)
+    listed = {s["name"] for s in audit_specs(secure=True) if s["name"].startswith("secure_gluon_ws_")}
+    elt = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[dtype_name]
+    for hd in (64, 128):
+        for B, H, S in ((1, 8, 512), (1, 16, 1024), (2, 8, 1000), (4, 16, 1024), (16, 16, 2048), (1, 32, 4096)):
+            for causal in (False, True):
+                for self_attention in (False, True):
+                    t = torch.empty(B, H, S, hd, dtype=dtype)
+                    p = _on_arch(Problem.dense(t, t, t, t, causal=causal, scale=hd ** -0.5, layout="bhsd",
+                                               secure=True, self_attention=self_attention, return_lse=False), (9, 0))
+                    sel = select(p)
+                    what = f"{B}x{H}x{S}x{hd} {dtype_name} causal={causal} self={self_attention}: {sel.explain()}"
+                    if sel.kernel == SM90:
+                        form = f"secure_gluon_ws_{elt}_d{hd}_{'causal' if causal else 'full'}_"
+                        wg = f"_{sel.config.block_m // 64}wg"
+                        assert any(n.startswith(form) and n.endswith(wg) for n in listed), what
+                    else:
+                        assert sel.config == triton_config(p), what

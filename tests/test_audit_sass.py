@@ -636,3 +636,63 @@ def test_audit_kernels_progress_callback_counts_every_kernel():
     reps = audit_kernels(specs, jobs=2, progress=lambda done, total, r: seen.append((done, total, r.name)))
     assert [d for d, _, _ in seen] == [1, 2, 3] and sorted(n for _, _, n in seen) == ["s0", "s1", "s2"]
     assert [r.name for r in reps] == ["s0", "s1", "s2"] and all(r.ok for r in reps)
+
+
+# a secret tile stored into the data area, then an mbarrier wait whose address is formed in a register from the
+# shared window base, which a block other than the wait's defines (as warp_specialize's partitions do)
+_WINDOW = """
+        /*0000*/                   LDC.64 R2, c[0x0][0x210] ;
+        /*0010*/                   ULDC.64 UR4, c[0x0][0x208] ;
+        /*0020*/                   S2R R0, SR_TID.X ;
+        /*0030*/                   ISETP.GT.AND P0, PT, R0, 0x3, PT ;
+        /*0040*/               @P0 BRA `({skip}) ;
+        /*0050*/                   S2UR UR29, SR_CgaCtaId ;
+        /*0060*/                   UMOV UR6, 0x400 ;
+        /*0070*/                   ULEA UR29, UR29, UR6, 0x18 ;
+        /*0080*/                   LDG.E R4, desc[UR4][R2.64] ;
+        /*0090*/                   STS [UR29], R4 ;
+        /*00a0*/                   BRA `(.L_x_0) ;
+.L_x_0:
+        /*00b0*/                   UIADD3 UR8, UR29, 0x100, URZ ;
+        /*00c0*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [UR8], RZ ;
+        /*00d0*/              @!P1 BRA `(.L_x_0) ;
+.L_x_1:
+        /*00e0*/                   EXIT ;
+"""
+
+
+def test_barrier_address_resolves_through_every_definition_that_reaches_it():
+    # UR29 has two definitions (the CTA id, then the window base), neither in the entry block; the window base is
+    # the only one that reaches the wait, so the wait is on the barrier at 0x100 (control area): public
+    assert _at(_run_split(_WINDOW.format(skip=".L_x_1"), control_from=0x100), 0xD0) == set()
+    # a path from the entry that reaches the wait without a definition: unresolved, any barrier, and it reads the
+    # data area too (secret)
+    assert _at(_run_split(_WINDOW.format(skip=".L_x_0"), control_from=0x100), 0xD0) == {"branch"}
+
+
+# a 4-D TMA copy: the first operand is a register vector (a store's: shared address, then the 4 coordinates;
+# a load's: shared address, mbarrier, then the 4 coordinates); the secret lands in register UR{reg}
+_TMA4D = """
+        /*0000*/                   LDC.64 R2, c[0x0][0x210] ;
+        /*0010*/                   ULDC.64 UR4, c[0x0][0x208] ;
+        /*0020*/                   LDG.E R4, desc[UR4][R2.64] ;
+        /*0030*/                   ULDC.64 UR18, c[0x0][0x218] ;
+        /*0040*/                   UMOV UR8, 0x100 ;
+        /*0050*/                   UMOV UR9, URZ ;
+        /*0060*/                   UMOV UR10, URZ ;
+        /*0070*/                   UMOV UR11, URZ ;
+        /*0080*/                   UMOV UR12, URZ ;
+        /*0090*/                   UMOV UR13, URZ ;
+        /*00a0*/                   R2UR UR{reg}, R4 ;
+        /*00b0*/                   {op}.4D [UR8], [UR18] ;
+        /*00c0*/                   EXIT ;
+"""
+
+
+def test_tma_copy_reads_exactly_its_coordinate_registers():
+    # a store's 4th (last) coordinate is UR12: secret there moves the store
+    assert _at(_run(_TMA4D.format(reg=12, op="UTMASTG")), 0xB0) == {"address"}
+    # UR13 is past a store's vector: not read (ptxas leaves a secret row count there in the secure Gluon kernel)
+    assert _at(_run(_TMA4D.format(reg=13, op="UTMASTG")), 0xB0) == set()
+    # a load's vector holds the mbarrier too: its 4th coordinate is UR13
+    assert _at(_run(_TMA4D.format(reg=13, op="UTMALDG")), 0xB0) == {"address"}

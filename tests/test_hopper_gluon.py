@@ -30,7 +30,10 @@ def test_hopper_picks_gluon_for_fast_d128_and_larger_d64_only():
                    dict(causal=True, seqlen_q=2048, seqlen_k=2048, batch_heads=64)):
         assert tables.hopper(**dict(BIG, head_dim=64, **change)) == one, change
     assert one.block_m == 64 and one.kernel == "gluon_ws"
-    assert tables.hopper(**dict(BIG, head_dim=64, secure=True, seqlen_q=1024, seqlen_k=1024, batch_heads=16)) != one
+    # secure mode too, in the same ranges (issue 25 §3; audited as secure_gluon_ws_*_1wg)
+    assert tables.hopper(**dict(BIG, head_dim=64, secure=True, seqlen_q=1024, seqlen_k=1024, batch_heads=16)) == one
+    assert tables.hopper(**dict(BIG, head_dim=64, secure=True, causal=True, seqlen_q=1024, seqlen_k=1024,
+                                batch_heads=64)) == one
     assert tables.hopper(**dict(BIG, head_dim=64, seqlen_q=1024, seqlen_k=1024, batch_heads=64)).block_m == 128
     # decode-like query blocks were not measured on it: the older rule (Triton below 2^25)
     assert tables.hopper(**dict(BIG, head_dim=64, seqlen_q=16, seqlen_k=65536, batch_heads=16)).kernel == "triton"

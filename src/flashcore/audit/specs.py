@@ -41,10 +41,9 @@ _AUDIT_GLUON = ((4096, 8, 8, False), (1000, 8, 2, True))
 # the values that are not 1 (with and without divisibility by 16).
 _AUDIT_ONES = dict(B=1, S=1, Hq=1, Hkv=1)
 _AUDIT_ONES_GLUON_S = 64
-# Not in the gate yet (docs/security.md 4.1): the Gluon kernel's all-ones forms report findings. D=64 on triton
-# 3.6: its mbarrier waits (barrier addresses the analysis does not resolve); D=128 on triton 3.9: the output TMA
-# store's coordinate register, through a select on the loaded query length. Open until explained or fixed.
-ONES_GLUON_IN_GATE = False
+# Secure mode's one-warpgroup Gluon layout at D=64 (plan.tables.ONE_WG_WORK, causal and not): (S, Hq, Hkv, return_lse,
+# B), inside both ranges; the second has a partial edge tile and GQA.
+_AUDIT_GLUON_ONE_WG = ((1024, 16, 16, False, 1), (1000, 16, 4, True, 2))
 
 
 def _spec_from_launch(name, cfg, args, constexprs, secret, fn):
@@ -109,12 +108,16 @@ def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0), full: bool = False
             for hd in SM90_FWD.head_dims:
                 for causal in (False, True):
                     forms = list(_AUDIT_GLUON)
-                    if secure and dtype == torch.bfloat16 and ONES_GLUON_IN_GATE:
+                    if secure and dtype == torch.bfloat16:
                         forms.append((_AUDIT_ONES_GLUON_S, 1, 1, False))
                     for S, Hq, Hkv, lse in forms:
                         cfg = (tables.gluon_secure if secure else tables.gluon_ws)(hd, S, causal)
                         specs.append(gluon_spec(hd, causal, dtype, S, Hq, Hkv, lse, cfg=cfg, secure=secure,
                                                 B=1 if Hq == 1 else 2))
+                    for S, Hq, Hkv, lse, B in (_AUDIT_GLUON_ONE_WG if secure and hd == 64 else ()):
+                        cfg = tables.hopper(hd, 2, causal, True, S, S, B * Hq)
+                        assert cfg == tables.gluon_one_wg(), cfg  # the list follows the table
+                        specs.append(gluon_spec(hd, causal, dtype, S, Hq, Hkv, lse, cfg=cfg, secure=True, B=B))
     return specs
 
 

@@ -41,7 +41,8 @@ def table_config(arch, **facts) -> Config:
     if tables.is_hopper(arch):
         env = knobs.SECURE_KERNEL_ENV if secure else knobs.HOPPER_KERNEL_ENV
         mode = knobs.env_choice(env, knobs.HOPPER_KERNEL_MODES)
-        if mode == "gluon_ws":  # the planner still runs the Triton kernel where Gluon is not eligible
+        if mode == "gluon_ws" and cfg.kernel != "gluon_ws":  # (the table's own Gluon layout stays; the planner
+            # still runs the Triton kernel where Gluon is not eligible)
             cfg = (tables.gluon_secure if secure else tables.gluon_ws)(kw["head_dim"], kw["seqlen_q"], kw["causal"])
         elif mode == "triton" and cfg.kernel != "triton":
             cfg = tables.hopper_triton(**kw)
@@ -89,7 +90,6 @@ def select(problem: Problem, config: Config | None = None) -> Selection:
         return Selection(SM90, cfg, ((TRITON, "the table prefers the sm_90 kernel here"),))
     if config is not None and why == tables.gluon_config_error(cfg, problem.head_dim):
         raise ValueError(why)  # an explicit config the Gluon kernel cannot run, on a problem it could run
-    fallback = tables.triton_table(problem.arch, **problem.table_facts())
-    # secure mode keeps the V zeroing of the chosen form (the pre-pass)
-    cfg = replace(fallback, v_prepass=cfg.v_prepass) if problem.secure else fallback
-    return Selection(TRITON, cfg, ((SM90, why),))
+    # the Triton kernel's own table, V zeroing included: the form the static audit lists for it (audit.specs'
+    # triton_config). Keeping the Gluon form's pre-pass here launched an unaudited form for small secure problems.
+    return Selection(TRITON, tables.triton_table(problem.arch, **problem.table_facts()), ((SM90, why),))

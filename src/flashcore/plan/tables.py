@@ -153,12 +153,18 @@ def hopper(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q
       1x16x1024 up to below 16x16x2048; measured same-run, e.g. 1x16x1024x64 0.99-1.02 vs 0.96-1.01x SDPA
       (Triton), 4x16x1024x64 causal 1.03-1.06 vs 0.83-0.86x. Larger problems keep their kernels (at 4x16x1024x64 two warpgroups
       sharing the K/V ring win, 0.98 vs 0.96x; causal 4x32x4096x64 Triton 0.95 vs 0.91x).
+    * Secure mode, same D=64 ranges (issue 25 §3; perf-notes v23): the one-warpgroup layout in secure form (its
+      K/V pre-pass as for two warpgroups), instead of the secure Triton kernel (below 2^25) or two warpgroups.
+      Measured on one H200, 2026-11-26 (experiments.secure_ab, same run, secure / fast throughput at true length
+      = S_max): 1x8x512x64 0.69 vs 0.65 (Triton), 1x16x1024x64 0.76 vs 0.71, causal 1x16x1024x64 0.82 vs 0.61,
+      causal 4x16x1024x64 0.87 vs 0.77 (two warpgroups); at 4x16x1024x64 non-causal, outside the range, two
+      warpgroups keep it (0.77 vs 0.74).
     The caller still falls back to the Triton kernel when the inputs are not TMA-addressable (and, in
     secure mode, for causal attention with a secret diagonal: explicit query lengths)."""
     work = batch_heads * seqlen_q * seqlen_k
     lo, hi = ONE_WG_WORK[bool(causal)]
     # (decode-like query blocks, Sq < 128, were not measured on it: they keep the older rule below)
-    if dtype_bytes == 2 and head_dim == 64 and not secure and lo <= work < hi and seqlen_q >= 128:
+    if dtype_bytes == 2 and head_dim == 64 and lo <= work < hi and seqlen_q >= 128:
         return gluon_one_wg()
     if dtype_bytes == 2 and head_dim in GLUON_MIN_WORK and work >= GLUON_MIN_WORK[head_dim]:
         if secure:

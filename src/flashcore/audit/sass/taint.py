@@ -983,18 +983,50 @@ def _resolve_shared_offsets(ins: list[Instr], sems: list[Sem], blocks, entry: in
     (``S2UR URa, SR_CgaCtaId; UMOV URb, 0x400; ULEA URc, URa, URb, 0x18``) and often adds an allocation's
     offset in a register (``UIADD3 UR4, URc, 0x21990, URZ``; ``SYNCS... [UR4]``) instead of the address
     immediate. Where the address registers resolve to "window base + constant" (through adds and moves, each
-    register's definition the nearest in its basic block, its only one in the kernel, or the last of those all
-    in the entry block), that constant is
-    added to the access's immediate, so the access is classified by its real offset. An mbarrier operation
+    register's definition the nearest before it in its basic block, or else every definition that reaches the
+    block, all giving the same value on every path from the kernel's entry), that constant is added to the access's immediate, so the access is classified by its real offset. An mbarrier operation
     whose address does not resolve is marked ("sync?"): it may be any barrier (see _Env.smem_region)."""
-    defs: dict[str, list[int]] = {}
-    for i, sm in enumerate(sems):
-        for d in sm.dests:
-            defs.setdefault(d, []).append(i)
     block_of = [0] * len(ins)
     for b, blk in enumerate(blocks):
         for i in range(blk.start, blk.end):
             block_of[i] = b
+
+    preds: list[list[int]] = [[] for _ in blocks]
+    for blk in blocks:
+        for s in blk.succs:
+            preds[s].append(blk.idx)
+    reaching_cache: dict[str, list[frozenset]] = {}
+
+    def reaching(reg: str) -> list[frozenset]:
+        """Per block, the definitions of ``reg`` that reach its entry (-1: the kernel's entry, no definition;
+        a guarded definition adds itself to what reaches it instead of replacing it): a forward fixpoint."""
+        hit = reaching_cache.get(reg)
+        if hit is not None:
+            return hit
+        ins_of = [frozenset() for _ in blocks]
+        ins_of[entry] = frozenset({-1})
+        out_of: list[frozenset | None] = [None] * len(blocks)
+        work = [entry]
+        while work:
+            b = work.pop()
+            cur = ins_of[b]
+            for j in defs_in_block.get((reg, b), ()):
+                cur = cur | {j} if ins[j].guard is not None else frozenset({j})
+            if cur == out_of[b]:
+                continue
+            out_of[b] = cur
+            for s in blocks[b].succs:
+                new = ins_of[s] | cur
+                if new != ins_of[s] or out_of[s] is None:
+                    ins_of[s] = new
+                    work.append(s)
+        reaching_cache[reg] = ins_of
+        return ins_of
+
+    defs_in_block: dict[tuple[str, int], list[int]] = {}
+    for i, sm in enumerate(sems):
+        for d in sm.dests:
+            defs_in_block.setdefault((d, block_of[i]), []).append(i)
 
     def value(reg: str, i: int, depth: int):  # (is window-base-relative, constant) or None
         if reg in ("RZ", "URZ"):
@@ -1006,13 +1038,16 @@ def _resolve_shared_offsets(ins: list[Instr], sems: list[Sem], blocks, entry: in
         while j >= blk.start and reg not in sems[j].dests:
             j -= 1
         if j < blk.start:
-            ds = defs.get(reg, [])
-            if len(ds) == 1:
-                j = ds[0]
-            elif ds and all(block_of[d] == entry for d in ds) and block_of[i] != entry:
-                j = ds[-1]  # defined only in the entry block: its last definition reaches every other block
-            else:
+            # every definition that reaches this block must give the same value (no path from the kernel's entry
+            # without one)
+            ds = reaching(reg)[block_of[i]]
+            if not ds or -1 in ds:
                 return None
+            vals = {definition(reg, d, depth) for d in ds}
+            return vals.pop() if len(vals) == 1 else None
+        return definition(reg, j, depth)
+
+    def definition(reg: str, j: int, depth: int):  # the value instruction j gives ``reg``, or None
         x = ins[j]
         if x.guard is not None or (sems[j].dests and sems[j].dests[0] != reg):
             return None

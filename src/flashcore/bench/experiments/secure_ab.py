@@ -1,0 +1,112 @@
+"""Secure mode against the fast path, per forced configuration: which secure form is fastest on small shapes
+(issue 25 §3: secure ≥ 0.9x fast at true length = S_max). Each shape runs the fast path as planned, secure mode
+as planned, and secure mode with every ``--configs`` entry forced (``ops.dense_plan`` with ``config=``; names as
+``plan.tables.config_name`` writes them). Every variant is checked against a float64 reference first (relative
+error < 2e-2, outputs poisoned with NaN before the check) and dropped from timing if it fails or cannot run.
+
+Timing is the bench's (``bench.timing.Timer``): per-call CUDA events with a cold L2 (rotated input sets where one
+set fits in L2, else the flush), the queue pre-filled so host time never shows; ``--rounds`` rounds, every
+variant once per round in turn, and the median of the rounds' medians. Secure calls pass true lengths = S_max.
+Writes ``secure-ab.json`` to --out and prints a table last (µs, and secure / fast as a throughput ratio).
+
+    python -m flashcore.bench.experiments.secure_ab --out $OUT [--shapes 1x8x512x64,...] \
+        [--configs auto,gluon_ws_64x128s2,...] [--rounds 3]
+"""
+import json
+import os
+import statistics
+import time
+
+import torch
+
+from ... import ops
+from ...plan.tables import parse_config_name
+from ...reference import attention as reference_attention
+from ..results import collect_environment
+from ..suites import parse_shapes
+from ..timing import DEFAULT_L2_BYTES, Timer, rotation_sets, use_rotation
+from . import parser
+
+SHAPES = "1x8x512x64,1x16x1024x64,4x16x1024x64,16x16x2048x64,1x16x1024x64c,4x16x1024x64c"
+# the planner's choice, the one-warpgroup Gluon layout, two consumer warpgroups, and the secure Triton kernel
+CONFIGS = "auto,gluon_ws_64x128s2,gluon_ws_128x128s3,128x64w8s3"
+TOLERANCE = 2e-2
+
+
+def _variants(configs):
+    """name -> (forced configuration or None for the planner's, secure)."""
+    out = {"fast": (None, False), "secure:auto": (None, True)}
+    for name in configs:
+        if name != "auto":
+            out[f"secure:{name}"] = (parse_config_name(name), True)
+    return out
+
+
+def time_shape(shape, configs, rounds, timer):
+    B, H, S, D, causal = shape.B, shape.Hq, shape.Sq, shape.D, shape.causal
+    g = torch.Generator(device="cuda").manual_seed(int(time.time() * 1e3) % 2**31)
+    io_bytes = 4 * B * H * S * D * 2
+    n_sets = rotation_sets(io_bytes, DEFAULT_L2_BYTES) if use_rotation(io_bytes, DEFAULT_L2_BYTES) else 1
+    sets = [tuple(torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+            for _ in range(n_sets)]
+    lens = torch.full((B,), S, dtype=torch.int32, device="cuda")
+    q0, k0, v0 = sets[0]
+    ref = reference_attention(q0.double(), k0.double(), v0.double(), causal=causal)
+    fns, errs, kernels = {}, {}, {}
+    for tag, (cfg, secure) in _variants(configs).items():
+        try:
+            plans = [ops.dense_plan(q, k, v, None, lens if secure else None, causal, D ** -0.5, False, secure,
+                                    False, config=cfg, validate=False) for q, k, v in sets]
+            kernels[tag] = plans[0].selection.explain()
+            out0 = torch.full_like(q0, float("nan"))
+            plans[0](q0, k0, v0, None, lens if secure else None, out0)
+            errs[tag] = ((out0.double() - ref).norm() / ref.norm()).item()
+            if errs[tag] < TOLERANCE:
+                fns[tag] = [(lambda p=p, q=q, k=k, v=v, s=secure: p(q, k, v, None, lens if s else None))
+                            for p, (q, k, v) in zip(plans, sets)]
+        except Exception as e:  # noqa: BLE001 - a config that cannot run here is data
+            errs[tag] = f"{type(e).__name__}: {str(e)[:200]}"
+    rounds_us = {n: [] for n in fns}
+    for _ in range(rounds):
+        for n, fn in fns.items():
+            rounds_us[n].append(timer.stats(fn, flush=n_sets == 1)["median_us"])
+    us = {n: statistics.median(v) for n, v in rounds_us.items()}
+    ratio = {n: us["fast"] / u for n, u in us.items() if "fast" in us}
+    return dict(shape=[B, H, S, D], causal=causal, input_sets=n_sets, us=us, secure_over_fast=ratio,
+                rounds=rounds_us, rel_err=errs, kernels=kernels)
+
+
+def main(argv=None):
+    ap = parser(__spec__.name, __doc__)
+    ap.add_argument("--shapes", default=SHAPES)
+    ap.add_argument("--configs", default=CONFIGS)
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args(argv)
+    configs = [c.strip() for c in a.configs.split(",") if c.strip()]
+    timer = Timer()
+    rows = []
+    for s in parse_shapes(a.shapes):
+        rows.append(time_shape(s, configs, a.rounds, timer))
+        print(json.dumps(rows[-1]), flush=True)
+    os.makedirs(a.out, exist_ok=True)
+    path = os.path.join(a.out, "secure-ab.json")
+    with open(path, "w") as f:
+        json.dump({"env": dict(collect_environment(), method="bench.timing.Timer medians (cold L2), median of "
+                               f"{a.rounds} rounds, us; secure at true length = S_max"), "rows": rows}, f, indent=1)
+    names = ["fast", "secure:auto"] + [f"secure:{c}" for c in configs if c != "auto"]
+    print("us (secure / fast throughput); '-': failed or cannot run (see rel_err in the JSON)")
+    print(f"{'shape':>16} " + " ".join(f"{n.replace('secure:', 's:'):>24}" for n in names))
+    for r in rows:
+        cells = []
+        for n in names:
+            if n not in r["us"]:
+                cells.append(f"{'-':>24}")
+            else:
+                rat = r["secure_over_fast"].get(n)
+                cells.append(f"{r['us'][n]:11.1f} ({rat:.2f})".rjust(24) if rat else f"{r['us'][n]:24.1f}")
+        print(f"{'x'.join(map(str, r['shape'])) + ('c' if r['causal'] else ''):>16} " + " ".join(cells))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
