@@ -471,3 +471,17 @@ def test_publish_writes_the_report_and_prints_once(tmp_path, capsys, as_json):
     out = capsys.readouterr().out
     assert out.strip().splitlines()[-1] == f"[repro] pass: report {path}"
     assert (len(tables), '"status": "pass"' in out) == ((0, True) if as_json else (1, False))
+
+
+def test_assign_rows_splits_calls_at_their_main_kernel():
+    # secure calls launch a pre-pass before the main kernel where the Gluon kernel runs, and none where the Triton
+    # kernel zeroes V in its loop (causal with explicit lengths): 2, 2, 1 and 1 kernels for four calls
+    names = ["attn_secure_sanitize_kv_kernel", "attn_fwd_hopper_kernel", "attn_secure_zero_v_padding_kernel",
+             "attn_fwd_hopper_kernel", "attn_fwd_kernel", "attn_fwd_kernel"]
+    rows = [{"id": i, "kernel": n, "grid": "", "block": "", "metrics": {"m": _cell(i)}} for i, n in enumerate(names)]
+    launches = [{"config": c, "class": "a", "rep": 0} for c in ("self", "self", "cross", "cross")]
+    m = C.assign_rows(rows, launches)
+    assert m[0]["k0:m"]["value"] == 0 and m[0]["k1:m"]["value"] == 1 and m[1]["k1:__kernel__"]["raw"] == names[3]
+    assert m[2]["m"]["value"] == 4 and m[3]["m"]["value"] == 5
+    with pytest.raises(ValueError, match="main kernel"):  # a call whose main kernel was not profiled
+        C.assign_rows(rows[:-1], launches)

@@ -235,25 +235,48 @@ def parse_ncu_csv(text: str) -> list:
     return out
 
 
-def assign_rows(rows: list, launches: list) -> dict:
-    """Map profiled rows (ID order) onto the manifest's launches (each call may launch k kernels).
+# The kernels that end a call (the attention kernels proper); the secure pre-passes run before them.
+MAIN_KERNELS = ("attn_fwd_kernel", "attn_fwd_hopper_kernel")
 
-    Returns {launch_index: {metric_key: cell}}; metric_key is the metric name, or "k<j>:<metric>"
-    when a call launched k > 1 kernels. Raises ValueError when the row count is not a multiple."""
-    n, L = len(rows), len(launches)
-    if L == 0:
+
+def _is_main(name: str) -> bool:
+    return any(name == k or name.startswith(k + "(") or name.startswith(k + "<") for k in MAIN_KERNELS)
+
+
+def call_spans(rows: list, n_calls: int) -> list:
+    """[(first, end)] row indices of each call: the rows up to its main kernel (:data:`MAIN_KERNELS`), so calls
+    of one run may launch different numbers of kernels (a secure call with a pre-pass beside one without); where
+    the rows do not split that way (other kernel names), every call gets the same number. Raises ValueError when
+    neither split fits."""
+    n = len(rows)
+    if n_calls == 0:
         raise ValueError("the child profiled no launch")
-    if n == 0 or n % L:
-        raise ValueError(f"ncu profiled {n} kernel(s) for {L} profiled call(s): not a multiple "
-                         f"(kernel-name regex too wide/narrow, or a call launched no kernel?)")
-    per = n // L
+    spans, first = [], 0
+    for i, row in enumerate(rows):
+        if _is_main(row["kernel"]):
+            spans.append((first, i + 1))
+            first = i + 1
+    if first == n and len(spans) == n_calls:
+        return spans
+    if n == 0 or n % n_calls:
+        raise ValueError(f"ncu profiled {n} kernel(s) for {n_calls} profiled call(s): not a multiple, and not one "
+                         f"main kernel ({', '.join(MAIN_KERNELS)}) per call (kernel-name regex too wide/narrow, or a "
+                         f"call launched no kernel?)")
+    per = n // n_calls
+    return [(i * per, (i + 1) * per) for i in range(n_calls)]
+
+
+def assign_rows(rows: list, launches: list) -> dict:
+    """Map profiled rows (ID order) onto the manifest's launches, a call's rows as :func:`call_spans` splits them.
+    Returns {launch_index: {metric_key: cell}}; metric_key is the metric name, or "k<j>:<metric>" when a call
+    launched k > 1 kernels. Raises ValueError when the rows do not split into the launches."""
     out = {}
-    for i in range(L):
-        merged = {}
-        for j, row in enumerate(rows[i * per:(i + 1) * per]):
+    for i, (first, end) in enumerate(call_spans(rows, len(launches))):
+        merged, one = {}, end - first == 1
+        for j, row in enumerate(rows[first:end]):
             for name, cell in row["metrics"].items():
-                merged[name if per == 1 else f"k{j}:{name}"] = cell
-            merged["__kernel__" if per == 1 else f"k{j}:__kernel__"] = {"raw": row["kernel"], "value": None, "instances": None}
+                merged[name if one else f"k{j}:{name}"] = cell
+            merged["__kernel__" if one else f"k{j}:__kernel__"] = {"raw": row["kernel"], "value": None, "instances": None}
         out[i] = merged
     return out
 
@@ -633,21 +656,23 @@ def analyse(info: dict, *, strict_memory: bool, alpha: float = 1e-3) -> dict:
                           for name, cell in cells.items() if name.endswith("__kernel__")})  # "k<j>:__kernel__" too
         res.update(config=key, classes=list(per_class), kernels=kernels, reps=max(len(v) for v in per_class.values()))
         if info.get("pc_blocks") is not None:
-            apply_per_pc(res, _pc_by_class(info["pc_blocks"], launches, key), alpha=alpha)
+            spans = call_spans(info["rows"], len(launches))
+            apply_per_pc(res, _pc_by_class(info["pc_blocks"], launches, key, spans), alpha=alpha)
         out[key] = res
     return out
 
 
-def _pc_by_class(blocks: list, launches: list, config: str) -> list:
-    """[{class: [source block per rep]} per kernel of the call] for one configuration (blocks in ID
-    order, like the raw rows: call i's k kernels are blocks i*k .. i*k+k-1)."""
-    per = len(blocks) // len(launches)
-    out = [{} for _ in range(per)]
-    for i, l in enumerate(launches):
-        if l["config"] != config:
-            continue
-        for j in range(per):
-            out[j].setdefault(l["class"], []).append(blocks[i * per + j])
+def _pc_by_class(blocks: list, launches: list, config: str, spans: list | None = None) -> list:
+    """[{class: [source block per rep]} per kernel of the call] for one configuration (blocks in ID order, like
+    the raw rows: call i's kernels are blocks spans[i]; default: every call the same number)."""
+    if spans is None:
+        per = len(blocks) // len(launches)
+        spans = [(i * per, (i + 1) * per) for i in range(len(launches))]
+    mine = [(l, spans[i]) for i, l in enumerate(launches) if l["config"] == config]
+    out = [{} for _ in range(max((e - f for _, (f, e) in mine), default=0))]
+    for l, (first, end) in mine:
+        for j in range(end - first):
+            out[j].setdefault(l["class"], []).append(blocks[first + j])
     return out
 
 

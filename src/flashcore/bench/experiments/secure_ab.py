@@ -42,7 +42,7 @@ def _variants(configs):
     return out
 
 
-def time_shape(shape, configs, rounds, timer):
+def time_shape(shape, configs, rounds, timer, profile=False):
     B, H, S, D, causal = shape.B, shape.Hq, shape.Sq, shape.D, shape.causal
     g = torch.Generator(device="cuda").manual_seed(int(time.time() * 1e3) % 2**31)
     io_bytes = 4 * B * H * S * D * 2
@@ -71,9 +71,28 @@ def time_shape(shape, configs, rounds, timer):
         for n, fn in fns.items():
             rounds_us[n].append(timer.stats(fn, flush=n_sets == 1)["median_us"])
     us = {n: statistics.median(v) for n, v in rounds_us.items()}
+    kernel_us = {n: kernel_times(fn[0]) for n, fn in fns.items()} if profile else {}
     ratio = {n: us["fast"] / u for n, u in us.items() if "fast" in us}
     return dict(shape=[B, H, S, D], causal=causal, input_sets=n_sets, us=us, secure_over_fast=ratio,
-                rounds=rounds_us, rel_err=errs, kernels=kernels)
+                rounds=rounds_us, rel_err=errs, kernels=kernels, kernel_us=kernel_us)
+
+
+def kernel_times(fn, calls: int = 20) -> dict:
+    """Mean GPU time per call of each kernel ``fn`` launches (torch.profiler's CUDA activity; warm L2): where a
+    secure call's extra time goes (its pre-pass against the main kernel)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    out = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA" and e.device_time > 0:
+            out[e.name] = out.get(e.name, 0.0) + e.device_time / calls
+    return out
 
 
 def main(argv=None):
@@ -81,12 +100,13 @@ def main(argv=None):
     ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--configs", default=CONFIGS)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--profile", action="store_true", help="also each variant's GPU time per kernel (kernel_us)")
     a = ap.parse_args(argv)
     configs = [c.strip() for c in a.configs.split(",") if c.strip()]
     timer = Timer()
     rows = []
     for s in parse_shapes(a.shapes):
-        rows.append(time_shape(s, configs, a.rounds, timer))
+        rows.append(time_shape(s, configs, a.rounds, timer, a.profile))
         print(json.dumps(rows[-1]), flush=True)
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "secure-ab.json")
@@ -105,6 +125,10 @@ def main(argv=None):
                 rat = r["secure_over_fast"].get(n)
                 cells.append(f"{r['us'][n]:11.1f} ({rat:.2f})".rjust(24) if rat else f"{r['us'][n]:24.1f}")
         print(f"{'x'.join(map(str, r['shape'])) + ('c' if r['causal'] else ''):>16} " + " ".join(cells))
+    for r in rows:
+        for n, ks in r["kernel_us"].items():
+            print(f"{'x'.join(map(str, r['shape'])) + ('c' if r['causal'] else '')} {n}: "
+                  + ", ".join(f"{k} {v:.1f}" for k, v in sorted(ks.items(), key=lambda kv: -kv[1])))
     print(f"wrote {path}")
 
 
