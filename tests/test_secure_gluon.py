@@ -254,3 +254,22 @@ print(json.dumps(out))
     assert secure_split and fast_split  # the two-area model was in use
     assert secure_n == 0
     assert fast_n > 0 and fast_branches > 0
+
+
+@gpu
+@pytest.mark.parametrize("case", [(2, 8, 8, 1024, 64, False, [1024, 300]), (2, 8, 8, 1024, 64, True, [1024, 300]),
+                                  (2, 8, 2, 1000, 128, False, [999, 1]), (1, 16, 16, 2048, 64, True, [1500])])
+def test_strict_is_secure_bit_for_bit_and_ignores_padding(case):
+    """secure="strict" on the GPU (the one- and two-warpgroup Gluon forms): q's and k's padding rows are replaced
+    before the kernel, which changes no output bit, whatever the padding holds."""
+    B, Hq, Hkv, S, D, causal, lengths = case
+    q, k, v = _inputs(B, Hq, Hkv, S, D, torch.bfloat16, seed=hash(str(case)) % 2**31)
+    lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    ref = flashcore.attention(q, k, v, causal=causal, secure=True, seqlens_k=lens)
+    plan = flashcore.plan_attention(q, k, v, causal=causal, secure="strict", seqlens_k=lens)
+    assert plan.fill_q is not None and isinstance(plan.main, sm90_fwd.GluonLaunch)
+    out = flashcore.attention(q, k, v, causal=causal, secure="strict", seqlens_k=lens)
+    assert torch.equal(out, ref)
+    for b, n in enumerate(lengths):
+        q[b, :, n:] = float("nan"); k[b, :, n:] = float("inf"); v[b, :, n:] = float("nan")
+    assert torch.equal(flashcore.attention(q, k, v, causal=causal, secure="strict", seqlens_k=lens), ref)

@@ -56,6 +56,22 @@ def check_flag(name: str, value) -> bool:
     raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
 
 
+def check_secure(value, *, strict_ok: bool = True) -> tuple[bool, bool]:
+    """``secure``: a bool, or ``"strict"`` (secure mode whose kernels never multiply the caller's padding:
+    docs/security.md §2) where the call has a strict form (``strict_ok``). Returns (secure, strict)."""
+    if isinstance(value, str):
+        if value == "strict" and strict_ok:
+            return True, True
+        if value == "strict":
+            raise ValueError("secure='strict' is for flashcore.attention (the dense kernels); this call has no strict "
+                             "form: pass secure=True")
+        raise ValueError(f"secure must be a bool or 'strict', got {value!r}")
+    try:
+        return check_flag("secure", value), False
+    except TypeError:
+        raise TypeError(f"secure must be a bool or 'strict', got {type(value).__name__} {value!r}") from None
+
+
 def check_real(name: str, value) -> float:
     """A real number of any numeric type (Python, numpy, ...) that converts to a float exactly."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -289,6 +305,7 @@ class DenseArgs:
     kernel: bool  # True: the kernels run; False: the float64 reference
     grad: bool = False  # some input wants a gradient: the call records a backward
     deterministic: bool = False
+    strict: bool = False  # secure="strict": the padding rows of q and k are replaced before any kernel reads them
 
 
 def check_dense(q, k, v, *, layout, causal, scale, secure, seqlens_q, seqlens_k, out, backend="auto",
@@ -299,7 +316,7 @@ def check_dense(q, k, v, *, layout, causal, scale, secure, seqlens_q, seqlens_k,
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_float_tensor(name, t)
     check_choice("layout", layout, LAYOUTS)
-    causal, secure = check_flag("causal", causal), check_flag("secure", secure)
+    causal, (secure, strict) = check_flag("causal", causal), check_secure(secure)
     return_lse, validate = check_flag("return_lse", return_lse), check_flag("validate_seqlens", validate)
     qb, kb, vb = (as_bhsd(n, t, layout) for n, t in (("q", q), ("k", k), ("v", v)))
     check_same(("q", "k", "v"), (q, k, v), "dtype")
@@ -342,7 +359,7 @@ def check_dense(q, k, v, *, layout, causal, scale, secure, seqlens_q, seqlens_k,
     if secure:
         warn_not_constant_time(kernel, q.device)
     return DenseArgs(qb, kb, vb, causal, scale, seqlens_q, self_attention, secure, return_lse, validate, kernel, grad,
-                     deterministic)
+                     deterministic, strict)
 
 
 @dataclass
@@ -474,7 +491,7 @@ def check_kvcache(q, k_cache, v_cache, *, cache_seqlens, k, v, page_table, cache
     fp8 = k_cache.dtype == FP8_CACHE_DTYPE
     if fp8 and q.dtype == torch.float32:
         raise TypeError("an FP8 (float8_e4m3fn) cache needs q in float16 or bfloat16, got float32")
-    causal, secure = check_flag("causal", causal), check_flag("secure", secure)
+    causal, secure = check_flag("causal", causal), check_secure(secure, strict_ok=False)[0]
     return_lse = check_flag("return_lse", return_lse)
     packed = cu_seqlens_q is not None or max_seqlen_q is not None
     if packed:

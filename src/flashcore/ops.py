@@ -28,7 +28,8 @@ _OP_ROUTE = "op"  # plan-key route of the custom ops (the eager entry points key
 def dense_plan(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure, return_lse, out=None, config=None,
                validate=True):
     """Plan a dense call (q/k/v in the caller's layout, already validated). ``seqlens_q`` None, or the same
-    tensor as ``seqlens_k``, is self-attention."""
+    tensor as ``seqlens_k``, is self-attention. ``secure``: a bool, or "strict" (secure mode's strict padding form,
+    which the KV-cache kernel serving short query blocks does not have)."""
     # Index q/k/v/out as [B, H, S, D] through strides (the one layout mapping, _checks.as_bhsd).
     layout = "bshd" if bshd else "bhsd"
     qb, kb, vb = (C.as_bhsd(n, t, layout) for n, t in (("q", q), ("k", k), ("v", v)))
@@ -36,10 +37,11 @@ def dense_plan(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure, retur
     o = out if out is not None else torch.empty(q.shape, dtype=q.dtype, device=q.device)  # caller's layout
     ob = C.as_bhsd("out", o, layout)
     lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device) if return_lse else None
+    strict = secure == "strict"
     problem = Problem.dense(qb, kb, vb, ob, causal=causal, scale=scale, layout=layout,
-                            secure=secure, self_attention=seqlens_q is None or seqlens_q is seqlens_k,
-                            return_lse=return_lse)
-    if config is None and decode_serves(Sq, kb.shape[2], secure):
+                            secure=secure is not False, self_attention=seqlens_q is None or seqlens_q is seqlens_k,
+                            return_lse=return_lse, strict=strict)
+    if config is None and not strict and decode_serves(Sq, kb.shape[2], secure is not False):
         return dense_decode_plan(problem, q, k, v, o, causal=causal, scale=scale, return_lse=return_lse, bshd=bshd)
     return build(problem, qb, kb, vb, ob, lse, seqlens_q=seqlens_q, seqlens_k=seqlens_k, lse_strides=(Hq * Sq, Sq),
                  out_shape=tuple(q.shape), validate=validate, config=config)
@@ -65,12 +67,13 @@ def _dense_impl(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure, retu
 @torch.library.custom_op("flashcore::attention_fwd", mutates_args=())
 def _attention_fwd_op(q: Tensor, k: Tensor, v: Tensor, seqlens_q: Optional[Tensor], seqlens_k: Optional[Tensor],
                       causal: bool, scale: float, bshd: bool, secure: bool, return_lse: bool,
-                      validate: bool) -> tuple[Tensor, Tensor]:
-    return _dense_impl(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure, return_lse, validate=validate)
+                      validate: bool, strict: bool = False) -> tuple[Tensor, Tensor]:
+    return _dense_impl(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, "strict" if strict else secure, return_lse,
+                       validate=validate)
 
 
 @_attention_fwd_op.register_fake
-def _(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure, return_lse, validate):
+def _(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure, return_lse, validate, strict=False):
     B, Hq, Sq = (q.shape[0], q.shape[2], q.shape[1]) if bshd else q.shape[:3]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = q.new_empty((B, Hq, Sq) if return_lse else (0,), dtype=torch.float32)
@@ -82,8 +85,8 @@ def attention_fwd(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure, re
         # The op boundary loses tensor identity, so self-attention is passed as seqlens_q=None.
         if seqlens_q is seqlens_k:
             seqlens_q = None
-        res, lse = torch.ops.flashcore.attention_fwd(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure,
-                                                     return_lse, validate)
+        res, lse = torch.ops.flashcore.attention_fwd(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd,
+                                                     secure is not False, return_lse, validate, secure == "strict")
         return (out.copy_(res) if out is not None else res), lse
     # Eager: skip the dispatcher round trip (a few µs that matter on small shapes).
     return _dense_impl(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure, return_lse, out, validate=validate)

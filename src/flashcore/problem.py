@@ -99,6 +99,7 @@ class Problem:
     v_strides: tuple
     o_strides: tuple
     tma_addressable: bool  # q, k, v and o can all be read/written by the copy engine (kernels that need "tma")
+    strict: bool = False  # secure="strict": q's and k's padding rows are replaced before the kernels read them
 
     @property
     def dtype_name(self) -> str:
@@ -125,7 +126,7 @@ class Problem:
                     seqlen_q=self.seqlen_q, seqlen_k=self.seqlen_k, batch_heads=self.batch * self.num_heads_q)
 
     @classmethod
-    def dense(cls, qb, kb, vb, ob, *, causal, scale, layout, secure, self_attention, return_lse):
+    def dense(cls, qb, kb, vb, ob, *, causal, scale, layout, secure, self_attention, return_lse, strict=False):
         """From validated [B, H, S, D] views (``ob``: the output buffer's view)."""
         B, Hq, Sq, D = qb.shape
         return cls(varlen=False, dtype=qb.dtype, device=qb.device, arch=device_arch(qb.device), batch=B,
@@ -133,7 +134,8 @@ class Problem:
                    causal=bool(causal), scale=float(scale), layout=layout, secure=bool(secure),
                    self_attention=bool(secure and self_attention), return_lse=bool(return_lse),
                    q_strides=tuple(qb.stride()), k_strides=tuple(kb.stride()), v_strides=tuple(vb.stride()),
-                   o_strides=tuple(ob.stride()), tma_addressable=all(_aligned(t) for t in (qb, kb, vb, ob)))
+                   o_strides=tuple(ob.stride()), tma_addressable=all(_aligned(t) for t in (qb, kb, vb, ob)),
+                   strict=bool(secure and strict))
 
     @classmethod
     def packed(cls, q, k, v, o, *, num_seqs, max_seqlen_q, max_seqlen_k, causal, scale, return_lse):

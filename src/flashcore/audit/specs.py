@@ -92,7 +92,7 @@ def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0), full: bool = False
                     specs.append(_audit_prepass_spec(dtype, hd, S, Hkv))
                     if dtype != torch.float32 and hd in (64, 128):  # the secure Gluon kernel's (non-causal)
                         specs.append(_audit_prepass_kv_spec(dtype, hd, S, Hkv))
-                        specs.append(_audit_fill_rows_spec(dtype, hd, S, Hq))
+                    specs.append(_audit_fill_rows_spec(dtype, hd, S, Hq))  # secure="strict", before either kernel
         if secure and _hd_ones(dtype):
             for hd in _hd_ones(dtype):
                 B, S, Hq, Hkv = (_AUDIT_ONES[k] for k in ("B", "S", "Hq", "Hkv"))
@@ -101,7 +101,7 @@ def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0), full: bool = False
                 specs.append(_audit_prepass_spec(dtype, hd, S, Hkv, B=B))
                 if dtype != torch.float32:
                     specs.append(_audit_prepass_kv_spec(dtype, hd, S, Hkv, B=B))
-                    specs.append(_audit_fill_rows_spec(dtype, hd, S, Hq, B=B))
+                specs.append(_audit_fill_rows_spec(dtype, hd, S, Hq, B=B))
     specs += decode_specs(secure, full=full)
     if tables.is_hopper(arch):
         for dtype in (torch.bfloat16, torch.float16):

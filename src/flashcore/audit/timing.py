@@ -103,8 +103,10 @@ class Slots:
     """
 
     def __init__(self, kernel: str, sa: ClassSpec, sb: ClassSpec, *, P: int, B, H, Hkv, S_max, D, dtype, causal,
-                 backend, seed):
+                 backend, seed, secure=True):
         import torch
+
+        self.secure_mode = secure  # the secure kernel's ``secure=`` value: True, or "strict"
 
         if kernel not in ("secure", "fast_varlen", "gemm_control"):
             raise ValueError(f"timing supports kernels secure, fast_varlen and gemm_control, not {kernel!r}")
@@ -162,7 +164,8 @@ class Slots:
             slot["sk"] = sk
 
             def fn(q=q, k=k, v=v, sk=sk):
-                return flashcore.attention(q, k, v, causal=causal, seqlens_k=sk, secure=True, backend=backend)
+                return flashcore.attention(q, k, v, causal=causal, seqlens_k=sk, secure=self.secure_mode,
+                                           backend=backend)
         else:
             L = spec.length
             cu = torch.arange(0, self.B + 1, dtype=torch.int32, device=self.dev) * L
@@ -406,6 +409,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-save-samples", dest="save_samples", action="store_false")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", default="auto")
+    p.add_argument("--strict", action="store_true", help="time secure=\"strict\" (q's and k's padding replaced "
+                   "before the kernels) instead of secure=True")
     p.add_argument("--threshold", type=float, default=S.T_THRESHOLD)
 
 
@@ -425,6 +430,7 @@ def run(a) -> int:
         plan += [("gemm_control", t, False) for t in CONTROL_TESTS]
     report = {"gate": "timing", "env": I.environment(), "gpu_state_start": I.gpu_state(),
               "shape": {"B": a.batch, "H": a.heads, "Hkv": Hkv, "S_max": a.seqlen, "D": a.head_dim, "dtype": a.dtype},
+              "secure": "strict" if a.strict else True,
               "threshold": a.threshold, "pool": a.pool, "batch_pairs": a.batch_pairs, "budget_s": a.budget_s,
               "tests": []}
     rng = np.random.default_rng(a.seed)
@@ -444,7 +450,7 @@ def run(a) -> int:
         try:
             sa, sb = control_specs(test) if kernel == "gemm_control" else class_specs(test, a.seqlen)
             kw = dict(B=a.batch, H=a.heads, Hkv=Hkv, S_max=a.seqlen, D=a.head_dim, dtype=dtype, causal=causal,
-                      backend=a.backend)
+                      backend=a.backend, secure="strict" if a.strict else True)
             slots = Slots(kernel, sa, sb, P=a.pool, seed=a.seed, **kw)
             cap_err = None if a.no_graphs else slots.capture()
             if a.no_graphs:

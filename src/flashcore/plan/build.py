@@ -108,19 +108,22 @@ def build(problem: Problem, q, k, v, o, lse, *, seqlens_q=None, seqlens_k=None, 
     kw = dict(scale=p.scale, causal=p.causal, seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k, batch=p.batch,
               num_heads_q=p.num_heads_q, num_heads_kv=p.num_heads_kv, lse_strides=lse_strides)
     prepass = fill_q = fill_k = None
+    # Q's and K's padding rows replaced by data-like stand-ins (copies): secure="strict", or the audit knob
+    pad = secure_padding() if p.secure else None
+    strict_q = p.secure and (p.strict or pad.fill_q)
+    strict_k = p.secure and (p.strict or pad.fill_k)
     if sel.kernel == SM90:
         q_in, k_in, v_in = q, k, v
-        pad = secure_padding() if p.secure else None
-        if p.secure and pad.fill_q:  # Q's padding rows: data-like stand-ins (a copy of Q)
+        if strict_q:
             fill_q, q_in = fill_rows(q, seqlens_q, batch=p.batch, num_heads=p.num_heads_q, seqlen=p.seqlen_q,
                                      x_strides=p.q_strides[:3], name="q_clean")
-        if p.secure and p.causal and pad.fill_k:  # causal: only padding rows see padding keys
+        if p.causal and strict_k:  # causal: only padding rows see padding keys
             fill_k, k_in = fill_rows(k, seqlens_k, batch=p.batch, num_heads=p.num_heads_kv, seqlen=p.seqlen_k,
                                      x_strides=p.k_strides[:3], name="k_clean")
         if p.secure and not p.causal:  # no key mask in the kernel: K, V and key weights
             prepass, k_in, v_in = prepass_kv(k, v, seqlens_k, batch=p.batch, num_heads_kv=p.num_heads_kv,
                                              seqlen_k=p.seqlen_k, k_strides=p.k_strides[:3], v_strides=p.v_strides[:3])
-        elif p.secure and pad.fill_k:  # V's padding: data-like stand-ins too (finite, as the V pre-pass's)
+        elif strict_k:  # V's padding: data-like stand-ins too (finite, as the V pre-pass's)
             prepass, v_in = fill_rows(v, seqlens_k, batch=p.batch, num_heads=p.num_heads_kv, seqlen=p.seqlen_k,
                                       x_strides=p.v_strides[:3], name="v_clean")
         elif p.secure:
@@ -128,16 +131,29 @@ def build(problem: Problem, q, k, v, o, lse, *, seqlens_q=None, seqlens_k=None, 
                                       v_strides=p.v_strides[:3])
         main = GluonLaunch(q_in, k_in, v_in, o, lse, cfg=cfg, secure=p.secure, **kw)
     else:
-        v_strides = p.v_strides[:3]
+        q_strides, k_strides, v_strides = p.q_strides[:3], p.k_strides[:3], p.v_strides[:3]
+        if strict_q:  # the kernel masks by select; the copies keep the caller's padding out of its products
+            fill_q, q = fill_rows(q, seqlens_q, batch=p.batch, num_heads=p.num_heads_q, seqlen=p.seqlen_q,
+                                  x_strides=q_strides, name="q_clean")
+            q_strides = _contiguous_strides(p.num_heads_q, p.seqlen_q, p.head_dim)
+        if strict_k:
+            fill_k, k = fill_rows(k, seqlens_k, batch=p.batch, num_heads=p.num_heads_kv, seqlen=p.seqlen_k,
+                                  x_strides=k_strides, name="k_clean")
+            k_strides = _contiguous_strides(p.num_heads_kv, p.seqlen_k, p.head_dim)
         if p.secure and cfg.v_prepass:
             prepass, v = prepass_v(v, seqlens_k, batch=p.batch, num_heads_kv=p.num_heads_kv, seqlen_k=p.seqlen_k,
                                    v_strides=v_strides)
             v_strides = v.stride()[:3]  # the pre-pass's contiguous copy
         main = TritonForward(q, k, v, o, lse, seqlens_q=seqlens_q, seqlens_k=seqlens_k, cu_seqlens_q=cu_seqlens_q,
                              cu_seqlens_k=cu_seqlens_k, secure=p.secure, secure_public_diag=p.public_diagonal,
-                             q_strides=p.q_strides[:3], k_strides=p.k_strides[:3], v_strides=v_strides,
+                             q_strides=q_strides, k_strides=k_strides, v_strides=v_strides,
                              o_strides=p.o_strides[:3], config=cfg, **kw)
     lse_shape = None
     if p.return_lse:
         lse_shape = (p.num_heads_q, q.shape[0]) if p.varlen else (p.batch, p.num_heads_q, p.seqlen_q)
     return Plan(p, sel, prepass, main, out_shape, lse_shape, validate, fill_q, fill_k)
+
+
+def _contiguous_strides(heads: int, seqlen: int, head_dim: int) -> tuple:
+    """[B, H, S, D] element strides of a contiguous copy (a pre-pass's workspace) for its first three dims."""
+    return heads * seqlen * head_dim, seqlen * head_dim, head_dim

@@ -33,16 +33,18 @@ CONFIGS = "auto,gluon_ws_64x128s2,gluon_ws_128x128s3,128x64w8s3"
 TOLERANCE = 2e-2
 
 
-def _variants(configs):
-    """name -> (forced configuration or None for the planner's, secure)."""
+def _variants(configs, strict=False):
+    """name -> (forced configuration or None for the planner's, secure: False, True or "strict")."""
     out = {"fast": (None, False), "secure:auto": (None, True)}
+    if strict:
+        out["secure:strict"] = (None, "strict")
     for name in configs:
         if name != "auto":
             out[f"secure:{name}"] = (parse_config_name(name), True)
     return out
 
 
-def time_shape(shape, configs, rounds, timer, profile=False):
+def time_shape(shape, configs, rounds, timer, profile=False, strict=False):
     B, H, S, D, causal = shape.B, shape.Hq, shape.Sq, shape.D, shape.causal
     g = torch.Generator(device="cuda").manual_seed(int(time.time() * 1e3) % 2**31)
     io_bytes = 4 * B * H * S * D * 2
@@ -53,7 +55,7 @@ def time_shape(shape, configs, rounds, timer, profile=False):
     q0, k0, v0 = sets[0]
     ref = reference_attention(q0.double(), k0.double(), v0.double(), causal=causal)
     fns, errs, kernels = {}, {}, {}
-    for tag, (cfg, secure) in _variants(configs).items():
+    for tag, (cfg, secure) in _variants(configs, strict).items():
         try:
             plans = [ops.dense_plan(q, k, v, None, lens if secure else None, causal, D ** -0.5, False, secure,
                                     False, config=cfg, validate=False) for q, k, v in sets]
@@ -101,19 +103,21 @@ def main(argv=None):
     ap.add_argument("--configs", default=CONFIGS)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="also each variant's GPU time per kernel (kernel_us)")
+    ap.add_argument("--strict", action="store_true", help="also secure=\"strict\" as the planner runs it")
     a = ap.parse_args(argv)
     configs = [c.strip() for c in a.configs.split(",") if c.strip()]
     timer = Timer()
     rows = []
     for s in parse_shapes(a.shapes):
-        rows.append(time_shape(s, configs, a.rounds, timer, a.profile))
+        rows.append(time_shape(s, configs, a.rounds, timer, a.profile, a.strict))
         print(json.dumps(rows[-1]), flush=True)
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "secure-ab.json")
     with open(path, "w") as f:
         json.dump({"env": dict(collect_environment(), method="bench.timing.Timer medians (cold L2), median of "
                                f"{a.rounds} rounds, us; secure at true length = S_max"), "rows": rows}, f, indent=1)
-    names = ["fast", "secure:auto"] + [f"secure:{c}" for c in configs if c != "auto"]
+    names = ["fast", "secure:auto"] + (["secure:strict"] if a.strict else []) + [
+        f"secure:{c}" for c in configs if c != "auto"]
     print("us (secure / fast throughput); '-': failed or cannot run (see rel_err in the JSON)")
     print(f"{'shape':>16} " + " ".join(f"{n.replace('secure:', 's:'):>24}" for n in names))
     for r in rows:
