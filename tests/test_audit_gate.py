@@ -36,6 +36,8 @@ SECURE_SUBSET = (
     "secure_prepass_bf16_d72_s1000_hkv2",
     "secure_prepass_kv_bf16_d128_s1000_hkv2",
     "secure_fill_rows_bf16_d128_s1000_h8",
+    # secure="strict" in fp32 at D=256: 64-row tiles spilled under the secret length's predicate (the gate's finding)
+    "secure_fill_rows_fp32_d256_s4096_h8",
     "secure_gluon_ws_bf16_d128_causal_s1000_gqa4_lse_",
     "secure_gluon_ws_fp16_d64_full_s4096_gqa1_",
     # the KV-cache kernels: a paged cache (the form the gate once flagged through the pipeliner's shared-memory copy

@@ -44,12 +44,20 @@ def build_prepass_kv(k, v, ks, vs, w, seqlens_k, *, seqlen_k: int, batch: int, n
     return (cdiv(seqlen_k, PREPASS_BLOCK_S), batch * num_heads_kv), args, constexprs
 
 
+def fill_rows_block(head_dim: int, element_bytes: int) -> int:
+    """Rows per program of the row fill: 64, or 32 where a 64-row tile would pass 64 KiB (fp32 at D=256). At 64
+    rows that form spilled, and ptxas guarded the spill stores with the secret length's predicate (the static
+    gate's finding, 2026-11-26); at 32 it is clean."""
+    return PREPASS_BLOCK_S if PREPASS_BLOCK_S * block_d(head_dim) * element_bytes <= 32 * 1024 else PREPASS_BLOCK_S // 2
+
+
 def build_fill_rows(x, xs, seqlens, *, seqlen: int, batch: int, num_heads: int, x_strides):
     """(grid, positional args, constexprs) of the secure row fill (``attn_secure_fill_rows_kernel``)."""
     head_dim = x.shape[-1]
+    rows = fill_rows_block(head_dim, x.element_size())
     args = [x, xs, seqlens, *x_strides, seqlen, num_heads]
-    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_S=PREPASS_BLOCK_S)
-    return (cdiv(seqlen, PREPASS_BLOCK_S), batch * num_heads), args, constexprs
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_S=rows)
+    return (cdiv(seqlen, rows), batch * num_heads), args, constexprs
 
 
 class SecureRowFill:
