@@ -485,3 +485,23 @@ def test_assign_rows_splits_calls_at_their_main_kernel():
     assert m[2]["m"]["value"] == 4 and m[3]["m"]["value"] == 5
     with pytest.raises(ValueError, match="main kernel"):  # a call whose main kernel was not profiled
         C.assign_rows(rows[:-1], launches)
+
+
+def test_timing_decode_slots_pad_the_cache_past_its_length():
+    """--kernel decode: one query token per sequence, contiguous caches [B, S_max, Hkv, D] whose positions past the
+    secret length are the class's padding, and the call is the secure KV-cache step (here on the CPU reference)."""
+    import warnings
+
+    a, b = T.class_specs("pad_zeros_vs_random", 64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        slots = T.Slots("secure_decode", a, b, P=2, B=2, H=4, Hkv=2, S_max=64, D=64, dtype=torch.float32,
+                        causal=True, backend="reference", seed=0, device="cpu")
+        slot = slots.slots[0]
+        assert slot["spec"] == a and slot["q"].shape == (2, 1, 4, 64) and slot["k"].shape == (2, 64, 2, 64)
+        for t in (slot["k"], slot["v"]):
+            assert bool((t[:, 32:] == 0).all()) and bool((t[:, :32] != 0).any())
+        assert bool((slot["q"] != 0).all()) and slot["sk"].tolist() == [32, 32]
+        slots._fill(slot, b, torch.Generator().manual_seed(1))  # the other class: random padding
+        assert bool((slot["k"][:, 32:] != 0).any())
+        assert slots.eager[0]().shape == (2, 1, 4, 64)

@@ -10,6 +10,10 @@ Class pairs (all at one public shape; see ``class_specs``):
   dependent power/clock effects (out of scope of the threat model, measured anyway): it is reported but
   does not fail the gate unless ``--strict-power``.
 
+``--kernel decode`` times the KV-cache decode step instead (``attention_with_kvcache(..., secure=True)``, one
+query token per sequence, a contiguous cache of S_max positions): the classes' length is the cache length
+(``cache_seqlens``, secret) and their padding the cache positions past it.
+
 Method: the inputs live in slots built on the GPU before timing. For the secure kernel all classes
 have one shape, so ``2 x --pool`` slots are shared: before each batch they are dealt at random, half to
 each class, and every slot is rewritten with its class's content (values, padding and the GPU lengths
@@ -53,6 +57,9 @@ from . import _inputs as I
 from . import stats as S
 
 SECURE_TESTS = ("fixed_vs_random", "short_vs_long", "pad_zeros_vs_random", "values_zeros_vs_random")
+# The secure kernels the gate times: dense attention (``attention(..., secure=True)``) and the KV-cache decode
+# step (``attention_with_kvcache(..., secure=True)``: one query token per sequence, the cache's length secret)
+SECURE_KERNELS = ("secure", "secure_decode")
 POWER_TESTS = ("values_zeros_vs_random",)
 CONTRAST_TESTS = ("short_vs_long", "fixed_vs_random")
 CONTROL_TESTS = ("values_zeros_vs_random", "short_vs_long")
@@ -103,17 +110,18 @@ class Slots:
     """
 
     def __init__(self, kernel: str, sa: ClassSpec, sb: ClassSpec, *, P: int, B, H, Hkv, S_max, D, dtype, causal,
-                 backend, seed, secure=True):
+                 backend, seed, secure=True, device="cuda"):
         import torch
 
         self.secure_mode = secure  # the secure kernel's ``secure=`` value: True, or "strict"
 
-        if kernel not in ("secure", "fast_varlen", "gemm_control"):
-            raise ValueError(f"timing supports kernels secure, fast_varlen and gemm_control, not {kernel!r}")
+        if kernel not in (*SECURE_KERNELS, "fast_varlen", "gemm_control"):
+            raise ValueError(f"timing supports kernels {', '.join(SECURE_KERNELS)}, fast_varlen and gemm_control, "
+                             f"not {kernel!r}")
         self.kernel, self.specs, self.P = kernel, (sa, sb), P
         self.B, self.H, self.Hkv, self.S_max, self.D, self.dtype = B, H, Hkv, S_max, D, dtype
         self.causal, self.backend = causal, backend
-        self.dev = torch.device("cuda")
+        self.dev = torch.device(device)
         self.shared = kernel != "fast_varlen"
         g = torch.Generator(device=self.dev)
         g.manual_seed(seed * 7919 + 11)
@@ -144,6 +152,9 @@ class Slots:
         if self.kernel == "secure":
             return ((self.B, self.H, self.S_max, self.D), (self.B, self.Hkv, self.S_max, self.D),
                     (self.B, self.Hkv, self.S_max, self.D))
+        if self.kernel == "secure_decode":  # q [B, 1, H, D]; contiguous caches [B, S_max, Hkv, D]
+            return ((self.B, 1, self.H, self.D), (self.B, self.S_max, self.Hkv, self.D),
+                    (self.B, self.S_max, self.Hkv, self.D))
         L = spec.length
         return ((self.B * L, self.H, self.D), (self.B * L, self.Hkv, self.D), (self.B * L, self.Hkv, self.D))
 
@@ -166,6 +177,13 @@ class Slots:
             def fn(q=q, k=k, v=v, sk=sk):
                 return flashcore.attention(q, k, v, causal=causal, seqlens_k=sk, secure=self.secure_mode,
                                            backend=backend)
+        elif self.kernel == "secure_decode":
+            sk = torch.full((self.B,), spec.length, dtype=torch.int32, device=self.dev)
+            slot["sk"] = sk
+
+            def fn(q=q, k=k, v=v, sk=sk):
+                return flashcore.attention_with_kvcache(q, k, v, cache_seqlens=sk, causal=causal, secure=True,
+                                                        backend=backend)
         else:
             L = spec.length
             cu = torch.arange(0, self.B + 1, dtype=torch.int32, device=self.dev) * L
@@ -194,6 +212,11 @@ class Slots:
                 L = spec.length
                 for t in (slot["q"], slot["k"], slot["v"]):
                     t[:, :, L:, :] = 0
+            slot["sk"].fill_(spec.length)
+        if self.kernel == "secure_decode":  # the cache's positions past its length are the padding
+            if spec.pad == "zeros":
+                for t in (slot["k"], slot["v"]):
+                    t[:, spec.length:] = 0
             slot["sk"].fill_(spec.length)
         slot["spec"] = spec
 
@@ -409,6 +432,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-save-samples", dest="save_samples", action="store_false")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", default="auto")
+    p.add_argument("--kernel", choices=("dense", "decode"), default="dense",
+                   help="the secure kernel timed: dense attention, or the KV-cache decode step (one query token per "
+                   "sequence against a contiguous cache of S_max positions whose length cache_seqlens is secret)")
     p.add_argument("--strict", action="store_true", help="time secure=\"strict\" (q's and k's padding replaced "
                    "before the kernels) instead of secure=True")
     p.add_argument("--threshold", type=float, default=S.T_THRESHOLD)
@@ -423,14 +449,18 @@ def run(a) -> int:
     dtype = I.parse_dtype(a.dtype)
     Hkv = a.kv_heads or a.heads
     causals = [x.strip() in ("1", "true", "causal") for x in a.causal.split(",") if x.strip()]
-    plan = [("secure", t, c) for c in causals for t in a.tests.split(",") if t.strip()]
+    if a.kernel == "decode" and a.strict:
+        print("[timing] --strict is for the dense kernel: the KV-cache path has no strict form", file=sys.stderr)
+        return 2
+    secure_kernel = "secure_decode" if a.kernel == "decode" else "secure"
+    plan = [(secure_kernel, t, c) for c in causals for t in a.tests.split(",") if t.strip()]
     if a.contrast and a.contrast != "none":
         plan += [(a.contrast, t, c) for c in causals[:1] for t in CONTRAST_TESTS]
     if a.control and a.control != "none":
         plan += [("gemm_control", t, False) for t in CONTROL_TESTS]
     report = {"gate": "timing", "env": I.environment(), "gpu_state_start": I.gpu_state(),
               "shape": {"B": a.batch, "H": a.heads, "Hkv": Hkv, "S_max": a.seqlen, "D": a.head_dim, "dtype": a.dtype},
-              "secure": "strict" if a.strict else True,
+              "secure": "strict" if a.strict else True, "kernel": a.kernel,
               "threshold": a.threshold, "pool": a.pool, "batch_pairs": a.batch_pairs, "budget_s": a.budget_s,
               "tests": []}
     rng = np.random.default_rng(a.seed)
@@ -444,7 +474,7 @@ def run(a) -> int:
     for idx, (kernel, test, causal) in enumerate(plan):
         name = f"{kernel}/{'causal' if causal else 'noncausal'}/{test}"
         entry = {"name": name, "kernel": kernel, "test": test, "causal": causal,
-                 "scope": ("control" if kernel == "gemm_control" else "contrast") if kernel != "secure"
+                 "scope": ("control" if kernel == "gemm_control" else "contrast") if kernel not in SECURE_KERNELS
                  else ("power" if test in POWER_TESTS else "in_scope")}
         t0 = time.time()
         try:
@@ -477,11 +507,11 @@ def run(a) -> int:
                 if hb <= 0.05 or lead_s >= 0.05:
                     break
                 lead_s = min(0.05, 2.0 * lead_s + 0.002)
-            want = a.pairs if kernel in ("secure", "gemm_control") else a.contrast_pairs
+            want = a.pairs if kernel in (*SECURE_KERNELS, "gemm_control") else a.contrast_pairs
             remaining = a.budget_s - (time.time() - t_start)
             share = remaining / max(1, len(plan) - idx)
             affordable = int(max(0.0, share - 3.0) / per_pair_s) if per_pair_s > 0 else want
-            n = min(want, max(affordable, min(a.min_pairs, want) if kernel in ("secure", "gemm_control") else 2000))
+            n = min(want, max(affordable, min(a.min_pairs, want) if kernel in (*SECURE_KERNELS, "gemm_control") else 2000))
             entry.update(calibration={"host_enqueue_us_per_pair": cpu_pair * 1e6, "gpu_us_per_pair": gpu_pair * 1e6,
                                       "lead_ms_per_batch": lead_s * 1e3, "wall_us_per_pair": per_pair_s * 1e6,
                                       "gpu_a_median_ns": float(np.median(cal["a_ns"])),
@@ -500,7 +530,7 @@ def run(a) -> int:
                          host_bound_fraction=float(np.mean(gaps > 5000.0)) if gaps.size else None,
                          enqueue_us_per_pair=m["enqueue_s_per_pair"] * 1e6,
                          clocks=_clock_summary(m["clocks"]), gpu_state_before=clk0, gpu_state_after=clk1)
-            if kernel == "secure" and a.power_block_s > 0:
+            if kernel in SECURE_KERNELS and a.power_block_s > 0:
                 entry["power_probe"] = _power_probe(slots, gen, a.power_block_s)
             if a.save_samples:
                 key = name.replace("/", "__")
@@ -524,7 +554,7 @@ def run(a) -> int:
         report["tests"].append(entry)
     report["gpu_state_end"] = I.gpu_state()
     report["elapsed_s"] = round(time.time() - t_start, 1)
-    sec = [t for t in report["tests"] if t["kernel"] == "secure"]
+    sec = [t for t in report["tests"] if t["kernel"] in SECURE_KERNELS]
     gating = [t for t in sec if t["scope"] == "in_scope" or (a.strict_power and t["scope"] == "power")]
     leaks = [t["name"] for t in gating if t.get("leak")]
     errors = [t["name"] for t in sec if t.get("error")]
