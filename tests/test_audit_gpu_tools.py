@@ -505,3 +505,25 @@ def test_timing_decode_slots_pad_the_cache_past_its_length():
         slots._fill(slot, b, torch.Generator().manual_seed(1))  # the other class: random padding
         assert bool((slot["k"][:, 32:] != 0).any())
         assert slots.eager[0]().shape == (2, 1, 4, 64)
+
+
+def test_decode_kind_is_the_secure_kvcache_step_on_the_cases_cache():
+    """The counters and repro gates' decode input: q's row 0 (valid in every class) as the one query token, k and v
+    as contiguous caches [B, S_max, Hkv, D], the key lengths as cache_seqlens; the padding family's outputs agree
+    bit for bit, an empty cache outputs zeros (here on the CPU reference)."""
+    import warnings
+
+    from flashcore.audit import _inputs as I
+    from flashcore.audit import repro
+
+    assert "secure_decode" in I.SECURE_KINDS and "secure_decode" in repro.MODES
+    cases = {c: I.build_case(c, B=2, H=4, Hkv=2, S=32, D=16, dtype=torch.float32, seed=3)
+             for c in ("len_half", "nan_pad", "inf_pad", "empty_keys")}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        outs = {c: I.make_call("secure_decode", case, causal=True, backend="reference")() for c, case in cases.items()}
+    assert outs["len_half"].shape == (2, 1, 4, 16)
+    chk = C._decode_output_checks(cases, outs)
+    assert chk["pass"] and chk["padding_invariance"]["identical"] and chk["zero_rows"]["empty_keys"]
+    assert bool((outs["empty_keys"][0] == 0).all()) and not bool((outs["empty_keys"][1] == 0).all())
+    assert C._is_secure_config("secure_decode/causal/n/a") and not C._is_secure_config("fast_varlen/causal/n/a")

@@ -59,17 +59,18 @@ def check_flag(name: str, value) -> bool:
 def check_secure(value, *, strict_ok: bool = True) -> tuple[bool, bool]:
     """``secure``: a bool, or ``"strict"`` (secure mode whose kernels never multiply the caller's padding:
     docs/security.md §2) where the call has a strict form (``strict_ok``). Returns (secure, strict)."""
+    what = "a bool or 'strict'" if strict_ok else "a bool"
     if isinstance(value, str):
         if value == "strict" and strict_ok:
             return True, True
         if value == "strict":
             raise ValueError("secure='strict' is for flashcore.attention (the dense kernels); this call has no strict "
                              "form: pass secure=True")
-        raise ValueError(f"secure must be a bool or 'strict', got {value!r}")
+        raise ValueError(f"secure must be {what}, got {value!r}")
     try:
         return check_flag("secure", value), False
     except TypeError:
-        raise TypeError(f"secure must be a bool or 'strict', got {type(value).__name__} {value!r}") from None
+        raise TypeError(f"secure must be {what}, got {type(value).__name__} {value!r}") from None
 
 
 def check_real(name: str, value) -> float:

@@ -218,7 +218,9 @@ def pack_varlen(case: Case):
 # ----------------------------------------------------------------------------------------------
 # Kernel calls (the thing under audit), shared by the gates.
 
-KERNELS = ("secure", "fast_varlen", "fast_dense")
+KERNELS = ("secure", "secure_decode", "fast_varlen", "fast_dense")
+# The secure kernels among them: dense attention, and the KV-cache decode step
+SECURE_KINDS = ("secure", "secure_decode")
 
 
 def make_call(kind: str, case: Case, *, causal: bool, lens_mode: str = "cross", backend: str = "auto"):
@@ -228,6 +230,9 @@ def make_call(kind: str, case: Case, *, causal: bool, lens_mode: str = "cross", 
     = key lengths, the self-attention form), "cross" passes an explicit seqlens_q tensor.
     fast_varlen: ``attention_varlen`` on the packed true lengths (loop bounds depend on them).
     fast_dense: ``attention(..., secure=False)`` over the padded tensors (no lengths at all).
+    secure_decode: ``attention_with_kvcache(..., secure=True)``: one query token per sequence (q's row 0, valid in
+    every class) against contiguous caches ``[B, S_max, Hkv, D]`` holding k and v, ``cache_seqlens`` = the key
+    lengths (secret); the class's padding is the cache past them.
     """
     import flashcore
 
@@ -242,6 +247,15 @@ def make_call(kind: str, case: Case, *, causal: bool, lens_mode: str = "cross", 
 
         def call():
             return flashcore.attention(q, k, v, causal=causal, seqlens_q=sq, seqlens_k=sk, secure=True, backend=backend)
+        return call
+    if kind == "secure_decode":
+        qd = case.q[:, :, :1, :].transpose(1, 2).contiguous()
+        kc, vc = (t.transpose(1, 2).contiguous() for t in (case.k, case.v))
+        sk = case.seqlens_k
+
+        def call():
+            return flashcore.attention_with_kvcache(qd, kc, vc, cache_seqlens=sk, causal=causal, secure=True,
+                                                    backend=backend)
         return call
     if kind == "fast_varlen":
         qp, kp, vp, cq, ck, mq, mk = pack_varlen(case)

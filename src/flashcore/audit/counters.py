@@ -460,6 +460,8 @@ def child_main(argv=None) -> int:
             outs[cname] = out
         if cfg["kernel"] == "secure":
             checks[key] = _output_checks(cases, outs)
+        elif cfg["kernel"] == "secure_decode":
+            checks[key] = _decode_output_checks(cases, outs)
     launches = []
     for rep in range(a.reps):
         for cfg, cname, fn in calls:
@@ -501,6 +503,23 @@ def _output_checks(cases: dict, outs: dict) -> dict:
     return res
 
 
+def _decode_output_checks(cases: dict, outs: dict) -> dict:
+    """The secure decode step's output properties: a sequence whose cache is empty outputs exact zeros; padding
+    contents never change the output (the padding family's outputs are equal bit for bit)."""
+    import torch
+
+    res = {"zero_rows": {}, "has_nan": {}, "padding_invariance": None}
+    for c, out in outs.items():
+        res["zero_rows"][c] = all(bool((out[b] == 0).all()) for b, n in enumerate(cases[c].lens_k) if n == 0)
+        res["has_nan"][c] = bool(torch.isnan(out).any())
+    fam = [c for c in I.PADDING_FAMILY if c in outs]
+    if len(fam) >= 2:
+        hashes = {c: I.tensor_bytes_hash(outs[c]) for c in fam}
+        res["padding_invariance"] = {"classes": fam, "identical": len(set(hashes.values())) == 1, "sha256": hashes}
+    res["pass"] = all(res["zero_rows"].values()) and (res["padding_invariance"] is None or res["padding_invariance"]["identical"])
+    return res
+
+
 # ----------------------------------------------------------------------------------------------
 # Parent: run ncu, parse, compare, report.
 
@@ -519,8 +538,12 @@ def _add_shape_args(p: argparse.ArgumentParser) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     _add_shape_args(p)
-    p.add_argument("--kernel-regex", default="attn",
-                   help="ncu --kernel-name regex selecting flashcore's kernel (default: attn)")
+    p.add_argument("--kernel-regex", default=None,
+                   help="ncu --kernel-name regex selecting flashcore's kernels (default: attn, and with --secure-kernel "
+                        "decode attn|decode_)")
+    p.add_argument("--secure-kernel", choices=("dense", "decode"), default="dense",
+                   help="the secure kernel audited: dense attention, or the KV-cache decode step (one query token per "
+                        "sequence against a contiguous cache; secure_decode)")
     p.add_argument("--contrast", default="fast_varlen",
                    help="comma list of contrast kernels (fast_varlen, fast_dense) or 'none'")
     p.add_argument("--contrast-reps", type=int, default=2)
@@ -549,7 +572,7 @@ def _child_cmd(a, kernel: str, manifest: Path) -> list:
     cmd = [sys.executable, "-m", "flashcore.audit.counters", "--child", "--kernel", kernel, "--manifest", str(manifest),
            "--batch", str(a.batch), "--heads", str(a.heads), "--kv-heads", str(a.kv_heads), "--seqlen", str(a.seqlen),
            "--head-dim", str(a.head_dim), "--dtype", a.dtype, "--causal", a.causal, "--lens-modes", a.lens_modes,
-           "--classes", a.classes, "--reps", str(a.reps if kernel == "secure" else a.contrast_reps),
+           "--classes", a.classes, "--reps", str(a.reps if kernel in I.SECURE_KINDS else a.contrast_reps),
            "--warmup", str(a.warmup), "--seed", str(a.seed), "--backend", a.backend]
     return cmd
 
@@ -697,6 +720,11 @@ def apply_per_pc(res: dict, per_kernel: list, *, alpha: float = 1e-3) -> dict:
     return res
 
 
+def _is_secure_config(key: str) -> bool:
+    """A configuration key (:func:`config_key`) of a secure kernel (the gate's subject, not a contrast)."""
+    return key.split("/")[0] in I.SECURE_KINDS
+
+
 def run(a) -> int:
     if not I.cuda_or_message("counters"):
         return 2
@@ -705,13 +733,16 @@ def run(a) -> int:
         print("flashcore audit counters: Nsight Compute (ncu) not found on PATH, in /usr/local/cuda/bin or "
               "/opt/nvidia/nsight-compute/*/; pass --ncu PATH. Nothing was run.", file=sys.stderr)
         return 2
+    secure_kind = "secure_decode" if a.secure_kernel == "decode" else "secure"
+    if a.kernel_regex is None:
+        a.kernel_regex = "attn|decode_" if secure_kind == "secure_decode" else "attn"
     report = {"gate": "counters", "ncu": {"path": ncu, "version": _ncu_version(ncu), "flags": NCU_FLAGS,
                                           "kernel_regex": a.kernel_regex},
               "shape": {"B": a.batch, "H": a.heads, "Hkv": a.kv_heads or a.heads, "S_max": a.seqlen, "D": a.head_dim,
                         "dtype": a.dtype, "causal": a.causal, "lens_modes": a.lens_modes},
               "reps": a.reps, "strict_memory": bool(a.strict_memory), "env": I.environment(),
               "gpu_state_start": I.gpu_state()}
-    kernels = ["secure"] + [k.strip() for k in a.contrast.split(",") if k.strip() and k.strip() != "none"]
+    kernels = [secure_kind] + [k.strip() for k in a.contrast.split(",") if k.strip() and k.strip() != "none"]
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="flashcore_ncu_") as td:
         runs = {}
@@ -730,7 +761,7 @@ def run(a) -> int:
             continue
         man = info["manifest"]
         report["runs"][k]["child_errors"] = man.get("errors", {})
-        if k == "secure":
+        if k == secure_kind:
             report["classes"] = man.get("classes")
             report["output_checks"] = man.get("output_checks")
         try:
@@ -740,9 +771,9 @@ def run(a) -> int:
             print(f"[counters] {k}: {e}", file=sys.stderr)
     report["configs"] = configs
     report["gpu_state_end"] = I.gpu_state()
-    sec = {k: v for k, v in configs.items() if k.startswith("secure/")}
-    secure_err = report["runs"]["secure"].get("error") or (report["runs"]["secure"].get("child_errors") or None)
-    if not sec or report["runs"]["secure"].get("error"):
+    sec = {k: v for k, v in configs.items() if _is_secure_config(k)}
+    secure_err = report["runs"][secure_kind].get("error") or (report["runs"][secure_kind].get("child_errors") or None)
+    if not sec or report["runs"][secure_kind].get("error"):
         status, code = "error", 2
     elif not all(v["pass"] for v in sec.values()):
         status, code = "FAIL", 1
@@ -753,7 +784,7 @@ def run(a) -> int:
     checks = report.get("output_checks") or {}
     if code == 0 and any(not c.get("pass", True) for c in checks.values()):
         status, code = "FAIL", 1
-    contrast = {k: v for k, v in configs.items() if not k.startswith("secure/")}
+    contrast = {k: v for k, v in configs.items() if not _is_secure_config(k)}
     report["contrast_detected"] = {k: bool(v["failed"]) for k, v in contrast.items()}
     report.update(status=status, exit_code=code)
     I.publish(a, "counters", report, print_report)
@@ -766,7 +797,7 @@ def print_report(report: dict) -> None:
 
     con = Console(width=170)
     for key, res in (report.get("configs") or {}).items():
-        secure = key.startswith("secure/")
+        secure = _is_secure_config(key)
         t = Table(title=f"{key}: {'PASS' if res['pass'] else ('differences (contrast)' if not secure else 'FAIL')} "
                         f"- {len(res['classes'])} classes x {res['reps']} reps", show_lines=False)
         for col in ("metric", "group", "status", "min", "max", "spread", "run-to-run", "p(class)"):

@@ -2,7 +2,8 @@
 bytes, and fresh processes (same seed, shifted allocations) reproduce the same bytes.
 
 Modes: ``secure`` (attention(..., secure=True), query lengths = key lengths), ``secure_causal``,
-``secure_cross`` (explicit seqlens_q), ``fast_dense`` (secure=False on the padded tensors) and
+``secure_cross`` (explicit seqlens_q), ``secure_decode`` (attention_with_kvcache(..., secure=True): one query
+token per sequence against the key lengths' cache), ``fast_dense`` (secure=False on the padded tensors) and
 ``fast_varlen`` (attention_varlen on the packed true lengths). Each output is compared bitwise on the
 GPU with the first one (integer views, so NaN payloads and signed zeros count) and hashed with
 sha256 on the host. Exit code: 0 identical everywhere, 1 a difference (or a mode that raised), 2 no GPU.
@@ -17,7 +18,7 @@ import time
 
 from . import _inputs as I
 
-MODES = ("secure", "secure_causal", "secure_cross", "fast_dense", "fast_varlen")
+MODES = ("secure", "secure_causal", "secure_cross", "secure_decode", "fast_dense", "fast_varlen")
 _MARK = "FLASHCORE_REPRO_RESULT "
 
 
@@ -38,6 +39,8 @@ def _mode_call(mode: str, case, backend: str):
         return I.make_call("secure", case, causal=True, lens_mode="self", backend=backend)
     if mode == "secure_cross":
         return I.make_call("secure", case, causal=False, lens_mode="cross", backend=backend)
+    if mode == "secure_decode":
+        return I.make_call("secure_decode", case, causal=True, backend=backend)
     if mode == "fast_dense":
         return I.make_call("fast_dense", case, causal=False, backend=backend)
     if mode == "fast_varlen":
