@@ -527,3 +527,31 @@ def test_decode_kind_is_the_secure_kvcache_step_on_the_cases_cache():
     assert chk["pass"] and chk["padding_invariance"]["identical"] and chk["zero_rows"]["empty_keys"]
     assert bool((outs["empty_keys"][0] == 0).all()) and not bool((outs["empty_keys"][1] == 0).all())
     assert C._is_secure_config("secure_decode/causal/n/a") and not C._is_secure_config("fast_varlen/causal/n/a")
+
+
+def test_decode_kind_on_pages_is_the_same_attention():
+    """page_size: the caches as pages in a public shuffled order with their table give the contiguous cache's output
+    (the counters gate's paged decode input); the timing slots page the same memory in order."""
+    import warnings
+
+    from flashcore.audit import _inputs as I
+
+    case = I.build_case("nan_pad", B=2, H=4, Hkv=2, S=64, D=16, dtype=torch.float32, seed=5)
+    pages, table = I.paged_cache(case.k.transpose(1, 2).contiguous(), 16)
+    assert pages.shape == (8, 16, 2, 16) and sorted(table.flatten().tolist()) == list(range(8))
+    assert table.flatten().tolist() != list(range(8))  # shuffled: the gather is exercised
+    assert torch.equal(pages[table[1, 1]], case.k.transpose(1, 2)[1, 16:32])  # (32: is the NaN padding)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        flat = I.make_call("secure_decode", case, causal=True, backend="reference")()
+        paged = I.make_call("secure_decode", case, causal=True, backend="reference", page_size=16)()
+        assert torch.equal(flat, paged)
+        a, b = T.class_specs("pad_zeros_vs_random", 64)
+        slots = T.Slots("secure_decode", a, b, P=1, B=2, H=4, Hkv=2, S_max=64, D=16, dtype=torch.float32,
+                        causal=True, backend="reference", seed=0, device="cpu", page_size=16)
+        out = slots.eager[0]()
+        slot = slots.slots[0]
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            slot["q"].transpose(1, 2), slot["k"][:, :32].transpose(1, 2).repeat_interleave(2, 1),
+            slot["v"][:, :32].transpose(1, 2).repeat_interleave(2, 1)).transpose(1, 2)
+        assert torch.allclose(out, ref, atol=1e-5)

@@ -223,7 +223,21 @@ KERNELS = ("secure", "secure_decode", "fast_varlen", "fast_dense")
 SECURE_KINDS = ("secure", "secure_decode")
 
 
-def make_call(kind: str, case: Case, *, causal: bool, lens_mode: str = "cross", backend: str = "auto"):
+def paged_cache(t: Tensor, page_size: int, seed: int = 12345) -> tuple:
+    """A contiguous cache ``[B, S, Hkv, D]`` as pages ``[B * S / page_size, page_size, Hkv, D]`` in a public
+    pseudo-random order, and its page table ``[B, S / page_size]`` (int32, on t's device)."""
+    B, S = t.shape[:2]
+    if S % page_size:
+        raise ValueError(f"S_max={S} must be a multiple of the page size {page_size}")
+    n = S // page_size
+    perm = torch.randperm(B * n, generator=torch.Generator().manual_seed(seed)).to(t.device)
+    pages = torch.empty((B * n, page_size, *t.shape[2:]), dtype=t.dtype, device=t.device)
+    pages[perm] = t.reshape(B * n, page_size, *t.shape[2:])
+    return pages, perm.view(B, n).to(torch.int32)
+
+
+def make_call(kind: str, case: Case, *, causal: bool, lens_mode: str = "cross", backend: str = "auto",
+              page_size: int = 0):
     """Return a zero-argument callable running kernel ``kind`` on ``case`` (inputs bound now).
 
     secure: ``attention(..., secure=True)``; lens_mode "self" passes seqlens_q=None (query lengths
@@ -232,7 +246,8 @@ def make_call(kind: str, case: Case, *, causal: bool, lens_mode: str = "cross", 
     fast_dense: ``attention(..., secure=False)`` over the padded tensors (no lengths at all).
     secure_decode: ``attention_with_kvcache(..., secure=True)``: one query token per sequence (q's row 0, valid in
     every class) against contiguous caches ``[B, S_max, Hkv, D]`` holding k and v, ``cache_seqlens`` = the key
-    lengths (secret); the class's padding is the cache past them.
+    lengths (secret); the class's padding is the cache past them. ``page_size`` > 0: the caches as pages in a
+    public shuffled order with their page table (:func:`paged_cache`).
     """
     import flashcore
 
@@ -251,11 +266,13 @@ def make_call(kind: str, case: Case, *, causal: bool, lens_mode: str = "cross", 
     if kind == "secure_decode":
         qd = case.q[:, :, :1, :].transpose(1, 2).contiguous()
         kc, vc = (t.transpose(1, 2).contiguous() for t in (case.k, case.v))
-        sk = case.seqlens_k
+        sk, table = case.seqlens_k, None
+        if page_size:
+            (kc, table), (vc, _) = paged_cache(kc, page_size), paged_cache(vc, page_size)
 
         def call():
-            return flashcore.attention_with_kvcache(qd, kc, vc, cache_seqlens=sk, causal=causal, secure=True,
-                                                    backend=backend)
+            return flashcore.attention_with_kvcache(qd, kc, vc, cache_seqlens=sk, page_table=table, causal=causal,
+                                                    secure=True, backend=backend)
         return call
     if kind == "fast_varlen":
         qp, kp, vp, cq, ck, mq, mk = pack_varlen(case)

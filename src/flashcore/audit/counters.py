@@ -448,7 +448,8 @@ def child_main(argv=None) -> int:
                 continue
             try:
                 fn = I.make_call(cfg["kernel"], cases[cname], causal=cfg["causal"],
-                                 lens_mode=cfg["lens_mode"] if cfg["kernel"] == "secure" else "cross", backend=a.backend)
+                                 lens_mode=cfg["lens_mode"] if cfg["kernel"] == "secure" else "cross", backend=a.backend,
+                                 page_size=a.page_size if cfg["kernel"] == "secure_decode" else 0)
                 out = fn()
                 for _ in range(max(0, a.warmup - 1)):
                     out = fn()
@@ -534,6 +535,8 @@ def _add_shape_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", default="auto")
+    p.add_argument("--page-size", type=int, default=0,
+                   help="--secure-kernel decode: the caches as pages of this many positions (0: contiguous)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -573,7 +576,7 @@ def _child_cmd(a, kernel: str, manifest: Path) -> list:
            "--batch", str(a.batch), "--heads", str(a.heads), "--kv-heads", str(a.kv_heads), "--seqlen", str(a.seqlen),
            "--head-dim", str(a.head_dim), "--dtype", a.dtype, "--causal", a.causal, "--lens-modes", a.lens_modes,
            "--classes", a.classes, "--reps", str(a.reps if kernel in I.SECURE_KINDS else a.contrast_reps),
-           "--warmup", str(a.warmup), "--seed", str(a.seed), "--backend", a.backend]
+           "--warmup", str(a.warmup), "--seed", str(a.seed), "--backend", a.backend, "--page-size", str(a.page_size)]
     return cmd
 
 
@@ -739,7 +742,7 @@ def run(a) -> int:
     report = {"gate": "counters", "ncu": {"path": ncu, "version": _ncu_version(ncu), "flags": NCU_FLAGS,
                                           "kernel_regex": a.kernel_regex},
               "shape": {"B": a.batch, "H": a.heads, "Hkv": a.kv_heads or a.heads, "S_max": a.seqlen, "D": a.head_dim,
-                        "dtype": a.dtype, "causal": a.causal, "lens_modes": a.lens_modes},
+                        "dtype": a.dtype, "causal": a.causal, "lens_modes": a.lens_modes, "page_size": a.page_size},
               "reps": a.reps, "strict_memory": bool(a.strict_memory), "env": I.environment(),
               "gpu_state_start": I.gpu_state()}
     kernels = [secure_kind] + [k.strip() for k in a.contrast.split(",") if k.strip() and k.strip() != "none"]

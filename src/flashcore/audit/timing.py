@@ -110,10 +110,11 @@ class Slots:
     """
 
     def __init__(self, kernel: str, sa: ClassSpec, sb: ClassSpec, *, P: int, B, H, Hkv, S_max, D, dtype, causal,
-                 backend, seed, secure=True, device="cuda"):
+                 backend, seed, secure=True, device="cuda", page_size=0):
         import torch
 
         self.secure_mode = secure  # the secure kernel's ``secure=`` value: True, or "strict"
+        self.page_size = page_size  # secure_decode: pages of this many positions, in order (0: a contiguous cache)
 
         if kernel not in (*SECURE_KERNELS, "fast_varlen", "gemm_control"):
             raise ValueError(f"timing supports kernels {', '.join(SECURE_KERNELS)}, fast_varlen and gemm_control, "
@@ -181,9 +182,15 @@ class Slots:
             sk = torch.full((self.B,), spec.length, dtype=torch.int32, device=self.dev)
             slot["sk"] = sk
 
-            def fn(q=q, k=k, v=v, sk=sk):
-                return flashcore.attention_with_kvcache(q, k, v, cache_seqlens=sk, causal=causal, secure=True,
-                                                        backend=backend)
+            table = None
+            if self.page_size:  # the same memory as pages, in order: the table is public either way
+                n = self.S_max // self.page_size
+                table = torch.arange(self.B * n, dtype=torch.int32, device=self.dev).view(self.B, n)
+                k, v = (t.view(self.B * n, self.page_size, self.Hkv, self.D) for t in (k, v))
+
+            def fn(q=q, k=k, v=v, sk=sk, table=table):
+                return flashcore.attention_with_kvcache(q, k, v, cache_seqlens=sk, page_table=table, causal=causal,
+                                                        secure=True, backend=backend)
         else:
             L = spec.length
             cu = torch.arange(0, self.B + 1, dtype=torch.int32, device=self.dev) * L
@@ -435,6 +442,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernel", choices=("dense", "decode"), default="dense",
                    help="the secure kernel timed: dense attention, or the KV-cache decode step (one query token per "
                    "sequence against a contiguous cache of S_max positions whose length cache_seqlens is secret)")
+    p.add_argument("--page-size", type=int, default=0,
+                   help="--kernel decode: the cache as pages of this many positions, in order (0: contiguous)")
     p.add_argument("--strict", action="store_true", help="time secure=\"strict\" (q's and k's padding replaced "
                    "before the kernels) instead of secure=True")
     p.add_argument("--threshold", type=float, default=S.T_THRESHOLD)
@@ -460,7 +469,7 @@ def run(a) -> int:
         plan += [("gemm_control", t, False) for t in CONTROL_TESTS]
     report = {"gate": "timing", "env": I.environment(), "gpu_state_start": I.gpu_state(),
               "shape": {"B": a.batch, "H": a.heads, "Hkv": Hkv, "S_max": a.seqlen, "D": a.head_dim, "dtype": a.dtype},
-              "secure": "strict" if a.strict else True, "kernel": a.kernel,
+              "secure": "strict" if a.strict else True, "kernel": a.kernel, "page_size": a.page_size,
               "threshold": a.threshold, "pool": a.pool, "batch_pairs": a.batch_pairs, "budget_s": a.budget_s,
               "tests": []}
     rng = np.random.default_rng(a.seed)
@@ -480,7 +489,7 @@ def run(a) -> int:
         try:
             sa, sb = control_specs(test) if kernel == "gemm_control" else class_specs(test, a.seqlen)
             kw = dict(B=a.batch, H=a.heads, Hkv=Hkv, S_max=a.seqlen, D=a.head_dim, dtype=dtype, causal=causal,
-                      backend=a.backend, secure="strict" if a.strict else True)
+                      backend=a.backend, secure="strict" if a.strict else True, page_size=a.page_size)
             slots = Slots(kernel, sa, sb, P=a.pool, seed=a.seed, **kw)
             cap_err = None if a.no_graphs else slots.capture()
             if a.no_graphs:
