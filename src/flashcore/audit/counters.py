@@ -480,45 +480,34 @@ def child_main(argv=None) -> int:
     return 0
 
 
-def _output_checks(cases: dict, outs: dict) -> dict:
-    """Secure-kernel output properties: masked rows are exact zeros; padding contents never change
-    the output (len_half / nan_pad / inf_pad share the valid region, so their outputs must be equal
-    bit for bit); which outputs contain NaN (informational: e.g. 'huge' may overflow scores)."""
+def _checks(outs: dict, zero_rows_ok) -> dict:
+    """Output properties of a secure kernel: ``zero_rows_ok(class, out)`` (the rows it must zero are exact zeros);
+    padding contents never change the output (len_half / nan_pad / inf_pad share the valid region, so their
+    outputs must be equal bit for bit); which outputs contain NaN (informational: 'huge' may overflow scores)."""
     import torch
 
-    res = {"zero_rows": {}, "has_nan": {}, "padding_invariance": None}
-    for c, out in outs.items():
-        case = cases[c]
-        ok = True
-        for b, n in enumerate(case.lens_q):
-            tail = out[b, :, n:, :]
-            if tail.numel() and not bool((tail == 0).all()):
-                ok = False
-        res["zero_rows"][c] = ok
-        res["has_nan"][c] = bool(torch.isnan(out).any())
+    res = {"zero_rows": {c: zero_rows_ok(c, out) for c, out in outs.items()},
+           "has_nan": {c: bool(torch.isnan(out).any()) for c, out in outs.items()}, "padding_invariance": None}
     fam = [c for c in I.PADDING_FAMILY if c in outs]
     if len(fam) >= 2:
         hashes = {c: I.tensor_bytes_hash(outs[c]) for c in fam}
         res["padding_invariance"] = {"classes": fam, "identical": len(set(hashes.values())) == 1, "sha256": hashes}
     res["pass"] = all(res["zero_rows"].values()) and (res["padding_invariance"] is None or res["padding_invariance"]["identical"])
     return res
+
+
+def _output_checks(cases: dict, outs: dict) -> dict:
+    """The dense secure kernel's (:func:`_checks`): query rows past their length are exact zeros."""
+    def zero_rows_ok(c, out):
+        return all(bool((out[b, :, n:, :] == 0).all()) for b, n in enumerate(cases[c].lens_q))
+    return _checks(outs, zero_rows_ok)
 
 
 def _decode_output_checks(cases: dict, outs: dict) -> dict:
-    """The secure decode step's output properties: a sequence whose cache is empty outputs exact zeros; padding
-    contents never change the output (the padding family's outputs are equal bit for bit)."""
-    import torch
-
-    res = {"zero_rows": {}, "has_nan": {}, "padding_invariance": None}
-    for c, out in outs.items():
-        res["zero_rows"][c] = all(bool((out[b] == 0).all()) for b, n in enumerate(cases[c].lens_k) if n == 0)
-        res["has_nan"][c] = bool(torch.isnan(out).any())
-    fam = [c for c in I.PADDING_FAMILY if c in outs]
-    if len(fam) >= 2:
-        hashes = {c: I.tensor_bytes_hash(outs[c]) for c in fam}
-        res["padding_invariance"] = {"classes": fam, "identical": len(set(hashes.values())) == 1, "sha256": hashes}
-    res["pass"] = all(res["zero_rows"].values()) and (res["padding_invariance"] is None or res["padding_invariance"]["identical"])
-    return res
+    """The secure decode step's (:func:`_checks`): a sequence whose cache is empty outputs exact zeros."""
+    def zero_rows_ok(c, out):
+        return all(bool((out[b] == 0).all()) for b, n in enumerate(cases[c].lens_k) if n == 0)
+    return _checks(outs, zero_rows_ok)
 
 
 # ----------------------------------------------------------------------------------------------
