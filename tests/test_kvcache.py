@@ -573,6 +573,27 @@ def test_fp8_cache_with_descales(append, gen):
     assert torch.equal(vc2.view(torch.uint8), vr.view(torch.uint8))
 
 
+@kernel
+@pytest.mark.parametrize("layout,D,splits,secure", [("paged", 40, 3, False), ("paged", 32, 1, True),
+                                                   ("contiguous", 24, 2, True), ("contiguous", 40, 0, False)])
+def test_fp8_cache_pairs_pages_splits_and_secure(layout, D, splits, secure, gen):
+    """The kernel reads an e4m3 cache as uint16 pairs of head-dim columns and widens the even and the odd column
+    apart: head dims whose pairs do not fill the tile (24 of 32, 40 of 64), shuffled pages, splits, secure mode,
+    and values over e4m3's range (x 64: up to its largest, 448, and its subnormals at x 1/64)."""
+    B, Sq, Hq, Hkv, cap = 2, 2, 4, 2, 64
+    q = rnd(B, Sq, Hq, D, dtype=torch.float16, gen=gen)
+    scale = torch.tensor([64.0, 1 / 64])[torch.randint(0, 2, (B, cap, Hkv, D), generator=gen)]
+    kc, vc = ((rnd(B, cap, Hkv, D, gen=gen) * scale).to(torch.float8_e4m3fn) for _ in range(2))
+    kd, vd = (torch.rand(B, Hkv, generator=gen) + 0.25 for _ in range(2))
+    kw = dict(cache_seqlens=lengths(cap, 37), k_descale=kd, v_descale=vd, num_splits=splits, secure=secure)
+    if layout == "paged":
+        kc, table = to_paged(kc, 16, gen)
+        vc, _ = to_paged(vc, 16, gen, pages=rnd(*kc.shape, gen=gen).to(torch.float8_e4m3fn), table=table)
+        kw["page_table"] = table
+    (out, lse, _, _), (ref, ref_lse, _, _) = run_both(q, kc, vc, **kw)
+    check(out, lse, ref, ref_lse, torch.float16, what=f"{layout} D{D} splits {splits} secure {secure}")
+
+
 # ---- secure mode ----------------------------------------------------------------------------------------
 
 

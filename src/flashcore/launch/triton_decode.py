@@ -16,7 +16,7 @@ from ..plan.tables import block_d
 from ..runtime import cdiv
 
 def fp8_q_prescale(dtype_name: str) -> float:
-    """With an FP8 cache the products run in float16 (``kernels.triton.decode._widen_fp8``): a bfloat16 q is
+    """With an FP8 cache the products run in float16 (``kernels.triton.decode._widen_fp8_pairs``): a bfloat16 q is
     scaled by 2**-8 on the way (its range then fits float16's; exact, and undone in the score scale)."""
     return 1.0 if dtype_name == "fp16" else 2.0 ** -8
 
@@ -142,7 +142,7 @@ def build_split(shape: DecodeShape, cfg: DecodeConfig, q, k_cache, v_cache, out,
         HAS_LEFTPAD=shape.has_leftpad, CAUSAL=shape.causal, SECURE=shape.secure, FP8=shape.fp8,
         Q_PRESCALE=fp8_q_prescale("fp16" if q.dtype == torch.float16 else "bf16") if shape.fp8 else 1.0,
         SPLIT=cfg.num_splits > 1, FULL_TILES=full_tiles(shape, cfg), REG_PAGES=reg_pages(shape, cfg),
-        ASM_LOADS=True, RETURN_LSE=shape.return_lse,
+        ASM=True, RETURN_LSE=shape.return_lse,
         PRECISION="ieee" if shape.fp32 else "tf32")
     grid = (cfg.num_splits * query_tiles(shape, cfg), shape.batch * shape.num_heads_kv)
     return decode_split_kernel, grid, args, constexprs

@@ -47,6 +47,11 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
         tiles = cdiv(shape.capacity, block_n)
         num_splits = max(1, min(target // programs, tiles // MIN_TILES_PER_SPLIT, 128))
     num_warps, num_stages = (4, 2) if shape.fp32 or gather and num_splits > 1 else (8, 3)
+    if shape.fp8 and block_m == 16 and d <= 128 and not gather and not (shape.secure and shape.paged):
+        # An FP8 tile is half the bytes for the same widening and MMA work, so more programs per SM pay: 4 warps
+        # (H200, 2026-11-26, 64x32/8 D128 16k, docs/perf-notes.md v24): fast 535 us with 4 stages against 566 (8
+        # warps, 3 stages); secure 672 us with 3 stages against 707 (its 4-stage form ran 895)
+        num_warps, num_stages = (4, 3) if shape.secure else (4, 4)
     if shape.secure and shape.paged and num_splits == 1 and not shape.fp32 and block_m == 16 and d <= 128:
         # Secure mode reads every page with register page loads (launch.triton_decode.reg_pages) and masks every
         # tile; at one split, tiles of at most one page and 64 keys ran fastest (H200, 2026-11-26, 64x32/8 D128 8k,
@@ -73,8 +78,8 @@ class DecodePlan:
         pts = page_table.stride(0) if page_table is not None else 0
         self.page_table_stride = pts
         fn, grid, args, cx = build_split(shape, config, q, k_cache, v_cache, out, pts)
-        if interpreting():  # Triton's CPU interpreter runs no inline assembly: the page index by a plain load
-            cx = dict(cx, ASM_LOADS=False)
+        if interpreting():  # Triton's CPU interpreter runs no inline assembly: page indices by plain loads, an FP8
+            cx = dict(cx, ASM=False)  # cache widened by Triton's integer operations
         self.split = KernelStep(fn, grid, (None,) * 14 + tuple(args), 14, cx, config.num_warps, config.num_stages)
         self.combine = None
         if config.num_splits > 1:

@@ -77,8 +77,12 @@ def correct(dev) -> list:
         (2, 32, 8, 128, 2048, 1, 0, False, 0, False), (2, 32, 8, 128, 2048, 4, 64, False, 5, False),
         (2, 32, 8, 128, 2048, 1, 0, True, 0, False), (2, 32, 8, 128, 2048, 200, 128, True, 0, False),
         (4, 8, 8, 256, 1000, 33, 0, False, 0, True),
+        # v24: FP8 tiles read as uint16 pairs (odd head dims are masked pairs, D 72; paged, split, secure)
+        (2, 32, 8, 72, 1008, 3, 16, True, 3, False), (3, 16, 4, 64, 2048, 1, 0, True, 4, True),
+        (2, 32, 8, 128, 4096, 1, 16, True, 0, False, True), (2, 32, 8, 128, 2048, 2, 0, True, 3, False, True),
     ]
-    for B, Hq, Hkv, D, cap, Sq, page, fp8, splits, leftpad in cases:
+    for B, Hq, Hkv, D, cap, Sq, page, fp8, splits, leftpad, *sec in cases:
+        secure = bool(sec and sec[0])
         lens = torch.randint(Sq, cap + 1, (B,), generator=gen, device=dev, dtype=torch.int32)
         lens[0] = cap
         q, kc, vc, kw = _make(B, Hq, Hkv, D, cap, Sq, page, fp8, gen, dev, lens=lens)
@@ -86,7 +90,8 @@ def correct(dev) -> list:
             frac = torch.rand(B, generator=gen, device=dev)
             kw["cache_leftpad"] = (frac * torch.clamp(lens, max=200)).to(torch.int32)
         out = torch.full_like(q, float("nan"))
-        o, lse = flashcore.attention_with_kvcache(q, kc, vc, num_splits=splits, return_lse=True, out=out, **kw)
+        o, lse = flashcore.attention_with_kvcache(q, kc, vc, num_splits=splits, return_lse=True, out=out,
+                                                  secure=secure, **kw)
         ref, ref_lse = reference(q.double(), kc.double() if not fp8 else kc, vc.double() if not fp8 else vc,
                                  return_lse=True, **kw)
         err = _rel(o, ref)
@@ -94,7 +99,7 @@ def correct(dev) -> list:
         lerr = (lse[fin].double() - ref_lse[fin]).abs().max().item() if fin.any() else 0.0
         ok = err < 1e-2 and lerr < 1e-3 and not torch.isnan(o).any().item() and torch.equal(torch.isfinite(lse), fin)
         rows.append(dict(B=B, Hq=Hq, Hkv=Hkv, D=D, cap=cap, Sq=Sq, page=page, fp8=fp8, splits=splits,
-                         leftpad=leftpad, err=err, lse_err=lerr, ok=bool(ok)))
+                         leftpad=leftpad, secure=secure, err=err, lse_err=lerr, ok=bool(ok)))
     return rows
 
 
@@ -130,7 +135,7 @@ CONFIG_CASES = {
     "bf16_b64_16k": ((64, 32, 8, 128, 16384, 1, 0, False), [CFG(16, 128, 8, 3, 1)]),
     "fp8_b1_64k": ((1, 32, 8, 128, 65536, 1, 0, True),
                    [CFG(16, 128, 8, 3, 66), CFG(16, 256, 8, 3, 66), CFG(16, 128, 4, 4, 66), CFG(16, 256, 4, 3, 66),
-                    CFG(16, 128, 8, 3, 128)]),
+                    CFG(16, 128, 8, 3, 128), CFG(16, 128, 8, 3, 16), CFG(16, 128, 4, 3, 16)]),
     "bf16_b1_64k": ((1, 32, 8, 128, 65536, 1, 0, False), [CFG(16, 128, 8, 3, 66)]),
     "b64_8k": ((64, 32, 8, 128, 8192, 1, 0, False), []),
     "b64_8k_p16": ((64, 32, 8, 128, 8192, 1, 16, False), []),
@@ -175,6 +180,23 @@ CONFIG_CASES = {
                            CFG(128, 64, 8, 3, 1, reg_pages=True, full_tiles=True)]),
     "prefill512_8k_p128": ((4, 32, 8, 128, 8192, 512, 128, False),
                            [CFG(128, 128, 8, 3, 1, reg_pages=True)]),
+    # v24: FP8 tiles as uint16 pairs; the bf16 cache of each shape beside it, pages, secure mode
+    "fp8_b64_8k": ((64, 32, 8, 128, 8192, 1, 0, True), [CFG(16, 256, 8, 3, 1), CFG(16, 128, 8, 4, 1),
+                                                         CFG(16, 128, 4, 4, 1)]),
+    "fp8w_b64_16k": ((64, 32, 8, 128, 16384, 1, 0, True), [CFG(16, 128, 8, 3, 1), CFG(16, 64, 4, 4, 1),
+                                                           CFG(16, 128, 4, 3, 1), CFG(16, 256, 8, 3, 1)]),
+    "fp8_b64_16k_p16": ((64, 32, 8, 128, 16384, 1, 16, True),
+                        [CFG(16, 128, 4, 3, 1), CFG(16, 128, 4, 4, 1), CFG(16, 16, 4, 4, 1, reg_pages=True),
+                         CFG(16, 16, 8, 3, 1, reg_pages=True, full_tiles=True)]),
+    "bf16_b64_16k_p16": ((64, 32, 8, 128, 16384, 1, 16, False), []),
+    "secure_fp8_b64_16k": ((64, 32, 8, 128, 16384, 1, 0, True, True),
+                           [CFG(16, 128, 8, 3, 1), CFG(16, 128, 4, 4, 1), CFG(16, 64, 4, 4, 1)]),
+    "secure_fp8_b64_16k_p16": ((64, 32, 8, 128, 16384, 1, 16, True, True), [CFG(16, 16, 4, 4, 1)]),
+    "secure_bf16_b64_16k_p16": ((64, 32, 8, 128, 16384, 1, 16, False, True), []),
+    "secure_bf16_b64_16k": ((64, 32, 8, 128, 16384, 1, 0, False, True), []),
+    "fp8_b1_4k": ((1, 32, 8, 128, 4096, 1, 0, True), [CFG(16, 128, 8, 3, 16)]),
+    "fp8_b1_64k_p16": ((1, 32, 8, 128, 65536, 1, 16, True), []),
+    "bf16_b1_64k_p16": ((1, 32, 8, 128, 65536, 1, 16, False), []),
     "b1_4k": ((1, 32, 8, 128, 4096, 1, 0, False),
               [CFG(16, 128, 8, 3, 8), CFG(16, 64, 4, 3, 16), CFG(16, 64, 4, 2, 32), CFG(16, 128, 4, 2, 16),
                CFG(16, 32, 4, 2, 32), CFG(16, 64, 8, 3, 16), CFG(16, 128, 8, 3, 4)]),

@@ -33,20 +33,37 @@ from ..capabilities import Capabilities
 
 LOG2E = 1.4426950408889634  # host side: qk_scale = scale * LOG2E
 LN2 = tl.constexpr(0.6931471805599453)
-FP8_WIDEN_C = tl.constexpr(2.0 ** -8)
-
-
-FP8_WIDEN = 2.0 ** -8  # what :func:`_widen_fp8`'s float16 values carry: exact bits of e4m3 x 2**-8
+FP8_WIDEN_C = tl.constexpr(2.0 ** -8)  # what the interpreter's float16 values carry (_widen_fp8_pairs)
 
 
 @triton.jit
-def _widen_fp8(x):
-    """e4m3 bytes as float16 values x 2**-8 (``FP8_WIDEN``) by moving bits: exact for every finite value,
-    subnormals included (e4m3's exponent bias 7 is float16's 15 minus 8). Measured on H100: the converts
-    (fp8 -> fp32 -> bf16) bounded an FP8 cache's speed; these are three integer operations."""
-    u = x.to(tl.uint8, bitcast=True).to(tl.uint16)
-    bits = ((u & 0x80) << 8) | ((u & 0x7F) << 7)
-    return bits.to(tl.float16, bitcast=True)
+def _widen_fp8_pairs(u, ASM: tl.constexpr):
+    """Two e4m3 values per uint16 (the even head-dim index in the low byte) as two float16 tiles, the even and the
+    odd columns. An FP8 tile is read this way because Triton loads an 8-bit MMA operand whose contraction dimension
+    is not its contiguous one (V's keys) byte by byte (an ``ld.shared.b8`` per value); 16-bit tiles load with
+    ``ldmatrix``, as a bf16 cache's do.
+
+    ``ASM`` (a GPU): the hardware convert (``cvt.rn.f16x2.e4m3x2``, exact), two per instruction, and two byte
+    permutes that part the even from the odd values. Measured on H200 at B64 16k (docs/perf-notes.md v24): 530 us
+    against 565 for the same bit moves as below in 32-bit inline assembly and 720 for Triton's integer operations.
+    Without ``ASM`` (Triton's CPU interpreter, which runs no inline assembly) the values x 2**-8 (``FP8_WIDEN_C``)
+    by moving bits: exact for every finite value, subnormals included (e4m3's exponent bias 7 is float16's 15
+    minus 8)."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b16 a, b;
+            .reg .b32 r, q;
+            mov.b32 {a, b}, $2;
+            cvt.rn.f16x2.e4m3x2 r, a;
+            cvt.rn.f16x2.e4m3x2 q, b;
+            prmt.b32 $0, r, q, 0x5410;
+            prmt.b32 $1, r, q, 0x7632;
+            }""", "=r,=r,r", [u], dtype=(tl.float16, tl.float16), is_pure=True, pack=2)
+    else:
+        lo = ((u & 0x80) << 8) | ((u & 0x7F) << 7)
+        hi = (u & 0x8000) | ((u & 0x7F00) >> 1)
+        return lo.to(tl.float16, bitcast=True), hi.to(tl.float16, bitcast=True)
 
 
 @triton.jit
@@ -65,13 +82,13 @@ def _load_public_i32(ptr, ASM: tl.constexpr):
 @triton.jit
 def _key_pointers(C, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_p,
                   stride_t, stride_h, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr,
-                  HAS_BATCH_IDX: tl.constexpr, SECURE: tl.constexpr, ASM_LOADS: tl.constexpr,
+                  HAS_BATCH_IDX: tl.constexpr, SECURE: tl.constexpr, ASM: tl.constexpr,
                   REG_PAGES: tl.constexpr):
     """Pointers of the [BLOCK_N, BLOCK_D] tile of cache ``C`` at logical positions ``offs_n`` of sequence ``b``."""
     if PAGED:
         if PAGE_SIZE % BLOCK_N == 0:  # the whole tile lies in one page (tiles start at multiples of BLOCK_N)
             if REG_PAGES:  # not through shared memory (_load_public_i32)
-                page = _load_public_i32(PAGE_TABLE + b * stride_pt + n0 // PAGE_SIZE, ASM_LOADS).to(tl.int64)
+                page = _load_public_i32(PAGE_TABLE + b * stride_pt + n0 // PAGE_SIZE, ASM).to(tl.int64)
             else:
                 page = tl.load(PAGE_TABLE + b * stride_pt + n0 // PAGE_SIZE).to(tl.int64)
             page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
@@ -80,7 +97,7 @@ def _key_pointers(C, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_ID
             col = offs_n // PAGE_SIZE
             if REG_PAGES:  # the table's last column past the capacity (a public bound), instead of a mask
                 col = tl.minimum(col, capacity // PAGE_SIZE - 1)
-                page = _load_public_i32(PAGE_TABLE + b * stride_pt + col, ASM_LOADS).to(tl.int64)
+                page = _load_public_i32(PAGE_TABLE + b * stride_pt + col, ASM).to(tl.int64)
             else:
                 page = tl.load(PAGE_TABLE + b * stride_pt + col, mask=offs_n < capacity, other=0).to(tl.int64)
             page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
@@ -95,16 +112,33 @@ def _key_pointers(C, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_ID
 
 
 @triton.jit
-def _attend_tiles(q, m_i, l_i, acc, lo, hi, gap, start, L, see_to, row_ok, scale2, KC, VC, b, hkv, offs_d,
+def _attend_tiles(q, q_hi, m_i, l_i, acc, acc_hi, lo, hi, gap, start, L, see_to, row_ok, scale2, KC, VC, b, hkv, offs_d,
                   PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt, stride_kh, stride_vp,
                   stride_vt, stride_vh, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
                   PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, CAUSAL: tl.constexpr, FP8: tl.constexpr,
                   PRECISION: tl.constexpr, MASKED: tl.constexpr, BLOCK_D: tl.constexpr, gap_at, SKIP: tl.constexpr,
-                  ASM_LOADS: tl.constexpr, REG_PAGES: tl.constexpr):
+                  ASM: tl.constexpr, REG_PAGES: tl.constexpr):
     """Online softmax over the key tiles ``lo, lo + BLOCK_N, ... < hi``. ``SKIP``: a tile at or past ``gap_at``
     is moved ``gap`` keys on (the masked loop jumps the unmasked tiles). ``MASKED``: visibility (range, causal,
-    real rows) enters by select; without it the caller guarantees every key of every tile visible to every row."""
+    real rows) enters by select; without it the caller guarantees every key of every tile visible to every row.
+    ``FP8``: ``q``/``q_hi``, ``acc``/``acc_hi`` hold the even and the odd head-dim columns (:func:`_widen_fp8_pairs`)."""
     offs_n0 = tl.arange(0, BLOCK_N)
+    if FP8:
+        KP = KC.to(tl.pointer_type(tl.uint16), bitcast=True)
+        VP = VC.to(tl.pointer_type(tl.uint16), bitcast=True)
+        offs_dv = tl.arange(0, BLOCK_D // 2)
+        d_ok = offs_dv < HEAD_DIM // 2  # (not offs_dv * 2 < HEAD_DIM: a mask the compiler must see per 8 lanes)
+        stride_kp = stride_kp // 2
+        stride_kt = stride_kt // 2
+        stride_kh = stride_kh // 2
+        stride_vp = stride_vp // 2
+        stride_vt = stride_vt // 2
+        stride_vh = stride_vh // 2
+    else:
+        KP = KC
+        VP = VC
+        offs_dv = offs_d
+        d_ok = offs_d < HEAD_DIM
     for t0 in range(lo, hi, BLOCK_N):
         n0 = t0
         if SKIP:
@@ -112,18 +146,21 @@ def _attend_tiles(q, m_i, l_i, acc, lo, hi, gap, start, L, see_to, row_ok, scale
         offs_n = n0 + offs_n0
         if MASKED:
             key_ok = (offs_n >= start) & (offs_n < L)
-        kp = _key_pointers(KC, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
+        kp = _key_pointers(KP, b, hkv, n0, offs_n, offs_dv, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
                            stride_kp, stride_kt, stride_kh, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX, False,
-                           ASM_LOADS, REG_PAGES)
+                           ASM, REG_PAGES)
         if MASKED:
-            kt = tl.load(kp, mask=key_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+            kt = tl.load(kp, mask=key_ok[:, None] & d_ok[None, :], other=0)
         elif BLOCK_D == HEAD_DIM:
             kt = tl.load(kp)
         else:
-            kt = tl.load(kp, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+            kt = tl.load(kp, mask=d_ok[None, :], other=0)
         if FP8:
-            kt = _widen_fp8(kt)
-        s = tl.dot(q, tl.trans(kt), input_precision=PRECISION) * scale2
+            k_lo, k_hi = _widen_fp8_pairs(kt, ASM)
+            s = tl.dot(q_hi, tl.trans(k_hi), tl.dot(q, tl.trans(k_lo), input_precision=PRECISION),
+                       input_precision=PRECISION) * scale2
+        else:
+            s = tl.dot(q, tl.trans(kt), input_precision=PRECISION) * scale2
         if MASKED:
             vis = key_ok[None, :] & row_ok[:, None]
             if CAUSAL:
@@ -137,20 +174,24 @@ def _attend_tiles(q, m_i, l_i, acc, lo, hi, gap, start, L, see_to, row_ok, scale
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        vp = _key_pointers(VC, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
+        vp = _key_pointers(VP, b, hkv, n0, offs_n, offs_dv, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
                            stride_vp, stride_vt, stride_vh, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX, False,
-                           ASM_LOADS, REG_PAGES)
+                           ASM, REG_PAGES)
         if MASKED:
-            vt = tl.load(vp, mask=key_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+            vt = tl.load(vp, mask=key_ok[:, None] & d_ok[None, :], other=0)
         elif BLOCK_D == HEAD_DIM:
             vt = tl.load(vp)
         else:
-            vt = tl.load(vp, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+            vt = tl.load(vp, mask=d_ok[None, :], other=0)
         if FP8:
-            vt = _widen_fp8(vt)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PRECISION)
+            v_lo, v_hi = _widen_fp8_pairs(vt, ASM)
+            p16 = p.to(tl.float16)
+            acc = acc * alpha[:, None] + tl.dot(p16, v_lo, input_precision=PRECISION)
+            acc_hi = acc_hi * alpha[:, None] + tl.dot(p16, v_hi, input_precision=PRECISION)
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PRECISION)
         m_i = m_new
-    return m_i, l_i, acc
+    return m_i, l_i, acc, acc_hi
 
 
 @triton.jit
@@ -169,7 +210,7 @@ def decode_split_kernel(
     BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, PACKED: tl.constexpr,
     APPENDED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr, CAUSAL: tl.constexpr,
     SECURE: tl.constexpr, FP8: tl.constexpr, Q_PRESCALE: tl.constexpr, SPLIT: tl.constexpr, FULL_TILES: tl.constexpr,
-    REG_PAGES: tl.constexpr, ASM_LOADS: tl.constexpr,
+    REG_PAGES: tl.constexpr, ASM: tl.constexpr,
     RETURN_LSE: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
@@ -196,8 +237,16 @@ def decode_split_kernel(
         tok_abs = tok.to(tl.int64)
         q_base = Q + b.to(tl.int64) * stride_qb + tok_abs[:, None] * stride_qs
     row_ok = tok < n_q
-    q = tl.load(q_base + head[:, None] * stride_qh + offs_d[None, :],
-                mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    if FP8:  # the even and the odd head-dim columns (_widen_fp8_pairs)
+        dq = tl.arange(0, BLOCK_D // 2)
+        q_ptr = q_base + head[:, None] * stride_qh + 2 * dq[None, :]
+        q = tl.load(q_ptr, mask=row_ok[:, None] & (dq[None, :] < HEAD_DIM // 2), other=0.0)
+        q_hi = tl.load(q_ptr + 1, mask=row_ok[:, None] & (dq[None, :] < HEAD_DIM // 2), other=0.0)
+        q_hi = (q_hi.to(tl.float32) * Q_PRESCALE).to(tl.float16)
+    else:
+        q = tl.load(q_base + head[:, None] * stride_qh + offs_d[None, :],
+                    mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        q_hi = q  # unused
 
     # clamped to the capacity, so unchecked lengths (CUDA-graph replays) never address past the cache
     L = tl.load(CACHE_SEQLENS + b)
@@ -211,7 +260,10 @@ def decode_split_kernel(
     scale2 = qk_scale
     if FP8:  # float16 products; the powers of two of q's prescale and of the widening are undone here
         q = (q.to(tl.float32) * Q_PRESCALE).to(tl.float16)
-        scale2 = scale2 * (tl.load(K_DESCALE + b * num_heads_kv + hkv) / (Q_PRESCALE * FP8_WIDEN_C))
+        if ASM:  # the hardware convert (_widen_fp8_pairs): e4m3 values as they are
+            scale2 = scale2 * (tl.load(K_DESCALE + b * num_heads_kv + hkv) / Q_PRESCALE)
+        else:
+            scale2 = scale2 * (tl.load(K_DESCALE + b * num_heads_kv + hkv) / (Q_PRESCALE * FP8_WIDEN_C))
     # the last key any row of this tile may see (causal: the tile's last real token)
     last_tok = tl.minimum(((m_tile + 1) * BLOCK_M - 1) // GROUP + 1, n_q) - 1
     if CAUSAL:
@@ -231,7 +283,12 @@ def decode_split_kernel(
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if FP8:  # the even and the odd head-dim columns (_widen_fp8_pairs), interleaved at the end
+        acc = tl.zeros([BLOCK_M, BLOCK_D // 2], dtype=tl.float32)
+        acc_hi = tl.zeros([BLOCK_M, BLOCK_D // 2], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        acc_hi = tl.zeros([1, 1], dtype=tl.float32)  # unused
     offs_n0 = tl.arange(0, BLOCK_N)
     see_to = L - n_q + tok  # causal: the last key each row sees
     if SECURE:  # the form the SASS gate has passed (machine code pinned), kept as it was
@@ -239,13 +296,22 @@ def decode_split_kernel(
             offs_n = n0 + offs_n0
             key_ok = (offs_n >= start) & (offs_n < L)
             load_ok = offs_n < capacity  # public bound; visibility is a select below
-            kp = _key_pointers(KC, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
-                               stride_kp, stride_kt, stride_kh, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX,
-                               SECURE, ASM_LOADS, REG_PAGES)
-            kt = tl.load(kp, mask=load_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-            if FP8:
-                kt = _widen_fp8(kt)
-            s = tl.dot(q, tl.trans(kt), input_precision=PRECISION) * scale2
+            if FP8:  # two e4m3 values per uint16 (_widen_fp8_pairs)
+                kp = _key_pointers(KC.to(tl.pointer_type(tl.uint16), bitcast=True), b, hkv, n0, offs_n,
+                                   tl.arange(0, BLOCK_D // 2), PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
+                                   stride_kp // 2, stride_kt // 2, stride_kh // 2, PAGE_SIZE, BLOCK_N, PAGED,
+                                   HAS_BATCH_IDX, SECURE, ASM, REG_PAGES)
+                kt = tl.load(kp, mask=load_ok[:, None] & (tl.arange(0, BLOCK_D // 2)[None, :] < HEAD_DIM // 2),
+                             other=0)
+                k_lo, k_hi = _widen_fp8_pairs(kt, ASM)
+                s = tl.dot(q_hi, tl.trans(k_hi), tl.dot(q, tl.trans(k_lo), input_precision=PRECISION),
+                           input_precision=PRECISION) * scale2
+            else:
+                kp = _key_pointers(KC, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages,
+                                   capacity, stride_kp, stride_kt, stride_kh, PAGE_SIZE, BLOCK_N, PAGED,
+                                   HAS_BATCH_IDX, SECURE, ASM, REG_PAGES)
+                kt = tl.load(kp, mask=load_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+                s = tl.dot(q, tl.trans(kt), input_precision=PRECISION) * scale2
             vis = key_ok[None, :] & row_ok[:, None]
             if CAUSAL:
                 vis = vis & (offs_n[None, :] <= see_to[:, None])
@@ -255,21 +321,32 @@ def decode_split_kernel(
             p = tl.exp2(s - m_safe[:, None])
             alpha = tl.exp2(m_i - m_safe)
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            vp = _key_pointers(VC, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
-                               stride_vp, stride_vt, stride_vh, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX,
-                               SECURE, ASM_LOADS, REG_PAGES)
-            vt = tl.load(vp, mask=load_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-            vt = tl.where(key_ok[:, None], vt, 0.0)
-            if FP8:
-                vt = _widen_fp8(vt)
-            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PRECISION)
+            if FP8:  # two e4m3 values per uint16 (_widen_fp8_pairs)
+                vp = _key_pointers(VC.to(tl.pointer_type(tl.uint16), bitcast=True), b, hkv, n0, offs_n,
+                                   tl.arange(0, BLOCK_D // 2), PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
+                                   stride_vp // 2, stride_vt // 2, stride_vh // 2, PAGE_SIZE, BLOCK_N, PAGED,
+                                   HAS_BATCH_IDX, SECURE, ASM, REG_PAGES)
+                vt = tl.load(vp, mask=load_ok[:, None] & (tl.arange(0, BLOCK_D // 2)[None, :] < HEAD_DIM // 2),
+                             other=0)
+                vt = tl.where(key_ok[:, None], vt, 0)
+                v_lo, v_hi = _widen_fp8_pairs(vt, ASM)
+                p16 = p.to(tl.float16)
+                acc = acc * alpha[:, None] + tl.dot(p16, v_lo, input_precision=PRECISION)
+                acc_hi = acc_hi * alpha[:, None] + tl.dot(p16, v_hi, input_precision=PRECISION)
+            else:
+                vp = _key_pointers(VC, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages,
+                                   capacity, stride_vp, stride_vt, stride_vh, PAGE_SIZE, BLOCK_N, PAGED,
+                                   HAS_BATCH_IDX, SECURE, ASM, REG_PAGES)
+                vt = tl.load(vp, mask=load_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+                vt = tl.where(key_ok[:, None], vt, 0.0)
+                acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PRECISION)
             m_i = m_new
     elif not FULL_TILES:  # one masked loop
-        m_i, l_i, acc = _attend_tiles(
-            q, m_i, l_i, acc, lo_s, hi_s, 0, start, L, see_to, row_ok, scale2, KC, VC, b, hkv, offs_d, PAGE_TABLE,
+        m_i, l_i, acc, acc_hi = _attend_tiles(
+            q, q_hi, m_i, l_i, acc, acc_hi, lo_s, hi_s, 0, start, L, see_to, row_ok, scale2, KC, VC, b, hkv, offs_d, PAGE_TABLE,
             stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt,
             stride_vh, HEAD_DIM, BLOCK_N, PAGE_SIZE, PAGED, HAS_BATCH_IDX, CAUSAL, FP8, PRECISION, True, BLOCK_D, 0,
-            False, ASM_LOADS, REG_PAGES)
+            False, ASM, REG_PAGES)
     else:
         # Tiles every row of this query tile sees whole (inside [start, L) and, causal, at or below the first
         # row's last key) need no mask: a loop of their own, then the masked rest (the leading tile of a left
@@ -282,20 +359,24 @@ def decode_split_kernel(
         u_hi = tl.maximum(tl.minimum(hi_s, lo_s + ((full_to - lo_s) // BLOCK_N) * BLOCK_N), u_lo)
         if n_q == 0:
             u_hi = u_lo
-        m_i, l_i, acc = _attend_tiles(
-            q, m_i, l_i, acc, u_lo, u_hi, 0, start, L, see_to, row_ok, scale2, KC, VC, b, hkv, offs_d, PAGE_TABLE,
+        m_i, l_i, acc, acc_hi = _attend_tiles(
+            q, q_hi, m_i, l_i, acc, acc_hi, u_lo, u_hi, 0, start, L, see_to, row_ok, scale2, KC, VC, b, hkv, offs_d, PAGE_TABLE,
             stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt,
             stride_vh, HEAD_DIM, BLOCK_N, PAGE_SIZE, PAGED, HAS_BATCH_IDX, CAUSAL, FP8, PRECISION, False, BLOCK_D, 0,
-            False, ASM_LOADS, REG_PAGES)
+            False, ASM, REG_PAGES)
         # the masked tiles: those before u_lo, then those from u_hi on (one loop; the index jumps the gap)
-        m_i, l_i, acc = _attend_tiles(
-            q, m_i, l_i, acc, lo_s, hi_s - (u_hi - u_lo), u_hi - u_lo, start, L, see_to, row_ok, scale2, KC, VC, b,
+        m_i, l_i, acc, acc_hi = _attend_tiles(
+            q, q_hi, m_i, l_i, acc, acc_hi, lo_s, hi_s - (u_hi - u_lo), u_hi - u_lo, start, L, see_to, row_ok, scale2, KC, VC, b,
             hkv, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt, stride_kh,
             stride_vp, stride_vt, stride_vh, HEAD_DIM, BLOCK_N, PAGE_SIZE, PAGED, HAS_BATCH_IDX, CAUSAL, FP8, PRECISION,
-            True, BLOCK_D, u_lo, True, ASM_LOADS, REG_PAGES)
+            True, BLOCK_D, u_lo, True, ASM, REG_PAGES)
 
     if FP8:
-        acc = acc * (tl.load(V_DESCALE + b * num_heads_kv + hkv) / FP8_WIDEN_C)
+        acc = tl.reshape(tl.join(acc, acc_hi), [BLOCK_M, BLOCK_D])  # columns 2j and 2j + 1 side by side
+        if ASM:
+            acc = acc * tl.load(V_DESCALE + b * num_heads_kv + hkv)
+        else:
+            acc = acc * (tl.load(V_DESCALE + b * num_heads_kv + hkv) / FP8_WIDEN_C)
     seen = l_i > 0.0
     l_safe = tl.where(seen, l_i, 1.0)
     o = acc / l_safe[:, None]

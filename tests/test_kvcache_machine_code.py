@@ -1,0 +1,58 @@
+"""The FP8 KV-cache kernel's machine code (sm_90a, compiled on the CPU): how its e4m3 tiles reach the tensor cores.
+
+Triton loads an 8-bit MMA operand whose contraction dimension is not its contiguous one (V's keys) byte by byte from
+shared memory; on an H200 that and Triton's integer widening made an FP8 cache slower per call than a bf16 one
+(docs/perf-notes.md v22, v24). The kernel now reads e4m3 pairs as uint16 tiles (``ldmatrix``) and widens them with
+the hardware convert. These tests pin that shape of the code, for the fast and the secure kernel, contiguous and
+paged (the per-key page gather)."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import nvdisasm_missing
+
+pytestmark = pytest.mark.skipif(nvdisasm_missing() is not None, reason=str(nvdisasm_missing()))
+
+_DECODE_SASS = """
+import sys, torch
+from flashcore.audit.sass import compile_cubin, disassemble
+from flashcore.audit.specs import _decode_specs
+secure, cache, page = sys.argv[1] == "secure", sys.argv[2], int(sys.argv[3])
+spec = _decode_specs(torch.bfloat16, torch.float8_e4m3fn, 128, cache, page, 1, True, 1, secure)[0]
+c = compile_cubin(spec["fn"], spec["signature"], spec["constexprs"], num_warps=spec["num_warps"],
+                  num_stages=spec["num_stages"], attrs=spec["attrs"], maxnreg=spec["maxnreg"])
+sys.stdout.write(disassemble(c.cubin))
+"""
+
+
+def decode_fp8_sass(secure: bool, cache: str, page: int) -> str:
+    """SASS of the split kernel for a bf16 q and an e4m3 cache (D 128, one split), as the planner launches it;
+    compiled in a fresh process without ``TRITON_INTERPRET`` (which the CPU suite sets)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    r = subprocess.run([sys.executable, "-c", _DECODE_SASS, "secure" if secure else "fast", cache, str(page)],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout
+
+
+def opcodes(sass: str) -> list[str]:
+    return re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", sass)
+
+
+@pytest.mark.parametrize("secure", [False, True])
+@pytest.mark.parametrize("cache,page", [("contiguous", 0), ("paged", 16)])
+def test_fp8_tiles_reach_the_tensor_cores_by_ldmatrix_and_the_hardware_convert(secure, cache, page):
+    ops = opcodes(decode_fp8_sass(secure, cache, page))
+    assert any(o.startswith("HMMA") for o in ops), "no MMA: the kernel did not compile as expected"
+    byte_loads = [o for o in ops if o.startswith("LDS") and (".U8" in o or ".S8" in o)]
+    assert not byte_loads, f"{len(byte_loads)} byte-wise shared-memory loads ({byte_loads[:3]})"
+    assert any(o.startswith("LDSM") and ".MT88" in o for o in ops), "V is not read by a transposing ldmatrix"
+    converts = [o for o in ops if o.startswith("F2FP") and "E4M3" in o]
+    assert converts, "e4m3 is not widened by the hardware convert"
