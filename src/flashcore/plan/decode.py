@@ -48,10 +48,15 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
         num_splits = max(1, min(target // programs, tiles // MIN_TILES_PER_SPLIT, 128))
     num_warps, num_stages = (4, 2) if shape.fp32 or gather and num_splits > 1 else (8, 3)
     if shape.fp8 and block_m == 16 and d <= 128 and not gather and not (shape.secure and shape.paged):
-        # An FP8 tile is half the bytes for the same widening and MMA work, so more programs per SM pay: 4 warps
-        # (H200, 2026-11-26, 64x32/8 D128 16k, docs/perf-notes.md v24): fast 535 us with 4 stages against 566 (8
-        # warps, 3 stages); secure 672 us with 3 stages against 707 (its 4-stage form ran 895)
-        num_warps, num_stages = (4, 3) if shape.secure else (4, 4)
+        # An FP8 tile is half the bytes for the same widening and MMA work, so more programs per SM pay (H200,
+        # 2026-11-26, 64x32/8 D128 16k, two runs, docs/perf-notes.md v24): fast at one split 64-key tiles, 4 warps, 4
+        # stages, 530/528 us against 566/560 (128 keys, 8 warps, 3 stages) and 535/563 (128 keys, 4 warps, 4
+        # stages); with splits (B1) 8 warps tie or win (64k 53.3 against 53.9 us, 4k 12.7 against 13.6); secure
+        # 4 warps, 3 stages, 672/669 us against 707/701 (its 4-stage form ran 895)
+        if shape.secure:
+            num_warps, num_stages = 4, 3
+        elif num_splits == 1:
+            block_n, num_warps, num_stages = 64, 4, 4
     if shape.secure and shape.paged and num_splits == 1 and not shape.fp32 and block_m == 16 and d <= 128:
         # Secure mode reads every page with register page loads (launch.triton_decode.reg_pages) and masks every
         # tile; at one split, tiles of at most one page and 64 keys ran fastest (H200, 2026-11-26, 64x32/8 D128 8k,
