@@ -594,6 +594,36 @@ def test_fp8_cache_pairs_pages_splits_and_secure(layout, D, splits, secure, gen)
     check(out, lse, ref, ref_lse, torch.float16, what=f"{layout} D{D} splits {splits} secure {secure}")
 
 
+@kernel
+@pytest.mark.parametrize("secure", [False, True])
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+def test_fp8_cache_nan_where_a_key_is_seen_and_only_there(layout, secure, gen):
+    """e4m3fn's NaN (0x7F/0xFF) in the cache: behind the lengths (stale slots) it must not reach the output; at a
+    visible key it must, in the columns that hold it, as in the float64 reference. (Secure mode zeroes V's NaNs by
+    value and counts the visible ones in a second product; a select on visibility cost a shared-memory round trip.)"""
+    B, Sq, Hq, Hkv, D, cap = 2, 1, 4, 2, 32, 64
+    q = rnd(B, Sq, Hq, D, dtype=torch.float16, gen=gen)
+    kc, vc = (rnd(B, cap, Hkv, D, gen=gen).to(torch.float8_e4m3fn) for _ in range(2))
+    nan = torch.tensor([0x7F, 0xFF], dtype=torch.uint8)
+    kc.view(torch.uint8)[0, 50:, :, :] = nan[0]  # stale K behind sequence 0's length 40, both signs of V
+    vc.view(torch.uint8)[0, 50:, 0, :] = nan[0]
+    vc.view(torch.uint8)[0, 45, 1, 7] = nan[1]
+    vc.view(torch.uint8)[1, 10, 1, 5] = nan[1]  # a visible NaN: sequence 1, K/V head 1, column 5
+    vc.view(torch.uint8)[1, 20, 0, 12] = nan[0]  # and one in an even column of head 0
+    kw = dict(cache_seqlens=lengths(40, cap), k_descale=torch.full((B, Hkv), 0.5),
+              v_descale=torch.full((B, Hkv), 0.75), secure=secure)
+    if layout == "paged":
+        kc, table = to_paged(kc, 16, gen)
+        vc, _ = to_paged(vc, 16, gen, pages=rnd(*kc.shape, gen=gen).to(torch.float8_e4m3fn), table=table)
+        kw["page_table"] = table
+    (out, _, _, _), (ref, _, _, _) = run_both(q, kc, vc, **kw)
+    nan_out, nan_ref = torch.isnan(out), torch.isnan(ref)
+    assert nan_ref[1, 0, 2:, 5].all() and nan_ref[1, 0, :2, 12].all() and int(nan_ref.sum()) == 4  # the premise
+    assert torch.equal(nan_out, nan_ref), f"NaN at {nan_out.nonzero().tolist()}, reference {nan_ref.nonzero().tolist()}"
+    fin = ~nan_ref
+    assert rel_err(out[fin], ref[fin]) < TOL[torch.float16]
+
+
 # ---- secure mode ----------------------------------------------------------------------------------------
 
 

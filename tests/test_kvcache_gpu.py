@@ -172,3 +172,33 @@ def test_threads_on_one_stream_never_share_a_split_workspace():
         t.join()
     torch.cuda.synchronize()
     assert not bad, f"threads {sorted(set(bad))} got another call's partial results"
+
+
+@pytest.mark.parametrize("secure", [False, True])
+@pytest.mark.parametrize("page,splits", [(0, 0), (0, 5), (16, 0)])
+def test_fp8_nan_reaches_the_output_where_a_key_is_seen_and_only_there(page, splits, secure):
+    """The hardware convert keeps e4m3fn's NaN a NaN: stale slots behind the lengths (NaN in K and V) leave the
+    output finite, a visible NaN in V makes its column NaN, as in the float64 reference (secure mode: NaNs zeroed by
+    value and counted by a second product, docs/perf-notes.md v24.4)."""
+    q, kc, vc, table, lens, descale = _case(3, 32, 8, 128, 1024, page, fp8=True, seed=7)
+    lens = torch.tensor([300, 1024, 777], device=DEV, dtype=torch.int32)
+    nan = 0x7F
+
+    def poke(which, b, t, h, d):
+        if table is None:
+            (kc if which == "k" else vc).view(torch.uint8)[b, t, h, d] = nan
+        else:
+            (kc if which == "k" else vc).view(torch.uint8)[table[b, t // page].long(), t % page, h, d] = nan
+
+    poke("k", 0, 700, 3, 10)  # stale
+    poke("v", 0, 800, 3, 11)
+    poke("v", 2, 900, 0, 64)
+    poke("v", 1, 5, 2, 33)  # visible: sequence 1, K/V head 2 (query heads 8-11), column 33
+    out = torch.full_like(q, float("nan"))
+    o = flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table, num_splits=splits,
+                                         secure=secure, out=out, **descale)
+    ro = R.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table, **descale)
+    assert torch.isnan(ro[1, 0, 8:12, 33]).all() and int(torch.isnan(ro).sum()) == 4
+    assert torch.equal(torch.isnan(o), torch.isnan(ro))
+    fin = ~torch.isnan(ro)
+    assert rel_err(o[fin], ro[fin]) < 1e-2
