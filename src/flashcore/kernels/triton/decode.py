@@ -288,9 +288,6 @@ def decode_split_kernel(
     if FP8:  # the even and the odd head-dim columns (_widen_fp8_pairs), interleaved at the end
         acc = tl.zeros([BLOCK_M, BLOCK_D // 2], dtype=tl.float32)
         acc_hi = tl.zeros([BLOCK_M, BLOCK_D // 2], dtype=tl.float32)
-        if SECURE:  # visible NaNs of V per column (the secure loop's NaN select)
-            nan_cols = tl.zeros([BLOCK_M, BLOCK_D // 2], dtype=tl.float32)
-            nan_cols_hi = tl.zeros([BLOCK_M, BLOCK_D // 2], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         acc_hi = tl.zeros([1, 1], dtype=tl.float32)  # unused
@@ -333,22 +330,14 @@ def decode_split_kernel(
                                    HAS_BATCH_IDX, SECURE, ASM, REG_PAGES)
                 vt = tl.load(vp, mask=load_ok[:, None] & (tl.arange(0, BLOCK_D // 2)[None, :] < HEAD_DIM // 2),
                              other=0)
+                # zeroed by visibility before the widening (stale slots may hold NaN); this select keeps the tile out
+                # of the MMA's register layout (a shared-memory round trip per tile), but zeroing NaNs by value and
+                # counting the visible ones in a second product ran slower still (docs/perf-notes.md v24.4)
+                vt = tl.where(key_ok[:, None], vt, 0)
                 v_lo, v_hi = _widen_fp8_pairs(vt, ASM)
-                # A key nobody sees meets the MMA as p = 0 times its V, and e4m3fn's one non-finite value is NaN:
-                # V's NaNs become 0 by a select on the values alone, which keeps the widened tile in the MMA's
-                # register layout (a select on key visibility, as bf16 has, cost a shared-memory round trip per
-                # tile: 0.70-0.80x of fast, docs/perf-notes.md v24.4). A NaN that a visible key holds must still
-                # reach the output, as in the reference: a second product counts them per column.
-                nan_lo = v_lo != v_lo
-                nan_hi = v_hi != v_hi
-                v_lo = tl.where(nan_lo, 0.0, v_lo)
-                v_hi = tl.where(nan_hi, 0.0, v_hi)
                 p16 = p.to(tl.float16)
                 acc = acc * alpha[:, None] + tl.dot(p16, v_lo, input_precision=PRECISION)
                 acc_hi = acc_hi * alpha[:, None] + tl.dot(p16, v_hi, input_precision=PRECISION)
-                vis16 = vis.to(tl.float16)
-                nan_cols = tl.dot(vis16, nan_lo.to(tl.float16), nan_cols, input_precision=PRECISION)
-                nan_cols_hi = tl.dot(vis16, nan_hi.to(tl.float16), nan_cols_hi, input_precision=PRECISION)
             else:
                 vp = _key_pointers(VC, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages,
                                    capacity, stride_vp, stride_vt, stride_vh, PAGE_SIZE, BLOCK_N, PAGED,
@@ -388,9 +377,6 @@ def decode_split_kernel(
             True, BLOCK_D, u_lo, True, ASM, REG_PAGES)
 
     if FP8:
-        if SECURE:
-            acc = tl.where(nan_cols > 0.0, float("nan"), acc)
-            acc_hi = tl.where(nan_cols_hi > 0.0, float("nan"), acc_hi)
         acc = tl.reshape(tl.join(acc, acc_hi), [BLOCK_M, BLOCK_D])  # columns 2j and 2j + 1 side by side
         if ASM:
             acc = acc * tl.load(V_DESCALE + b * num_heads_kv + hkv)
