@@ -47,12 +47,14 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
         tiles = cdiv(shape.capacity, block_n)
         num_splits = max(1, min(target // programs, tiles // MIN_TILES_PER_SPLIT, 128))
     num_warps, num_stages = (4, 2) if shape.fp32 or gather and num_splits > 1 else (8, 3)
-    if shape.fp8 and block_m == 16 and d <= 128 and not gather and not (shape.secure and shape.paged):
+    if shape.fp8 and block_m == 16 and d <= 128 and not (shape.secure and shape.paged):
         # An FP8 tile is half the bytes for the same widening and MMA work, so more programs per SM pay (H200,
         # 2026-11-26, 64x32/8 D128 16k, two runs, docs/perf-notes.md v24): fast at one split 64-key tiles, 4 warps, 4
         # stages, 530/528 us against 566/560 (128 keys, 8 warps, 3 stages) and 535/563 (128 keys, 4 warps, 4
         # stages); with splits (B1) 8 warps tie or win (64k 53.3 against 53.9 us, 4k 12.7 against 13.6); secure
-        # 4 warps, 3 stages, 672/669 us against 707/701 (its 4-stage form ran 895)
+        # 4 warps, 3 stages, 672/669 us against 707/701 (its 4-stage form ran 895). The per-key page gather (page 16,
+        # one split) too: 64-key tiles on 4 warps 620 us against 682 (128 keys, 8 warps); pages 1 and 32 follow
+        # unmeasured (v24.5)
         if shape.secure:
             num_warps, num_stages = 4, 3
         elif num_splits == 1:
