@@ -159,6 +159,16 @@ CASES = [
     ("float8_e5m2 cache", False, lambda a: dict(k_cache=a["k_cache"].to(torch.float8_e5m2),
                                                 v_cache=a["v_cache"].to(torch.float8_e5m2), k=None, v=None),
      TypeError, "k_cache is torch.float8_e5m2: the only FP8 cache format is torch.float8_e4m3fn"),
+    # an FP8 cache is read two e4m3 values at a time (kernels.triton.decode._widen_fp8_pairs)
+    ("FP8 cache at an odd byte offset", False,
+     lambda a: dict(fp8(a), k_cache=torch.zeros(B * S * HKV * D + 1, dtype=torch.uint8)[1:].view(torch.float8_e4m3fn)
+                    .view(B, S, HKV, D), k_descale=torch.ones(B, HKV), v_descale=torch.ones(B, HKV)),
+     ValueError, "k_cache, an FP8 cache, must start at an even byte address"),
+    ("FP8 cache with an odd stride", False,
+     lambda a: dict(fp8(a), v_cache=torch.zeros(B * S * (HKV * D + 1), dtype=torch.uint8).view(torch.float8_e4m3fn)
+                    .as_strided((B, S, HKV, D), (S * (HKV * D + 1), HKV * D + 1, D, 1)),
+                    k_descale=torch.ones(B, HKV), v_descale=torch.ones(B, HKV)),
+     ValueError, r"v_cache, an FP8 cache, must have even strides, got \(1040, 65, 32, 1\)"),
     ("FP8 cache with fp32 q", False, lambda a: dict(fp8(a), q=a["q"].float(), k_descale=torch.ones(B, HKV),
                                                    v_descale=torch.ones(B, HKV)),
      TypeError, "FP8 .* cache needs q in float16 or bfloat16"),

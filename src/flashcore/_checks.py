@@ -492,6 +492,14 @@ def check_kvcache(q, k_cache, v_cache, *, cache_seqlens, k, v, page_table, cache
     fp8 = k_cache.dtype == FP8_CACHE_DTYPE
     if fp8 and q.dtype == torch.float32:
         raise TypeError("an FP8 (float8_e4m3fn) cache needs q in float16 or bfloat16, got float32")
+    if fp8:  # the kernels read e4m3 two at a time, as uint16 (kernels.triton.decode._widen_fp8_pairs)
+        for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if t.data_ptr() % 2:
+                raise ValueError(f"{name}, an FP8 cache, must start at an even byte address (it is read two values "
+                                 f"at a time); a .contiguous() copy does")
+            if any(st % 2 and n > 1 for st, n in zip(t.stride()[:-1], t.shape[:-1])):  # size-1 dims: never used
+                raise ValueError(f"{name}, an FP8 cache, must have even strides, got {tuple(t.stride())} (it is read "
+                                 f"two values at a time; a .contiguous() copy has them)")
     causal, secure = check_flag("causal", causal), check_secure(secure, strict_ok=False)[0]
     return_lse = check_flag("return_lse", return_lse)
     packed = cu_seqlens_q is not None or max_seqlen_q is not None
