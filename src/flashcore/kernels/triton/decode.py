@@ -69,6 +69,13 @@ def _widen_fp8_pairs(u, ASM: tl.constexpr):
 
 
 @triton.jit
+def _as_pairs(C, stride_p, stride_t, stride_h):
+    """An e4m3 cache as the uint16 pairs :func:`_widen_fp8_pairs` takes: its pointer and its strides in pairs
+    (even: ``_checks.check_kvcache``)."""
+    return C.to(tl.pointer_type(tl.uint16), bitcast=True), stride_p // 2, stride_t // 2, stride_h // 2
+
+
+@triton.jit
 def _load_public_i32(ptr, ASM: tl.constexpr):
     """A load Triton's pipeliner leaves alone (``ASM``, on a GPU): it moves the load (and the address arithmetic
     after it) into an earlier stage as an ordinary register load, instead of copying the value through shared
@@ -114,8 +121,8 @@ def _key_pointers(C, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_ID
 
 
 @triton.jit
-def _attend_tiles(q, q_hi, m_i, l_i, acc, acc_hi, lo, hi, gap, start, L, see_to, row_ok, scale2, KC, VC, b, hkv, offs_d,
-                  PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt, stride_kh, stride_vp,
+def _attend_tiles(q, q_hi, m_i, l_i, acc, acc_hi, lo, hi, gap, start, L, see_to, row_ok, scale2, KC, VC, b, hkv,
+                  offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt, stride_kh, stride_vp,
                   stride_vt, stride_vh, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
                   PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, CAUSAL: tl.constexpr, FP8: tl.constexpr,
                   PRECISION: tl.constexpr, MASKED: tl.constexpr, BLOCK_D: tl.constexpr, gap_at, SKIP: tl.constexpr,
@@ -126,16 +133,10 @@ def _attend_tiles(q, q_hi, m_i, l_i, acc, acc_hi, lo, hi, gap, start, L, see_to,
     ``FP8``: ``q``/``q_hi``, ``acc``/``acc_hi`` hold the even and the odd head-dim columns (:func:`_widen_fp8_pairs`)."""
     offs_n0 = tl.arange(0, BLOCK_N)
     if FP8:
-        KP = KC.to(tl.pointer_type(tl.uint16), bitcast=True)
-        VP = VC.to(tl.pointer_type(tl.uint16), bitcast=True)
+        KP, stride_kp, stride_kt, stride_kh = _as_pairs(KC, stride_kp, stride_kt, stride_kh)
+        VP, stride_vp, stride_vt, stride_vh = _as_pairs(VC, stride_vp, stride_vt, stride_vh)
         offs_dv = tl.arange(0, BLOCK_D // 2)
         d_ok = offs_dv < HEAD_DIM // 2  # (not offs_dv * 2 < HEAD_DIM: a mask the compiler must see per 8 lanes)
-        stride_kp = stride_kp // 2
-        stride_kt = stride_kt // 2
-        stride_kh = stride_kh // 2
-        stride_vp = stride_vp // 2
-        stride_vt = stride_vt // 2
-        stride_vh = stride_vh // 2
     else:
         KP = KC
         VP = VC
@@ -299,9 +300,9 @@ def decode_split_kernel(
             key_ok = (offs_n >= start) & (offs_n < L)
             load_ok = offs_n < capacity  # public bound; visibility is a select below
             if FP8:  # two e4m3 values per uint16 (_widen_fp8_pairs)
-                kp = _key_pointers(KC.to(tl.pointer_type(tl.uint16), bitcast=True), b, hkv, n0, offs_n,
-                                   tl.arange(0, BLOCK_D // 2), PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
-                                   stride_kp // 2, stride_kt // 2, stride_kh // 2, PAGE_SIZE, BLOCK_N, PAGED,
+                KP, skp, skt, skh = _as_pairs(KC, stride_kp, stride_kt, stride_kh)
+                kp = _key_pointers(KP, b, hkv, n0, offs_n, tl.arange(0, BLOCK_D // 2), PAGE_TABLE, stride_pt,
+                                   BATCH_IDX, num_pages, capacity, skp, skt, skh, PAGE_SIZE, BLOCK_N, PAGED,
                                    HAS_BATCH_IDX, SECURE, ASM, REG_PAGES)
                 kt = tl.load(kp, mask=load_ok[:, None] & (tl.arange(0, BLOCK_D // 2)[None, :] < HEAD_DIM // 2),
                              other=0)
@@ -324,9 +325,9 @@ def decode_split_kernel(
             alpha = tl.exp2(m_i - m_safe)
             l_i = l_i * alpha + tl.sum(p, axis=1)
             if FP8:  # two e4m3 values per uint16 (_widen_fp8_pairs)
-                vp = _key_pointers(VC.to(tl.pointer_type(tl.uint16), bitcast=True), b, hkv, n0, offs_n,
-                                   tl.arange(0, BLOCK_D // 2), PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
-                                   stride_vp // 2, stride_vt // 2, stride_vh // 2, PAGE_SIZE, BLOCK_N, PAGED,
+                VP, svp, svt, svh = _as_pairs(VC, stride_vp, stride_vt, stride_vh)
+                vp = _key_pointers(VP, b, hkv, n0, offs_n, tl.arange(0, BLOCK_D // 2), PAGE_TABLE, stride_pt,
+                                   BATCH_IDX, num_pages, capacity, svp, svt, svh, PAGE_SIZE, BLOCK_N, PAGED,
                                    HAS_BATCH_IDX, SECURE, ASM, REG_PAGES)
                 vt = tl.load(vp, mask=load_ok[:, None] & (tl.arange(0, BLOCK_D // 2)[None, :] < HEAD_DIM // 2),
                              other=0)
@@ -348,8 +349,8 @@ def decode_split_kernel(
             m_i = m_new
     elif not FULL_TILES:  # one masked loop
         m_i, l_i, acc, acc_hi = _attend_tiles(
-            q, q_hi, m_i, l_i, acc, acc_hi, lo_s, hi_s, 0, start, L, see_to, row_ok, scale2, KC, VC, b, hkv, offs_d, PAGE_TABLE,
-            stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt,
+            q, q_hi, m_i, l_i, acc, acc_hi, lo_s, hi_s, 0, start, L, see_to, row_ok, scale2, KC, VC, b, hkv, offs_d,
+            PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt,
             stride_vh, HEAD_DIM, BLOCK_N, PAGE_SIZE, PAGED, HAS_BATCH_IDX, CAUSAL, FP8, PRECISION, True, BLOCK_D, 0,
             False, ASM, REG_PAGES)
     else:
@@ -365,14 +366,14 @@ def decode_split_kernel(
         if n_q == 0:
             u_hi = u_lo
         m_i, l_i, acc, acc_hi = _attend_tiles(
-            q, q_hi, m_i, l_i, acc, acc_hi, u_lo, u_hi, 0, start, L, see_to, row_ok, scale2, KC, VC, b, hkv, offs_d, PAGE_TABLE,
-            stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt,
+            q, q_hi, m_i, l_i, acc, acc_hi, u_lo, u_hi, 0, start, L, see_to, row_ok, scale2, KC, VC, b, hkv, offs_d,
+            PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt,
             stride_vh, HEAD_DIM, BLOCK_N, PAGE_SIZE, PAGED, HAS_BATCH_IDX, CAUSAL, FP8, PRECISION, False, BLOCK_D, 0,
             False, ASM, REG_PAGES)
         # the masked tiles: those before u_lo, then those from u_hi on (one loop; the index jumps the gap)
         m_i, l_i, acc, acc_hi = _attend_tiles(
-            q, q_hi, m_i, l_i, acc, acc_hi, lo_s, hi_s - (u_hi - u_lo), u_hi - u_lo, start, L, see_to, row_ok, scale2, KC, VC, b,
-            hkv, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt, stride_kh,
+            q, q_hi, m_i, l_i, acc, acc_hi, lo_s, hi_s - (u_hi - u_lo), u_hi - u_lo, start, L, see_to, row_ok, scale2,
+            KC, VC, b, hkv, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt, stride_kh,
             stride_vp, stride_vt, stride_vh, HEAD_DIM, BLOCK_N, PAGE_SIZE, PAGED, HAS_BATCH_IDX, CAUSAL, FP8, PRECISION,
             True, BLOCK_D, u_lo, True, ASM, REG_PAGES)
 
