@@ -56,3 +56,32 @@ def test_fp8_tiles_reach_the_tensor_cores_by_ldmatrix_and_the_hardware_convert(s
     assert any(o.startswith("LDSM") and ".MT88" in o for o in ops), "V is not read by a transposing ldmatrix"
     converts = [o for o in ops if o.startswith("F2FP") and "E4M3" in o]
     assert converts, "e4m3 is not widened by the hardware convert"
+
+
+def loop_bodies(sass: str) -> list[list[str]]:
+    """The instructions of each loop (a label and a branch back to it), in order."""
+    ins, labels, loops = [], {}, []
+    for line in sass.splitlines():
+        label = re.match(r"\s*\.L_x_(\d+):", line)
+        if label:
+            labels[label.group(1)] = len(ins)
+            continue
+        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", line)
+        if m:
+            ins.append(m.group(1))
+            back = re.search(r"BRA\s+`\(\.L_x_(\d+)\)", m.group(1))
+            if back and back.group(1) in labels and len(ins) - 1 - labels[back.group(1)] > 1:
+                loops.append(ins[labels[back.group(1)]:])
+    return loops
+
+
+def test_fp8_page_gather_keeps_a_tile_in_flight_while_it_computes():
+    """The per-key page gather (page 16) of an FP8 cache, as the planner launches it: its K/V loop waits for the
+    oldest copy group only (``DEPBAR.LE SB0, n`` with n >= 1), so the next tile's copies stay in flight. With fewer
+    than 5 stages Triton gave this loop one K/V slot and a wait for every copy (n = 0): each tile waited for its
+    whole load (docs/perf-notes.md v25: B1 64k page 16, 70.4 -> 58.7 us on H200)."""
+    loops = [body for body in loop_bodies(decode_fp8_sass(False, "paged", 16)) if any("HMMA" in i for i in body)]
+    assert loops, "no MMA loop found"
+    waits = [int(w, 16) for body in loops for i in body for w in re.findall(r"DEPBAR\.LE SB0, (0x[0-9a-f]+)", i)]
+    assert waits, "the key loop has no cp.async wait: the copies are no longer what this test reads"
+    assert min(waits) >= 1, f"the key loop waits for every copy in flight (DEPBAR.LE SB0 {waits})"

@@ -38,8 +38,9 @@ from . import parser
 E4M3 = torch.float8_e4m3fn
 
 
-def _make(B, Hq, Hkv, D, cap, Sq, page, fp8, gen, dev, lens=None):
-    """q, caches (paged: shuffled pages), and the call's keyword arguments (every sequence full unless ``lens``)."""
+def _make(B, Hq, Hkv, D, cap, Sq, page, fp8, gen, dev, lens=None, ordered=False):
+    """q, caches (paged: shuffled pages; ``ordered``: each sequence's pages in order, the control), and the call's
+    keyword arguments (every sequence full unless ``lens``)."""
     q = torch.randn(B, Sq, Hq, D, generator=gen, device=dev).to(torch.bfloat16)
     kc = torch.randn(B, cap, Hkv, D, generator=gen, device=dev)
     vc = torch.randn(B, cap, Hkv, D, generator=gen, device=dev)
@@ -53,7 +54,7 @@ def _make(B, Hq, Hkv, D, cap, Sq, page, fp8, gen, dev, lens=None):
         kc, vc = kc.to(torch.bfloat16), vc.to(torch.bfloat16)
     if page:
         n = B * cap // page
-        perm = torch.randperm(n, generator=gen, device=dev)
+        perm = torch.arange(n, device=dev) if ordered else torch.randperm(n, generator=gen, device=dev)
         table = perm.view(B, cap // page).to(torch.int32)
         pk = torch.empty((n, page, Hkv, D), dtype=kc.dtype, device=dev)
         pv = torch.empty_like(pk)
@@ -212,6 +213,47 @@ CONFIG_CASES = {
     "fp8_b64_16k_p32": ((64, 32, 8, 128, 16384, 1, 32, True), [CFG(16, 128, 8, 3, 1)]),
     "fp8_b1_64k_p16": ((1, 32, 8, 128, 65536, 1, 16, True), []),
     "bf16_b1_64k_p16": ((1, 32, 8, 128, 65536, 1, 16, False), []),
+    # v25: paged B1 64k is 10-11% behind contiguous at every tile shape tried (v22.5): the kernel's gather, or
+    # where the pages lie? The same configurations on a contiguous cache, and on a paged cache with pages in order
+    "b1_64k_ctl": ((1, 32, 8, 128, 65536, 1, 0, False),
+                   [CFG(16, 128, 4, 2, 33), CFG(16, 64, 8, 3, 16), CFG(16, 64, 8, 3, 33), CFG(16, 128, 8, 3, 33)]),
+    "p16_b1_64k_ordered": ((1, 32, 8, 128, 65536, 1, 16, False, False, True), [CFG(16, 128, 8, 3, 16)]),
+    "p64_b1_64k_ordered": ((1, 32, 8, 128, 65536, 1, 64, False, False, True),
+                           [CFG(16, 64, 8, 3, 16), CFG(16, 64, 8, 3, 33)]),
+    "p16_b64_8k_ordered": ((64, 32, 8, 128, 8192, 1, 16, False, False, True), []),
+    # v25.2: the per-key gather's loop is single-buffered below 5 stages (TTGIR: one K/V slot, async_wait num=0:
+    # the page index is a load of its own stage ahead of K/V), so each tile waits for its full load latency
+    "p16_b1_64k_s": ((1, 32, 8, 128, 65536, 1, 16, False),
+                     [CFG(16, 128, 8, 5, 16), CFG(16, 128, 8, 6, 16), CFG(16, 128, 4, 5, 33), CFG(16, 64, 8, 5, 16),
+                      CFG(16, 64, 4, 5, 33), CFG(16, 64, 8, 5, 33), CFG(16, 128, 8, 5, 33)]),
+    "p64_b1_64k_s": ((1, 32, 8, 128, 65536, 1, 64, False),
+                     [CFG(16, 128, 8, 5, 16), CFG(16, 128, 4, 5, 33), CFG(16, 64, 8, 5, 16)]),
+    "p16_b64_8k_s": ((64, 32, 8, 128, 8192, 1, 16, False),
+                     [CFG(16, 128, 8, 5, 1), CFG(16, 128, 8, 6, 1), CFG(16, 128, 4, 5, 1), CFG(16, 64, 4, 5, 1)]),
+    "p1_b64_8k_s": ((64, 32, 8, 128, 8192, 1, 1, False), [CFG(16, 128, 8, 5, 1), CFG(16, 64, 4, 5, 1)]),
+    "fp8_b64_16k_p16_s": ((64, 32, 8, 128, 16384, 1, 16, True),
+                          [CFG(16, 64, 4, 5, 1), CFG(16, 64, 4, 6, 1), CFG(16, 128, 8, 5, 1), CFG(16, 128, 4, 5, 1),
+                           CFG(16, 64, 8, 5, 1)]),
+    "fp8_b1_64k_p16_s": ((1, 32, 8, 128, 65536, 1, 16, True),
+                         [CFG(16, 128, 8, 5, 16), CFG(16, 128, 4, 5, 33), CFG(16, 64, 4, 5, 33)]),
+    # v25.3: programs per SM by split count (264 programs = 2 per SM at 33 splits; 49 splits = 3, 66 = 4)
+    "p16_b1_64k_n": ((1, 32, 8, 128, 65536, 1, 16, False),
+                     [CFG(16, 128, 4, 2, 49), CFG(16, 64, 4, 2, 49), CFG(16, 64, 4, 2, 66), CFG(16, 64, 4, 2, 82),
+                      CFG(16, 64, 4, 5, 49), CFG(16, 128, 4, 5, 49), CFG(16, 64, 2, 2, 66), CFG(16, 64, 2, 5, 66)]),
+    "b1_64k_n": ((1, 32, 8, 128, 65536, 1, 0, False),
+                 [CFG(16, 128, 4, 2, 49), CFG(16, 64, 4, 3, 49), CFG(16, 64, 4, 3, 66), CFG(16, 128, 4, 3, 49)]),
+    "fp8_b1_64k_p16_n": ((1, 32, 8, 128, 65536, 1, 16, True),
+                         [CFG(16, 128, 4, 5, 33), CFG(16, 128, 4, 5, 49), CFG(16, 128, 4, 5, 66),
+                          CFG(16, 128, 8, 5, 33), CFG(16, 128, 4, 6, 49)]),
+    "fp8_b64_16k_p16_n": ((64, 32, 8, 128, 16384, 1, 16, True),
+                          [CFG(16, 128, 4, 5, 1), CFG(16, 128, 4, 6, 1), CFG(16, 128, 8, 6, 1), CFG(16, 64, 2, 5, 1)]),
+    # v25.4: the planner's FP8 gather (128-key tiles, 4 warps, 5 stages) against its v24 configuration, pages 1/16/32
+    "fp8_b64_16k_p16_v25": ((64, 32, 8, 128, 16384, 1, 16, True), [CFG(16, 64, 4, 4, 1)]),
+    "fp8_b64_16k_p32_v25": ((64, 32, 8, 128, 16384, 1, 32, True), [CFG(16, 64, 4, 4, 1)]),
+    "fp8_b64_16k_p1_v25": ((64, 32, 8, 128, 16384, 1, 1, True), [CFG(16, 64, 4, 4, 1)]),
+    "fp8_b1_64k_p16_v25": ((1, 32, 8, 128, 65536, 1, 16, True), [CFG(16, 128, 4, 2, 33)]),
+    "fp8_b1_64k_p32_v25": ((1, 32, 8, 128, 65536, 1, 32, True), [CFG(16, 128, 4, 2, 33)]),
+    "fp8_b1_64k_p1_v25": ((1, 32, 8, 128, 65536, 1, 1, True), [CFG(16, 128, 4, 2, 33)]),
     "b1_4k": ((1, 32, 8, 128, 4096, 1, 0, False),
               [CFG(16, 128, 8, 3, 8), CFG(16, 64, 4, 3, 16), CFG(16, 64, 4, 2, 32), CFG(16, 128, 4, 2, 16),
                CFG(16, 32, 4, 2, 32), CFG(16, 64, 8, 3, 16), CFG(16, 128, 8, 3, 4)]),
@@ -226,7 +268,8 @@ def configs(dev, names) -> list:
             continue
         B, Hq, Hkv, D, cap, Sq, page, fp8, *rest = shape
         secure = bool(rest and rest[0])
-        q, kc, vc, kw = _make(B, Hq, Hkv, D, cap, Sq, page, fp8, gen, dev)
+        ordered = len(rest) > 1 and rest[1]
+        q, kc, vc, kw = _make(B, Hq, Hkv, D, cap, Sq, page, fp8, gen, dev, ordered=ordered)
         kv_bytes = B * cap * Hkv * D * 2 * (1 if fp8 else 2)
         base = None
         for cfg in [None] + cands:
