@@ -142,7 +142,7 @@ def build_split(shape: DecodeShape, cfg: DecodeConfig, q, k_cache, v_cache, out,
         HAS_LEFTPAD=shape.has_leftpad, CAUSAL=shape.causal, SECURE=shape.secure, FP8=shape.fp8,
         Q_PRESCALE=fp8_q_prescale("fp16" if q.dtype == torch.float16 else "bf16") if shape.fp8 else 1.0,
         SPLIT=cfg.num_splits > 1, FULL_TILES=full_tiles(shape, cfg), REG_PAGES=reg_pages(shape, cfg),
-        ASM=True, RETURN_LSE=shape.return_lse,
+        ASM=True, SAME_KV=k_cache.stride()[:3] == v_cache.stride()[:3], RETURN_LSE=shape.return_lse,
         PRECISION="ieee" if shape.fp32 else "tf32")
     grid = (cfg.num_splits * query_tiles(shape, cfg), shape.batch * shape.num_heads_kv)
     return decode_split_kernel, grid, args, constexprs

@@ -38,15 +38,22 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
     else:
         block_n = 128 if d <= 128 else 64
     gather = shape.paged and shape.page_size % block_n != 0  # a page index per key, not per tile
+    # A fast bf16/fp16 decode gather with splits (B1-like): one program per SM, 8 warps, 5 stages. Below 5 stages
+    # the gather's loop holds one K/V slot (docs/perf-notes.md v25.2), which two programs per SM (4 warps, 2 stages,
+    # the v18.3 form) partly hid. Measured on H200 (2026-11-26, v25.6-v25.7, two runs, V addressed by K's offsets):
+    # B1 64k page 16 80.0/79.6 us against 81.9/82.0, page 64 76.3/75.8 against 81.0/81.1.
+    one_wave_gather = gather and not (shape.secure or shape.fp32 or shape.fp8) and block_m == 16 and d <= 128
     if num_splits == 0:
         # One wave: as many splits as fit beside the other programs on the SMs (measured on H100, 2026-11-25:
-        # filling each SM once beat two programs per SM for a contiguous cache); per-key page gathers hide
-        # their extra latency better with two programs per SM.
+        # filling each SM once beat two programs per SM for a contiguous cache); per-key page gathers (secure, FP8)
+        # hide their extra latency better with two programs per SM.
         programs = shape.batch * shape.num_heads_kv * cdiv(shape.rows, block_m)
-        target = sm_count(device) * (2 if gather else 1)
+        target = sm_count(device) * (2 if gather and not one_wave_gather else 1)
         tiles = cdiv(shape.capacity, block_n)
         num_splits = max(1, min(target // programs, tiles // MIN_TILES_PER_SPLIT, 128))
     num_warps, num_stages = (4, 2) if shape.fp32 or gather and num_splits > 1 else (8, 3)
+    if one_wave_gather and num_splits > 1:
+        num_warps, num_stages = 8, 5
     if shape.fp8 and block_m == 16 and d <= 128 and not (shape.secure and shape.paged):
         # An FP8 tile is half the bytes for the same widening and MMA work, so more programs per SM pay (H200,
         # 2026-11-26, 64x32/8 D128 16k, two runs, docs/perf-notes.md v24): fast at one split 64-key tiles, 4 warps, 4

@@ -254,6 +254,17 @@ CONFIG_CASES = {
     "fp8_b1_64k_p16_v25": ((1, 32, 8, 128, 65536, 1, 16, True), [CFG(16, 128, 4, 2, 33)]),
     "fp8_b1_64k_p32_v25": ((1, 32, 8, 128, 65536, 1, 32, True), [CFG(16, 128, 4, 2, 33)]),
     "fp8_b1_64k_p1_v25": ((1, 32, 8, 128, 65536, 1, 1, True), [CFG(16, 128, 4, 2, 33)]),
+    # v25.6: V addressed by K's offsets (SAME_KV): the gather's per-key address work once per tile
+    "p16_b1_64k_kv": ((1, 32, 8, 128, 65536, 1, 16, False),
+                      [CFG(16, 128, 8, 5, 16), CFG(16, 128, 4, 5, 33), CFG(16, 128, 8, 5, 33), CFG(16, 64, 4, 5, 33),
+                       CFG(16, 128, 8, 3, 16)]),
+    "p64_b1_64k_kv": ((1, 32, 8, 128, 65536, 1, 64, False), [CFG(16, 128, 8, 5, 16), CFG(16, 64, 8, 3, 33)]),
+    # v25.8: the planner's bf16 gather with splits (8 warps, 5 stages, one program per SM) against v18.3's
+    "bf16_b1_64k_p1_v25": ((1, 32, 8, 128, 65536, 1, 1, False), [CFG(16, 128, 4, 2, 33)]),
+    "bf16_b1_64k_p16_v25": ((1, 32, 8, 128, 65536, 1, 16, False), [CFG(16, 128, 4, 2, 33)]),
+    "bf16_b1_64k_p32_v25": ((1, 32, 8, 128, 65536, 1, 32, False), [CFG(16, 128, 4, 2, 33)]),
+    "bf16_b1_64k_p64_v25": ((1, 32, 8, 128, 65536, 1, 64, False), [CFG(16, 128, 4, 2, 33)]),
+    "bf16_b1_4k_p16_v25": ((1, 32, 8, 128, 4096, 1, 16, False), [CFG(16, 128, 4, 2, 16)]),
     "b1_4k": ((1, 32, 8, 128, 4096, 1, 0, False),
               [CFG(16, 128, 8, 3, 8), CFG(16, 64, 4, 3, 16), CFG(16, 64, 4, 2, 32), CFG(16, 128, 4, 2, 16),
                CFG(16, 32, 4, 2, 32), CFG(16, 64, 8, 3, 16), CFG(16, 128, 8, 3, 4)]),
@@ -286,6 +297,45 @@ def configs(dev, names) -> list:
                 rows.append(dict(case=name, cfg=str(cfg), auto=cfg is None, error=f"{type(e).__name__}: {e}"[:300]))
             print(json.dumps(rows[-1]), flush=True)
         del q, kc, vc
+        torch.cuda.empty_cache()
+    return rows
+
+
+SAME_KV_CASES = ("b64_8k", "b64_8k_p16", "bf16_b64_16k_p16", "bf16_b1_64k", "b1_64k_p16", "fp8w_b64_16k",
+                 "fp8_b64_16k_p16", "fp8_b1_64k_p16", "prefill512_8k")
+
+
+def same_kv(dev, rounds=2) -> list:
+    """v25.6: the planner's configuration with V addressed by K's offsets (``SAME_KV``, the shipped form) against V's
+    own address arithmetic (the constexpr forced off), interleaved ``rounds`` times per case."""
+    from ...launch import triton_decode as LD
+    build = LD.build_split
+
+    def without(*a, **k):
+        fn, grid, args, cx = build(*a, **k)
+        return fn, grid, args, dict(cx, SAME_KV=False)
+
+    gen = torch.Generator(device=dev).manual_seed(99)
+    rows = []
+    for name in SAME_KV_CASES:
+        B, Hq, Hkv, D, cap, Sq, page, fp8, *_ = CONFIG_CASES[name][0]
+        q, kc, vc, kw = _make(B, Hq, Hkv, D, cap, Sq, page, fp8, gen, dev)
+        fns = {}
+        for variant in ("same_kv", "own_v"):
+            LD.build_split = build if variant == "same_kv" else without
+            import flashcore.plan.decode as PD
+            PD.build_split = LD.build_split
+            try:
+                fns[variant] = _planned(q, kc, vc, kw, None)[1]
+            finally:
+                LD.build_split = PD.build_split = build
+        a, b = fns["same_kv"]()[0].float(), fns["own_v"]()[0].float()
+        err = ((a - b).norm() / b.norm()).item()
+        for r in range(rounds):
+            for variant, fn in fns.items():
+                rows.append(dict(case=name, variant=variant, round=r, us=_graph_us(fn) * 1e3, vs_own_v_err=err))
+                print(json.dumps(rows[-1]), flush=True)
+        del q, kc, vc, fns
         torch.cuda.empty_cache()
     return rows
 
@@ -451,9 +501,13 @@ def main(argv=None) -> int:
         res["hostprof"] = hostprof(dev)
     if "configs" in parts:
         res["configs"] = configs(dev, a.cases.split(","))
+    if "same_kv" in parts:
+        res["same_kv"] = same_kv(dev)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "decode_configs.json"), "w") as f:
         json.dump(res, f, indent=1)
+    for r in res.get("same_kv", []):
+        print(f"{r['case']:18s} {r['variant']:8s} round {r['round']}: {r['us']:8.1f} us  err {r['vs_own_v_err']:.1e}")
     for r in res.get("configs", []):
         print(f"{r['case']:24s} {'*' if r['auto'] else ' '} {r.get('us', float('nan')):9.1f} us "
               f"{r.get('tbs', float('nan')):6.2f} TB/s  {r['cfg']}  {r.get('error', '')[:80]}")

@@ -94,6 +94,16 @@ def _key_pointers(C, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_ID
                   HAS_BATCH_IDX: tl.constexpr, SECURE: tl.constexpr, ASM: tl.constexpr,
                   REG_PAGES: tl.constexpr):
     """Pointers of the [BLOCK_N, BLOCK_D] tile of cache ``C`` at logical positions ``offs_n`` of sequence ``b``."""
+    return C + _key_offsets(b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
+                            stride_p, stride_t, stride_h, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX, SECURE, ASM,
+                            REG_PAGES)
+
+
+@triton.jit
+def _key_offsets(b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_p,
+                 stride_t, stride_h, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr,
+                 HAS_BATCH_IDX: tl.constexpr, SECURE: tl.constexpr, ASM: tl.constexpr, REG_PAGES: tl.constexpr):
+    """Element offsets of that tile (:func:`_key_pointers`): K and V share them when their strides are equal."""
     if PAGED:
         if PAGE_SIZE % BLOCK_N == 0:  # the whole tile lies in one page (tiles start at multiples of BLOCK_N)
             if REG_PAGES:  # not through shared memory (_load_public_i32)
@@ -117,7 +127,7 @@ def _key_pointers(C, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_ID
         else:
             r = b.to(tl.int64)
         row = r * stride_p + offs_n.to(tl.int64) * stride_t
-    return C + row[:, None] + hkv * stride_h + offs_d[None, :]
+    return row[:, None] + hkv * stride_h + offs_d[None, :]
 
 
 @triton.jit
@@ -126,11 +136,13 @@ def _attend_tiles(q, q_hi, m_i, l_i, acc, acc_hi, lo, hi, gap, start, L, see_to,
                   stride_vt, stride_vh, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
                   PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, CAUSAL: tl.constexpr, FP8: tl.constexpr,
                   PRECISION: tl.constexpr, MASKED: tl.constexpr, BLOCK_D: tl.constexpr, gap_at, SKIP: tl.constexpr,
-                  ASM: tl.constexpr, REG_PAGES: tl.constexpr):
+                  ASM: tl.constexpr, REG_PAGES: tl.constexpr, SAME_KV: tl.constexpr):
     """Online softmax over the key tiles ``lo, lo + BLOCK_N, ... < hi``. ``SKIP``: a tile at or past ``gap_at``
     is moved ``gap`` keys on (the masked loop jumps the unmasked tiles). ``MASKED``: visibility (range, causal,
     real rows) enters by select; without it the caller guarantees every key of every tile visible to every row.
-    ``FP8``: ``q``/``q_hi``, ``acc``/``acc_hi`` hold the even and the odd head-dim columns (:func:`_widen_fp8_pairs`)."""
+    ``FP8``: ``q``/``q_hi``, ``acc``/``acc_hi`` hold the even and the odd head-dim columns (:func:`_widen_fp8_pairs`).
+    ``SAME_KV``: K and V have the same strides, so V's tile is addressed by K's offsets (a page gather's per-key
+    address arithmetic once per tile, not twice)."""
     offs_n0 = tl.arange(0, BLOCK_N)
     if FP8:
         KP, stride_kp, stride_kt, stride_kh = _as_pairs(KC, stride_kp, stride_kt, stride_kh)
@@ -149,9 +161,10 @@ def _attend_tiles(q, q_hi, m_i, l_i, acc, acc_hi, lo, hi, gap, start, L, see_to,
         offs_n = n0 + offs_n0
         if MASKED:
             key_ok = (offs_n >= start) & (offs_n < L)
-        kp = _key_pointers(KP, b, hkv, n0, offs_n, offs_dv, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
-                           stride_kp, stride_kt, stride_kh, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX, False,
-                           ASM, REG_PAGES)
+        koff = _key_offsets(b, hkv, n0, offs_n, offs_dv, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
+                            stride_kp, stride_kt, stride_kh, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX, False, ASM,
+                            REG_PAGES)
+        kp = KP + koff
         if MASKED:
             kt = tl.load(kp, mask=key_ok[:, None] & d_ok[None, :], other=0)
         elif BLOCK_D == HEAD_DIM:
@@ -177,9 +190,12 @@ def _attend_tiles(q, q_hi, m_i, l_i, acc, acc_hi, lo, hi, gap, start, L, see_to,
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        vp = _key_pointers(VP, b, hkv, n0, offs_n, offs_dv, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
-                           stride_vp, stride_vt, stride_vh, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX, False,
-                           ASM, REG_PAGES)
+        if SAME_KV:
+            vp = VP + koff
+        else:
+            vp = _key_pointers(VP, b, hkv, n0, offs_n, offs_dv, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages,
+                               capacity, stride_vp, stride_vt, stride_vh, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX,
+                               False, ASM, REG_PAGES)
         if MASKED:
             vt = tl.load(vp, mask=key_ok[:, None] & d_ok[None, :], other=0)
         elif BLOCK_D == HEAD_DIM:
@@ -213,7 +229,7 @@ def decode_split_kernel(
     BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, PACKED: tl.constexpr,
     APPENDED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr, CAUSAL: tl.constexpr,
     SECURE: tl.constexpr, FP8: tl.constexpr, Q_PRESCALE: tl.constexpr, SPLIT: tl.constexpr, FULL_TILES: tl.constexpr,
-    REG_PAGES: tl.constexpr, ASM: tl.constexpr,
+    REG_PAGES: tl.constexpr, ASM: tl.constexpr, SAME_KV: tl.constexpr,
     RETURN_LSE: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
@@ -352,7 +368,7 @@ def decode_split_kernel(
             q, q_hi, m_i, l_i, acc, acc_hi, lo_s, hi_s, 0, start, L, see_to, row_ok, scale2, KC, VC, b, hkv, offs_d,
             PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt,
             stride_vh, HEAD_DIM, BLOCK_N, PAGE_SIZE, PAGED, HAS_BATCH_IDX, CAUSAL, FP8, PRECISION, True, BLOCK_D, 0,
-            False, ASM, REG_PAGES)
+            False, ASM, REG_PAGES, SAME_KV)
     else:
         # Tiles every row of this query tile sees whole (inside [start, L) and, causal, at or below the first
         # row's last key) need no mask: a loop of their own, then the masked rest (the leading tile of a left
@@ -369,13 +385,13 @@ def decode_split_kernel(
             q, q_hi, m_i, l_i, acc, acc_hi, u_lo, u_hi, 0, start, L, see_to, row_ok, scale2, KC, VC, b, hkv, offs_d,
             PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt,
             stride_vh, HEAD_DIM, BLOCK_N, PAGE_SIZE, PAGED, HAS_BATCH_IDX, CAUSAL, FP8, PRECISION, False, BLOCK_D, 0,
-            False, ASM, REG_PAGES)
+            False, ASM, REG_PAGES, SAME_KV)
         # the masked tiles: those before u_lo, then those from u_hi on (one loop; the index jumps the gap)
         m_i, l_i, acc, acc_hi = _attend_tiles(
             q, q_hi, m_i, l_i, acc, acc_hi, lo_s, hi_s - (u_hi - u_lo), u_hi - u_lo, start, L, see_to, row_ok, scale2,
             KC, VC, b, hkv, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt, stride_kh,
             stride_vp, stride_vt, stride_vh, HEAD_DIM, BLOCK_N, PAGE_SIZE, PAGED, HAS_BATCH_IDX, CAUSAL, FP8, PRECISION,
-            True, BLOCK_D, u_lo, True, ASM, REG_PAGES)
+            True, BLOCK_D, u_lo, True, ASM, REG_PAGES, SAME_KV)
 
     if FP8:
         acc = tl.reshape(tl.join(acc, acc_hi), [BLOCK_M, BLOCK_D])  # columns 2j and 2j + 1 side by side
