@@ -51,12 +51,15 @@ def _hopper(head_dim: int, causal: bool) -> BwdConfig:
     """Sweeps v19.0-v19.2 (H100, bf16, bench/results/sweeps/bwd-v19-h100.json): D=64 wants narrow query tiles and
     four warps (8x16x2048: 295 TF against 263 at 64x128w8s2, 344-351 since v19.2; 4x32x4096 causal 312 against
     228); D=128 wants eight warps and a deeper pipeline (4x32x4096: 372 TF, causal 350, against 357/318 at s2).
-    fp32 atomics for dQ lost everywhere (320 against 357 TF at D=128): dQ always runs its own kernel."""
+    fp32 atomics for dQ lost everywhere (320 against 357 TF at D=128): dQ always runs its own kernel. D=256: v26."""
     if head_dim <= 64:
         return BwdConfig(32, 128, 4, 3, 64, 64, 4, 3)
     if head_dim <= 128:
         return BwdConfig(64, 128, 8, 4, 128, 64, 8, 4)
-    return BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)
+    # D=256 (sweep v26, H200, bf16, bench/results/sweeps/bwd-v26-d256-h200.json): 4x16x4096x256 164 TF against 114
+    # (non-causal) and 67 (causal) for v19's guess, 32x64w4s1-64x32w4s1, which spilled 2.4 KB per thread in dK/dV
+    # (sm_90a, compiled on the CPU; this one has 10 STL and 14 LDL in dK/dV, none in dQ)
+    return BwdConfig(32, 64, 8, 2, 64, 64, 8, 2)
 
 
 def bwd_config_name(cfg: BwdConfig | None) -> str:

@@ -23,6 +23,8 @@ to ``--out`` (default ``$OUT`` or ``.``). docs/perf-notes.md says which version 
 * ``kv_configs``: the KV-cache split kernel's configurations and loop forms (``DecodeConfig``, incl. ``full_tiles``
   and ``reg_pages``) timed as CUDA-graph replays per shape, a correctness check against float64, and the host time of
   a KV-cache call and its pieces (docs/perf-notes.md v22);
+* ``bwd_configs``: backward configurations (``plan.backward.BwdConfig``) timed per shape on saved forward tensors,
+  beside SDPA's backward, with each gradient's error against an fp32 reference (docs/perf-notes.md v26);
 * ``hf_generate``: transformers generation (a random 8-layer Llama of 8B width, bf16) with flashcore as the
   attention implementation beside ``sdpa``: prefill and decode tokens/s, batch 1 and 32, prompt 2048, 256 new tokens.
 """

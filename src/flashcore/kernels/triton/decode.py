@@ -93,17 +93,28 @@ def _key_pointers(C, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_ID
                   stride_t, stride_h, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr,
                   HAS_BATCH_IDX: tl.constexpr, SECURE: tl.constexpr, ASM: tl.constexpr,
                   REG_PAGES: tl.constexpr):
-    """Pointers of the [BLOCK_N, BLOCK_D] tile of cache ``C`` at logical positions ``offs_n`` of sequence ``b``."""
-    return C + _key_offsets(b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
-                            stride_p, stride_t, stride_h, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX, SECURE, ASM,
-                            REG_PAGES)
+    """Pointers of the [BLOCK_N, BLOCK_D] tile of cache ``C`` at logical positions ``offs_n`` of sequence ``b``
+    (the secure loop's form, its machine code pinned)."""
+    row = _key_rows(b, n0, offs_n, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_p, stride_t,
+                    PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX, ASM, REG_PAGES)
+    return C + row[:, None] + hkv * stride_h + offs_d[None, :]
 
 
 @triton.jit
 def _key_offsets(b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_p,
                  stride_t, stride_h, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr,
-                 HAS_BATCH_IDX: tl.constexpr, SECURE: tl.constexpr, ASM: tl.constexpr, REG_PAGES: tl.constexpr):
+                 HAS_BATCH_IDX: tl.constexpr, ASM: tl.constexpr, REG_PAGES: tl.constexpr):
     """Element offsets of that tile (:func:`_key_pointers`): K and V share them when their strides are equal."""
+    row = _key_rows(b, n0, offs_n, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_p, stride_t,
+                    PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX, ASM, REG_PAGES)
+    return row[:, None] + hkv * stride_h + offs_d[None, :]
+
+
+@triton.jit
+def _key_rows(b, n0, offs_n, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_p, stride_t,
+              PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
+              ASM: tl.constexpr, REG_PAGES: tl.constexpr):
+    """The element offset of each key's row (``offs_n``, logical positions of sequence ``b``) in its cache."""
     if PAGED:
         if PAGE_SIZE % BLOCK_N == 0:  # the whole tile lies in one page (tiles start at multiples of BLOCK_N)
             if REG_PAGES:  # not through shared memory (_load_public_i32)
@@ -127,7 +138,7 @@ def _key_offsets(b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, n
         else:
             r = b.to(tl.int64)
         row = r * stride_p + offs_n.to(tl.int64) * stride_t
-    return row[:, None] + hkv * stride_h + offs_d[None, :]
+    return row
 
 
 @triton.jit
@@ -162,8 +173,7 @@ def _attend_tiles(q, q_hi, m_i, l_i, acc, acc_hi, lo, hi, gap, start, L, see_to,
         if MASKED:
             key_ok = (offs_n >= start) & (offs_n < L)
         koff = _key_offsets(b, hkv, n0, offs_n, offs_dv, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
-                            stride_kp, stride_kt, stride_kh, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX, False, ASM,
-                            REG_PAGES)
+                            stride_kp, stride_kt, stride_kh, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX, ASM, REG_PAGES)
         kp = KP + koff
         if MASKED:
             kt = tl.load(kp, mask=key_ok[:, None] & d_ok[None, :], other=0)
