@@ -992,6 +992,26 @@ def test_strided_inputs(gen):
     assert rel_err(out, ref) < TOL[torch.float32] and torch.equal(kv, kv_ref)
 
 
+
+@kernel
+@pytest.mark.parametrize("paged", [False, True])
+def test_v_cache_with_strides_of_its_own(paged, gen):
+    """K and V caches with different strides (V's rows padded, K contiguous): the kernel addresses V by K's offsets
+    only when their strides are equal (``SAME_KV``); here each must be read through its own."""
+    B, Sq, Hq, Hkv, D, ps, width = 2, 1, 4, 2, 32, 16, 4
+    q = rnd(B, Sq, Hq, D, gen=gen)
+    n = B * width + 1 if paged else B
+    S = ps if paged else ps * width
+    kc = rnd(n, S, Hkv, D, gen=gen)
+    vc = rnd(n, S, Hkv + 1, D + 8, gen=gen)[:, :, 1:, 8:]  # other strides in every dimension, unit last stride
+    assert kc.stride()[:3] != vc.stride()[:3]
+    kw = dict(cache_seqlens=lengths(40, 3), num_splits=2)
+    if paged:
+        kw["page_table"] = torch.randperm(n, generator=gen)[: B * width].view(B, width).to(torch.int32)
+    out = flashcore.attention_with_kvcache(q, kc, vc, backend="triton", out=nan_like(q), **kw)
+    ref = R.attention_with_kvcache(q, kc, vc, **kw)
+    assert rel_err(out, ref) < TOL[torch.float32]
+
 # ---- torch.compile --------------------------------------------------------------------------------------
 
 
