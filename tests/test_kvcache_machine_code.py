@@ -22,21 +22,21 @@ _DECODE_SASS = """
 import sys, torch
 from flashcore.audit.sass import compile_cubin, disassemble
 from flashcore.audit.specs import _decode_specs
-secure, cache, page = sys.argv[1] == "secure", sys.argv[2], int(sys.argv[3])
-spec = _decode_specs(torch.bfloat16, torch.float8_e4m3fn, 128, cache, page, 1, True, 1, secure)[0]
+secure, cache, page, splits = sys.argv[1] == "secure", sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+spec = _decode_specs(torch.bfloat16, torch.float8_e4m3fn, 128, cache, page, 1, True, splits, secure)[0]
 c = compile_cubin(spec["fn"], spec["signature"], spec["constexprs"], num_warps=spec["num_warps"],
                   num_stages=spec["num_stages"], attrs=spec["attrs"], maxnreg=spec["maxnreg"])
 sys.stdout.write(disassemble(c.cubin))
 """
 
 
-def decode_fp8_sass(secure: bool, cache: str, page: int) -> str:
-    """SASS of the split kernel for a bf16 q and an e4m3 cache (D 128, one split), as the planner launches it;
+def decode_fp8_sass(secure: bool, cache: str, page: int, splits: int = 1) -> str:
+    """SASS of the split kernel for a bf16 q and an e4m3 cache (D 128, ``splits`` splits), as the planner launches it;
     compiled in a fresh process without ``TRITON_INTERPRET`` (which the CPU suite sets)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    r = subprocess.run([sys.executable, "-c", _DECODE_SASS, "secure" if secure else "fast", cache, str(page)],
+    r = subprocess.run([sys.executable, "-c", _DECODE_SASS, "secure" if secure else "fast", cache, str(page), str(splits)],
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stdout
@@ -75,12 +75,15 @@ def loop_bodies(sass: str) -> list[list[str]]:
     return loops
 
 
-def test_fp8_page_gather_keeps_a_tile_in_flight_while_it_computes():
-    """The per-key page gather (page 16) of an FP8 cache, as the planner launches it: its K/V loop waits for the
-    oldest copy group only (``DEPBAR.LE SB0, n`` with n >= 1), so the next tile's copies stay in flight. With fewer
-    than 5 stages Triton gave this loop one K/V slot and a wait for every copy (n = 0): each tile waited for its
-    whole load (docs/perf-notes.md v25: B1 64k page 16, 70.4 -> 58.7 us on H200)."""
-    loops = [body for body in loop_bodies(decode_fp8_sass(False, "paged", 16)) if any("HMMA" in i for i in body)]
+@pytest.mark.parametrize("page,splits", [(16, 1), (64, 7)])
+def test_fp8_page_gather_keeps_a_tile_in_flight_while_it_computes(page, splits):
+    """The per-key page gather of an FP8 cache (page 16; page 64 with splits, whose 128-key tiles span two pages), as
+    the planner launches it: its K/V loop waits for the oldest copy group only (``DEPBAR.LE SB0, n`` with n >= 1), so
+    the next tile's copies stay in flight. With fewer than 5 stages Triton gave this loop one K/V slot and a wait for
+    every copy (n = 0): each tile waited for its whole load (docs/perf-notes.md v25: B1 64k page 16, 70.4 -> 58.7 us;
+    page 64, 64.8 -> 55.7 us on H200)."""
+    loops = [body for body in loop_bodies(decode_fp8_sass(False, "paged", page, splits))
+             if any("HMMA" in i for i in body)]
     assert loops, "no MMA loop found"
     waits = [int(w, 16) for body in loops for i in body for w in re.findall(r"DEPBAR\.LE SB0, (0x[0-9a-f]+)", i)]
     assert waits, "the key loop has no cp.async wait: the copies are no longer what this test reads"

@@ -64,14 +64,15 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
         # unmeasured (v24.5)
         if shape.secure:
             num_warps, num_stages = 4, 3
-        elif shape.paged and shape.page_size % 64 != 0:
+        elif shape.paged and (shape.page_size % 64 != 0 or gather and num_splits > 1):
             # A per-key page gather at any tile size: its loop holds one K/V slot below 5 stages (the page index is
             # a load stage of its own ahead of K/V: TTGIR, one buffer and async_wait 0), so each tile waited for its
             # whole load. 128-key tiles, 4 warps, 5 stages (two slots) measured on H200 (2026-11-26, docs/perf-notes.md
             # v25, two runs each): B1 64k page 16 (33 splits) 58.7/59.1 us against 70.4/70.8 (4 warps, 2 stages);
             # B64 16k page 16 597/610 against 622/631 (64-key tiles, 4 warps, 4 stages). Through the planner (v25.4):
-            # B1 pages 1/32 54.8/59.5 us against 66.4/69.7, B64 pages 1/32 606/635 against 650/635. Pages of 64 keys
-            # or more keep a page per 64-key tile.
+            # B1 pages 1/32 54.8/59.5 us against 66.4/69.7, B64 pages 1/32 606/635 against 650/635. Page 64 with
+            # splits is a gather at these 128-key tiles as well: B1 64k 55.7 us against 64.8 (one run, v25.9; a page
+            # per 64-key tile 57.0). At one split, pages of 64 keys or more keep a page per 64-key tile.
             block_n, num_warps, num_stages = 128, 4, 5
         elif num_splits == 1:
             block_n, num_warps, num_stages = 64, 4, 4
