@@ -12,8 +12,11 @@ Three questions, one device call:
   the same cache every call (a plan-cache hit), a cache one token longer every call (a new ``[B, Hkv, S, D]``
   tensor viewed as ``[B, S, Hkv, D]``, as transformers' DynamicCache hands it over), and SDPA on the same
   growing tensors.
+* ``same_kv`` (v25): the planner's configuration with V addressed by K's offsets (``SAME_KV``) against V's own
+  address arithmetic, interleaved, per shape. Config cases whose tuple ends in ``True`` after the secure flag lay
+  each sequence's pages out in order (the control of v25.1).
 
-    python -m flashcore.bench.experiments.kv_configs --out $OUT [--only correct,configs,host]
+    python -m flashcore.bench.experiments.kv_configs --out $OUT [--only correct,configs,host,same_kv]
 
 Writes ``decode_configs.json`` and prints a table. (Named kv_configs: the KV-cache kernel's configurations.)
 """
