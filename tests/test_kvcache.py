@@ -533,6 +533,28 @@ def test_split_counts_agree(dtype, layout, gen):
 
 
 @kernel
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D, splits, tiles", [(256, 40, 20), (16, 100, 80)])  # 3 and 2 chunks of BLOCK_S splits
+def test_combine_merges_more_splits_than_one_chunk(dtype, D, splits, tiles, gen):
+    """More splits than the combine reads at once: chunks merged into a running maximum, including chunks whose
+    splits all saw no key (past the cache's tiles, or before a left pad) and a row that saw no key at all."""
+    from flashcore.launch.triton_decode import combine_block_s
+
+    assert splits > combine_block_s(D)
+    B, Hq, Hkv, cap = 4, 2, 1, tiles * (64 if D > 128 else 128)  # a split per key tile (plan.decode.choose_config)
+    kc, vc = (rnd(B, cap, Hkv, D, dtype=dtype, gen=gen) for _ in range(2))
+    q = rnd(B, 1, Hq, D, dtype=dtype, gen=gen)
+    # sequence 1's keys end in the first chunk, sequence 3's start past it (its first chunk saw none), 2 has none
+    kw = dict(cache_seqlens=lengths(cap, cap * 7 // 10, 0, cap * 15 // 16),
+              cache_leftpad=lengths(0, cap // 2, 0, cap * 7 // 8), causal=True)
+    ref, ref_lse = R.attention_with_kvcache(q, kc, vc, return_lse=True, **kw)
+    out, lse = flashcore.attention_with_kvcache(q, kc, vc, backend="triton", num_splits=splits, return_lse=True,
+                                               out=nan_like(q), **kw)
+    check(out, lse, ref, ref_lse, dtype, what=f"num_splits={splits}")
+    assert torch.equal(out[2], torch.zeros_like(out[2])) and torch.isneginf(lse[2]).all()
+
+
+@kernel
 def test_split_plans_launch_the_combine(ran):
     from flashcore.plan.decode import DecodePlan
 

@@ -16,7 +16,7 @@ from ..kernels.triton.fwd import attn_fwd_kernel
 from ..launch.secure_prepass import (PREPASS_BLOCK_S, PREPASS_WARPS, build_fill_rows, build_prepass, build_prepass_kv,
                                      key_weights_shape)
 from ..launch.sm90_fwd import GluonLaunch
-from ..launch.triton_decode import DecodeShape, build_combine, build_split
+from ..launch.triton_decode import COMBINE_STAGES, COMBINE_WARPS, DecodeShape, build_combine, build_split
 from ..launch.triton_fwd import build_launch
 from ..plan.decode import choose_config
 from ..plan import tables
@@ -280,9 +280,10 @@ def _decode_specs(q_dtype, cache_dtype, hd, cache, page, Sq, causal, splits, sec
             f"s{cfg.num_stages}")
     specs = [_spec_from_launch(name, cfg, ptrs + list(args), ce, TRITON_DECODE.secrets(secure=secure), fn=fn)]
     if cfg.num_splits > 1:
-        fn, _, args, ce = build_combine(shape, cfg, q, q)
+        fn, _, args, ce = build_combine(shape, cfg, q, q, pdl=True)  # as launched on sm_90 (plan.decode.combine_pdl)
         name = f"{mode}_decode_combine_{_ELT[q_dtype]}_d{hd}_sq{Sq}_g{Hq // Hkv}"
-        specs.append(_spec_from_launch(name, replace(cfg, num_warps=4, num_stages=1), [f32, f32, q, f32, i32]
+        specs.append(_spec_from_launch(name, replace(cfg, num_warps=COMBINE_WARPS, num_stages=COMBINE_STAGES),
+                                       [f32, f32, q, f32, i32]
                                        + list(args), ce, TRITON_DECODE_COMBINE.secrets(secure=secure), fn=fn))
     return specs
 

@@ -148,17 +148,29 @@ def build_split(shape: DecodeShape, cfg: DecodeConfig, q, k_cache, v_cache, out,
     return decode_split_kernel, grid, args, constexprs
 
 
-COMBINE_ROWS = 16  # rows per combine program
+COMBINE_WARPS, COMBINE_STAGES = 1, 1  # one warp merges one row (kernels/triton/combine.py)
+COMBINE_TILE = 4096  # partial-output elements per chunk of splits: 128 fp32 registers per lane; twice that spills
+# (sm_90a, D 128 with 64 splits and D 256 with 32: 36 and 29 local loads/stores, CPU compile, 2026-11-27)
 
 
-def build_combine(shape: DecodeShape, cfg: DecodeConfig, q, out):
+def combine_block_s(head_dim: int) -> int:
+    """Splits per chunk of the combine step: as many as the register cap holds (up to 64), whatever the split
+    count, so one binary per head dim serves every count (the audit's list compiles one); unused ones are masked
+    loads, issued but never sent."""
+    return min(64, COMBINE_TILE // block_d(head_dim))
+
+
+def build_combine(shape: DecodeShape, cfg: DecodeConfig, q, out, pdl: bool = False):
+    """(kernel, grid, scalar args, constexprs) of the combine step. ``pdl``: the step is launched as a
+    programmatic dependent of the split step (``launch_pdl``) and waits for it in the kernel."""
     total_q = q.shape[0] if shape.packed else shape.batch * shape.seqlen_q
     part_rows = query_tiles(shape, cfg) * cfg.block_m
     args = (*_bsh(out, shape.packed), *lse_strides(shape, total_q), shape.seqlen_q, total_q, shape.num_heads_kv,
             cfg.num_splits, part_rows)
     constexprs = dict(GROUP=shape.group, HEAD_DIM=shape.head_dim, BLOCK_D=block_d(shape.head_dim),
-                      BLOCK_R=COMBINE_ROWS, PACKED=shape.packed, RETURN_LSE=shape.return_lse)
-    grid = (cdiv(part_rows, COMBINE_ROWS), shape.batch * shape.num_heads_kv)
+                      BLOCK_S=combine_block_s(shape.head_dim), PACKED=shape.packed,
+                      RETURN_LSE=shape.return_lse, PDL=pdl)
+    grid = (shape.rows, shape.batch * shape.num_heads_kv)  # rows past the split's tile padding hold nothing
     return decode_combine_kernel, grid, args, constexprs
 
 

@@ -11,9 +11,9 @@ import threading
 
 import torch
 
-from ..launch.triton_decode import (DecodeConfig, DecodeShape, build_append, build_combine, build_split,
-                                    query_tiles, workspace_shapes)
-from ..runtime import KernelStep, capturing, cdiv, current_stream, interpreting, sm_count
+from ..launch.triton_decode import (COMBINE_STAGES, COMBINE_WARPS, DecodeConfig, DecodeShape, build_append,
+                                    build_combine, build_split, query_tiles, workspace_shapes)
+from ..runtime import KernelStep, capturing, cdiv, current_stream, device_arch, interpreting, sm_count
 from .build import clear_unowned_rows
 from .cache import PlanCache
 
@@ -89,6 +89,13 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
     return DecodeConfig(block_m, block_n, num_warps, num_stages, num_splits)
 
 
+def combine_pdl(device: torch.device) -> bool:
+    """Whether the combine step launches as a programmatic dependent of the split step (sm_90+): its launch and
+    setup overlap the split step's tail, and it waits in the kernel (``griddepcontrol.wait``) before reading."""
+    arch = device_arch(device)
+    return arch is not None and arch >= (9, 0)
+
+
 class DecodePlan:
     """Replayable KV-cache call: ``plan(q, k_cache, v_cache, tensors, out)`` runs append (when new tokens are
     given), the split step and (with several splits) the combine step, and returns ``(out, lse or None)``.
@@ -107,8 +114,10 @@ class DecodePlan:
         self.split = KernelStep(fn, grid, (None,) * 14 + tuple(args), 14, cx, config.num_warps, config.num_stages)
         self.combine = None
         if config.num_splits > 1:
-            fn, grid, args, cx = build_combine(shape, config, q, out)
-            self.combine = KernelStep(fn, grid, (None,) * 5 + tuple(args), 5, cx, 4, 1)
+            pdl = combine_pdl(q.device)
+            fn, grid, args, cx = build_combine(shape, config, q, out, pdl=pdl)
+            self.combine = KernelStep(fn, grid, (None,) * 5 + tuple(args), 5, cx, COMBINE_WARPS, COMBINE_STAGES,
+                                      options={"launch_pdl": True} if pdl else None)
         self.append = None
         if shape.appended:
             fn, grid, args, cx = build_append(shape, k, v, k_cache, v_cache, pts)

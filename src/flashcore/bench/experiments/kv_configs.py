@@ -16,7 +16,10 @@ Three questions, one device call:
   address arithmetic, interleaved, per shape. Config cases whose tuple ends in ``True`` after the secure flag lay
   each sequence's pages out in order (the control of v25.1).
 
-    python -m flashcore.bench.experiments.kv_configs --out $OUT [--only correct,configs,host,same_kv]
+* ``combine`` (v27): the combine step launched as a programmatic dependent of the split step against a plain
+  launch, per shape, cold L2 (as the bench harness times) and as a CUDA-graph replay, with SDPA beside it.
+
+    python -m flashcore.bench.experiments.kv_configs --out $OUT [--only correct,configs,host,same_kv,combine]
 
 Writes ``decode_configs.json`` and prints a table. (Named kv_configs: the KV-cache kernel's configurations.)
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
 
 import torch
@@ -110,7 +114,7 @@ def correct(dev) -> list:
 def _graph_us(fn) -> float:
     fn()
     torch.cuda.synchronize()
-    return do_bench_cudagraph(fn, rep=60)
+    return 1e3 * do_bench_cudagraph(fn, rep=60)  # ms -> us
 
 
 def _planned(q, kc, vc, kw, cfg, secure=False):
@@ -292,7 +296,7 @@ def configs(dev, names) -> list:
         for cfg in [None] + cands:
             try:
                 plan, fn = _planned(q, kc, vc, kw, cfg, secure)
-                us = _graph_us(fn) * 1e3  # do_bench_cudagraph gives ms
+                us = _graph_us(fn)
                 o = fn()[0]
                 if base is None:
                     base = o.float()
@@ -339,10 +343,69 @@ def same_kv(dev, rounds=2) -> list:
         err = ((a - b).norm() / b.norm()).item()
         for r in range(rounds):
             for variant, fn in fns.items():
-                rows.append(dict(case=name, variant=variant, round=r, us=_graph_us(fn) * 1e3, vs_own_v_err=err))
+                rows.append(dict(case=name, variant=variant, round=r, us=_graph_us(fn), vs_own_v_err=err))
                 print(json.dumps(rows[-1]), flush=True)
         del q, kc, vc, fns
         torch.cuda.empty_cache()
+    return rows
+
+
+COMBINE_CASES = {
+    # name: (B, Hq, Hkv, D, cap, Sq, page, fp8): every one runs with splits (the planner's), so with a combine step
+    "b1_4k": (1, 32, 8, 128, 4096, 1, 0, False),
+    "b1_4k_page16": (1, 32, 8, 128, 4096, 1, 16, False),
+    "b1_4k_fp8": (1, 32, 8, 128, 4096, 1, 0, True),
+    "b1_16k": (1, 32, 8, 128, 16384, 1, 0, False),
+    "b1_64k": (1, 32, 8, 128, 65536, 1, 0, False),
+    "b1_64k_page16": (1, 32, 8, 128, 65536, 1, 16, False),
+    "b1_64k_fp8": (1, 32, 8, 128, 65536, 1, 0, True),
+    "b4_8k_sq4": (4, 32, 8, 128, 8192, 4, 0, False),
+    "b8_8k": (8, 32, 8, 128, 8192, 1, 0, False),
+}
+
+
+def _pdl_off():
+    from unittest import mock
+
+    from ...plan import decode as PD
+
+    return mock.patch.object(PD, "combine_pdl", lambda device: False)
+
+
+def combine(dev, rounds=2, variants=None) -> list:
+    """v27: the combine step (one warp per row, all splits' loads at once) launched as a programmatic dependent of
+    the split step (``pdl``, the planner's) and as a plain launch (``no_pdl``), per shape, interleaved; timed as
+    the bench harness does (cold L2: a 256 MB flush before each call, CUDA events; ``cold_us``) and as a CUDA-graph
+    replay (warm L2, ``graph_us``). SDPA (dense, ``enable_gqa``) on the same problem, cold, for reference.
+    ``variants``: name -> context manager factory (default ``pdl``/``no_pdl``); outputs compared to the first."""
+    import contextlib
+
+    from ..timing import Timer
+
+    variants = variants or {"pdl": contextlib.nullcontext, "no_pdl": _pdl_off}
+    timer, rows, gen = Timer(dev), [], torch.Generator(device=dev)
+    for name, (B, Hq, Hkv, D, cap, Sq, page, fp8) in COMBINE_CASES.items():
+        gen.manual_seed(27)
+        q, kc, vc, kw = _make(B, Hq, Hkv, D, cap, Sq, page, fp8, gen, dev)
+        fns, outs, splits = {}, {}, None
+        for v, ctx in variants.items():
+            with ctx():
+                plan, fn = _planned(q, kc, vc, kw, None)
+                outs[v] = fn()[0].float().clone()
+            fns[v], splits = fn, plan.config.num_splits
+        first = next(iter(variants))
+        sdpa_us = None
+        if not fp8 and not page:
+            qd, kd, vd = q.transpose(1, 2).contiguous(), kc.transpose(1, 2), vc.transpose(1, 2)
+            sdpa = lambda: F.scaled_dot_product_attention(qd, kd, vd, enable_gqa=True)  # noqa: E731
+            sdpa_us = 1e3 * statistics.median(timer.measure([sdpa], flush=True, rep_ms=50))
+        for r in range(rounds):
+            for v, fn in fns.items():
+                cold = 1e3 * statistics.median(timer.measure([fn], flush=True, rep_ms=50))
+                rows.append(dict(case=name, variant=v, round=r, splits=splits, cold_us=cold, graph_us=_graph_us(fn),
+                                 sdpa_cold_us=sdpa_us, vs_first_err=_rel(outs[v], outs[first])))
+                print(f"{name:16s} {v:8s} round {r}: cold {cold:7.1f} us  graph {rows[-1]['graph_us']:7.1f} us"
+                      f"  splits {splits}  sdpa {sdpa_us or float('nan'):6.1f}", flush=True)
     return rows
 
 
@@ -509,6 +572,8 @@ def main(argv=None) -> int:
         res["configs"] = configs(dev, a.cases.split(","))
     if "same_kv" in parts:
         res["same_kv"] = same_kv(dev)
+    if "combine" in parts:
+        res["combine"] = combine(dev)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "decode_configs.json"), "w") as f:
         json.dump(res, f, indent=1)
