@@ -199,9 +199,9 @@ def test_readme_triton_versions_table_is_the_committed_runs():
     assert m.group(3).strip() == versions_markdown_table(a, b).strip(), "README's Triton-versions table is stale"
 
 
-def test_readme_decode_table_is_the_committed_run():
-    """The README's decode table is generated from the committed decode run it names (never typed), and that run
-    holds the peers it compares against (SDPA and FA4 in the same run)."""
+def test_readme_decode_tables_are_the_committed_runs():
+    """The README's decode tables (one per GPU) are generated from the committed decode runs they name (never
+    typed), and each run holds the peers it compares against (SDPA and FA4 in the same run)."""
     import os
     import re
 
@@ -209,16 +209,31 @@ def test_readme_decode_table_is_the_committed_run():
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     readme = open(os.path.join(root, "README.md")).read()
-    m = re.search(r"<!-- decode-table: (\S+) -->\n(.*?)\n<!-- /decode-table -->", readme, re.S)
-    assert m, "README lost its generated decode table"
+    tables = re.findall(r"<!-- decode-table: (\S+) -->\n(.*?)\n<!-- /decode-table -->", readme, re.S)
+    assert tables, "README lost its generated decode table"
+    gpus = []
+    for path, table in tables:
+        doc = json.load(open(os.path.join(root, path)))
+        assert doc["config"]["suite"].startswith("decode") and doc["complete"]
+        assert {"flashcore", "flashcore-secure", "sdpa-default", "fa4"} <= set(doc["config"]["backends"])
+        assert table.strip() == decode_markdown_table(doc).strip(), f"README's decode table of {path} is stale"
+        gpus.append(doc["environment"]["gpu"]["name"])
+    assert gpus[0].startswith("NVIDIA H100"), "the first decode table is the H100 run (the GPU of the issue's bars)"
+
+
+def test_readme_performance_table_is_the_committed_run():
+    """The README's main performance table is generated from the committed dense bench run it names, an H100 run
+    with SDPA, FA4, flex and secure mode in it."""
+    import os
+    import re
+
+    from flashcore.bench.report import bench_markdown_table
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    readme = open(os.path.join(root, "README.md")).read()
+    m = re.search(r"<!-- bench-table: (\S+) -->\n(.*?)\n<!-- /bench-table -->", readme, re.S)
+    assert m, "README lost its generated performance table"
     doc = json.load(open(os.path.join(root, m.group(1))))
-    assert doc["config"]["suite"].startswith("decode") and doc["complete"]
-    assert {"flashcore", "flashcore-secure", "sdpa-default", "fa4"} <= set(doc["config"]["backends"])
-    assert m.group(2).strip() == decode_markdown_table(doc).strip(), "README's decode table is stale"
-    # a second table may show a run on another GPU without FA4 (said beside it): generated from its run as well
-    for path, table in re.findall(r"<!-- decode-table-sdpa-only: (\S+) -->\n(.*?)\n<!-- /decode-table-sdpa-only -->",
-                                  readme, re.S):
-        other = json.load(open(os.path.join(root, path)))
-        assert other["config"]["suite"].startswith("decode") and other["complete"]
-        assert {"flashcore", "flashcore-secure", "sdpa-default"} <= set(other["config"]["backends"])
-        assert table.strip() == decode_markdown_table(other).strip(), f"README's table of {path} is stale"
+    assert doc["complete"] and doc["environment"]["gpu"]["name"].startswith("NVIDIA H100")
+    assert {"flashcore", "flashcore-secure", "sdpa-default", "fa4", "flex"} <= set(doc["config"]["backends"])
+    assert m.group(2).strip() == bench_markdown_table(doc).strip(), "README's performance table is stale"

@@ -202,3 +202,89 @@ def test_fp8_nan_reaches_the_output_where_a_key_is_seen_and_only_there(page, spl
     assert torch.equal(torch.isnan(o), torch.isnan(ro))
     fin = ~torch.isnan(ro)
     assert rel_err(o[fin], ro[fin]) < 1e-2
+
+
+# ---- chunked prefill on the Gluon forward kernel (plan.prefill) ----------------------------------------------------
+
+def _prefill_plan(q, kc, vc, **kw):
+    """The plan the call made (from the plan cache, through the library's own lookup)."""
+    from flashcore.plan.decode import DecodePlan
+
+    seen = []
+    real = DecodePlan.__call__
+
+    def spy(self, *a, **k):
+        seen.append(self)
+        return real(self, *a, **k)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(DecodePlan, "__call__", spy)
+        res = flashcore.attention_with_kvcache(q, kc, vc, **kw)
+    return seen[-1], res
+
+
+@pytest.mark.parametrize("D,heads", [(128, (32, 8)), (64, (16, 16))])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("append", [False, True])
+def test_chunked_prefill_runs_the_gluon_kernel_with_per_sequence_key_lengths(D, heads, causal, append):
+    """Sq >= 128 against a contiguous cache: the Gluon forward kernel with each sequence's key length, against the
+    float64 reference: lengths 0, shorter than the queries (rows that see no key: zeros, lse -inf), not a multiple
+    of the key tile, and full; output and lse poisoned first."""
+    from flashcore.plan.prefill import PREFILL_MIN_SEQLEN_Q
+
+    B, cap, Sq = 4, 1000, PREFILL_MIN_SEQLEN_Q + 72
+    q, kc, vc, _, _, _ = _case(B, heads[0], heads[1], D, cap, 0, Sq=Sq, seed=3)
+    lens = torch.tensor([0, 77, 555, cap - (Sq if append else 0)], dtype=torch.int32, device=DEV)
+    kw = dict(cache_seqlens=lens, causal=causal, return_lse=True)
+    if append:
+        kw.update(k=torch.randn(B, Sq, heads[1], D, device=DEV, dtype=torch.bfloat16),
+                  v=torch.randn(B, Sq, heads[1], D, device=DEV, dtype=torch.bfloat16))
+    kc2, vc2 = kc.clone(), vc.clone()
+    out = torch.full_like(q, float("nan"))
+    plan, (o, lse) = _prefill_plan(q, kc, vc, out=out, **kw)
+    assert plan.prefill is not None and plan.split is None
+    ro, rl = R.attention_with_kvcache(q, kc2, vc2, **kw)
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)  # the append wrote what the reference wrote
+    assert o is out and not torch.isnan(o).any()
+    assert rel_err(o, ro) < 1e-2
+    assert torch.equal(torch.isinf(lse), torch.isinf(rl))
+    fin = torch.isfinite(rl)
+    assert rel_err(lse[fin], rl[fin]) < 1e-4
+    if causal and not append:
+        assert torch.equal(o[1, :Sq - 77], torch.zeros_like(o[1, :Sq - 77]))  # rows that see no key
+
+
+def test_chunked_prefill_keeps_the_decode_kernel_where_the_gluon_kernel_cannot_run():
+    """Paged caches, FP8, an explicit split count, fewer queries than the threshold: the decode kernel."""
+    from flashcore.plan.prefill import PREFILL_MIN_SEQLEN_Q
+
+    q, kc, vc, table, lens, descale = _case(2, 16, 4, 128, 700, 16, Sq=PREFILL_MIN_SEQLEN_Q)
+    plan, _ = _prefill_plan(q, kc, vc, cache_seqlens=lens, page_table=table)
+    assert plan.prefill is None
+    q, kc, vc, _, lens, _ = _case(2, 16, 4, 128, 700, 0, Sq=PREFILL_MIN_SEQLEN_Q)
+    assert _prefill_plan(q, kc, vc, cache_seqlens=lens, num_splits=2)[0].prefill is None
+    assert _prefill_plan(q[:, :PREFILL_MIN_SEQLEN_Q - 1], kc, vc, cache_seqlens=lens)[0].prefill is None
+    plan, o = _prefill_plan(q, kc, vc, cache_seqlens=lens)
+    assert plan.prefill is not None
+    assert rel_err(o, R.attention_with_kvcache(q, kc, vc, cache_seqlens=lens)) < 1e-2
+
+
+def test_chunked_prefill_cuda_graph_replay_with_new_lengths():
+    from flashcore.plan.prefill import PREFILL_MIN_SEQLEN_Q
+
+    B, cap, Sq = 3, 2048, PREFILL_MIN_SEQLEN_Q
+    q, kc, vc, _, lens, _ = _case(B, 32, 8, 128, cap, 0, Sq=Sq, seed=5)
+    out, lens_buf = torch.empty_like(q), lens.clone()
+
+    def call():
+        return flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lens_buf, out=out)
+
+    assert _prefill_plan(q, kc, vc, cache_seqlens=lens_buf, out=out)[0].prefill is not None
+    graph, _ = capture_cuda_graph(call)
+    for trial in range(3):
+        new_lens = torch.randint(0, cap + 1, (B,), device=DEV).int()
+        lens_buf.copy_(new_lens)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel_err(out, R.attention_with_kvcache(q, kc, vc, cache_seqlens=new_lens)) < 1e-2, trial

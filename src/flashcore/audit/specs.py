@@ -127,17 +127,19 @@ def _hd_ones(dtype) -> tuple[int, ...]:
 
 
 def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096, Hq: int = 8, Hkv: int = 8,
-               return_lse: bool = False, cfg=None, secure: bool = False, switches=None, B: int = 2) -> dict:
+               return_lse: bool = False, cfg=None, secure: bool = False, switches=None, B: int = 2,
+               key_lens: bool = False) -> dict:
     """The Gluon Hopper kernel as launched for these public facts, as a compile spec like
     :func:`audit_specs`' (plus ``maxnreg``); built from CPU tensors, no GPU needed. ``secure``: the
     constant-time kernel (secret: the data behind the descriptors and the lengths). ``switches``: the
-    kernel's switches (``plan.knobs.GluonSwitches``; default: the current ones)."""
+    kernel's switches (``plan.knobs.GluonSwitches``; default: the current ones). ``key_lens``: the fast form with
+    per-sequence key lengths (``plan.prefill``)."""
     q, k = torch.empty(B, Hq, S, head_dim, dtype=dtype), torch.empty(B, Hkv, S, head_dim, dtype=dtype)
     lse = torch.empty(B, Hq, S, dtype=torch.float32) if return_lse else None
     cfg = cfg or (tables.gluon_secure if secure else tables.gluon_ws)(head_dim, S, causal)
     launch = GluonLaunch(q, k, k, q, lse, scale=head_dim ** -0.5, causal=causal, seqlen_q=S, seqlen_k=S, batch=B,
                          num_heads_q=Hq, num_heads_kv=Hkv, lse_strides=(Hq * S, S), cfg=cfg, secure=secure,
-                         switches=switches)
+                         switches=switches, key_lens=key_lens)
     step = launch.step
     lens = torch.full((B,), S, dtype=torch.int32)
     w = torch.empty(launch.key_weights_shape, dtype=dtype) if launch.key_weights_shape else None

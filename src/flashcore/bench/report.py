@@ -325,3 +325,35 @@ def decode_markdown_table(doc: dict) -> str:
         rows.append(f"| {e['label']} | {us_or_status(fc)} | {secure} | {us_or_status(b.get('sdpa-default'))} | "
                     f"{us_or_status(b.get('fa4'))} | {ratio} | {rate} |")
     return "\n".join(rows)
+
+
+def bench_markdown_table(doc: dict) -> str:
+    """The README's performance table from one dense ``--suite`` run: flashcore's median time (TFLOP/s), SDPA's
+    default, FA4 and flex (same run), the fastest peer, flashcore against SDPA and against the fastest peer, the
+    CUDA-graph and eager host times where the run measured them (small shapes), and secure mode's throughput
+    relative to flashcore's."""
+    rows = ["| shape B×H×S×D | flashcore µs (TFLOP/s) | SDPA default µs | FA4 µs | flex µs | fastest peer µs | "
+            "flashcore vs SDPA | vs fastest peer | CUDA graph µs: flashcore / SDPA | eager host µs: flashcore / SDPA | "
+            "secure / fast |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def us(r):
+        t = _median_us(r)
+        return f"{t:.1f}" if t else (r or {}).get("status", "-")
+
+    def pair(a, b, key, fmt):
+        x, y = (a or {}).get(key), (b or {}).get(key)
+        return f"{fmt.format(x)} / {fmt.format(y)}" if x and y else "–"
+
+    for e in doc["results"]:
+        b = e["backends"]
+        fc, sdpa, peer = b.get("flashcore") or {}, b.get("sdpa-default"), e.get("fastest_peer")
+        fc_us, sec_us = _median_us(fc), _median_us(b.get("flashcore-secure"))
+        tf = f" ({fc['tflops']:.0f})" if fc.get("tflops") else ""
+        peer_us = f"{_median_us(b.get(peer)):.1f} ({peer})" if peer and _median_us(b.get(peer)) else "-"
+        vs_sdpa = f"**{fc['vs_sdpa_default']:.2f}×**" if fc.get("vs_sdpa_default") else "-"
+        vs_peer = f"{fc['vs_fastest_peer']:.2f}×" if fc.get("vs_fastest_peer") else "-"
+        secure = f"{fc_us / sec_us:.2f}" if fc_us and sec_us else "-"
+        rows.append(f"| {e['label']} | {us(fc)}{tf} | {us(sdpa)} | {us(b.get('fa4'))} | {us(b.get('flex'))} | "
+                    f"{peer_us} | {vs_sdpa} | {vs_peer} | {pair(fc, sdpa, 'cuda_graph_us', '{:.1f}')} | "
+                    f"{pair(fc, sdpa, 'host_latency_us', '{:.0f}')} | {secure} |")
+    return "\n".join(rows)

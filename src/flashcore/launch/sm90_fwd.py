@@ -51,7 +51,7 @@ class GluonLaunch:
 
     def __init__(self, q, k, v, o, lse, *, scale: float, causal: bool, seqlen_q: int, seqlen_k: int,
                  batch: int, num_heads_q: int, num_heads_kv: int, lse_strides, cfg, secure: bool = False,
-                 sum_mma: bool | None = None, switches: GluonSwitches | None = None):
+                 sum_mma: bool | None = None, switches: GluonSwitches | None = None, key_lens: bool = False):
         sw = self.switches = switches if switches is not None else gluon_switches()
         D = q.shape[-1]
         err = gluon_config_error(cfg, D)
@@ -97,10 +97,12 @@ class GluonLaunch:
                           V_STAGES=v_depth, CAUSAL=bool(causal),
                           RETURN_LSE=lse is not None, NUM_WG=num_wg, PAIRED=paired)
         consumer_regs, maxnreg = REGISTERS[num_wg]
+        if key_lens and secure:
+            raise ValueError("per-sequence key lengths (key_lens) are a fast-path form; secure mode has its own")
         constexprs.update(SECURE=bool(secure), SUM_MMA=sum_mma, CONSUMER_WG_REGS=consumer_regs,
-                          LOADER_WG_REGS=LOADER_REGS, TRACE=bool(sw.trace) and not secure,
+                          LOADER_WG_REGS=LOADER_REGS, TRACE=bool(sw.trace) and not secure and not key_lens,
                           EARLY_LOADS=bool(sw.early_loads) and not secure,
-                          STAGGER=0 if secure or D != 64 else int(sw.stagger))
+                          STAGGER=0 if secure or D != 64 else int(sw.stagger), KEY_LENS=bool(key_lens))
         self.step = KernelStep(attn_fwd_hopper_kernel, grid, args, 7, constexprs, cfg.num_warps, 1,
                                options=dict(maxnreg=maxnreg))
         self.trace_slots = grid[0] * num_wg * TRACE_SLOTS if constexprs["TRACE"] else 0
@@ -113,8 +115,8 @@ class GluonLaunch:
         return make_descriptors((q, k, v, o, w), self.geom, DESC_ARGS)
 
     def run(self, ptrs, device, key_weights=None) -> None:
-        """``ptrs``: q, k, v, o, lse, seqlens_q, ... (unused ones: any tensor); ``key_weights``: the
-        pre-pass's, where the plan has them (secure, non-causal)."""
+        """``ptrs``: q, k, v, o, lse, seqlens_q (with ``key_lens``: the int32 key lengths), ... (unused ones: any
+        tensor); ``key_weights``: the pre-pass's, where the plan has them (secure, non-causal)."""
         q, k, v, o, lse, sq = ptrs[:6]
         if self.trace_slots:
             self._check_trace(q, sq)

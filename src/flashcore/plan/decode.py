@@ -16,6 +16,7 @@ from ..launch.triton_decode import (COMBINE_STAGES, COMBINE_WARPS, DecodeConfig,
 from ..runtime import KernelStep, capturing, cdiv, current_stream, device_arch, interpreting, sm_count
 from .build import clear_unowned_rows
 from .cache import PlanCache
+from .prefill import prefill_launch, prefill_serves, run_prefill
 
 MIN_TILES_PER_SPLIT = 2  # fewer key tiles per split and the combine's reads stop being negligible
 
@@ -100,20 +101,25 @@ class DecodePlan:
     """Replayable KV-cache call: ``plan(q, k_cache, v_cache, tensors, out)`` runs append (when new tokens are
     given), the split step and (with several splits) the combine step, and returns ``(out, lse or None)``.
     ``tensors``: a dict of the optional tensor arguments by name (``launch.triton_decode.*_POINTERS``)."""
-    __slots__ = ("shape", "config", "append", "split", "combine", "out_shape", "lse_shape", "workspace",
+    __slots__ = ("shape", "config", "append", "split", "combine", "prefill", "out_shape", "lse_shape", "workspace",
                  "page_table_stride", "args")
 
-    def __init__(self, shape: DecodeShape, config: DecodeConfig, q, k_cache, v_cache, k, v, out, page_table):
+    def __init__(self, shape: DecodeShape, config: DecodeConfig, q, k_cache, v_cache, k, v, out, page_table,
+                 prefill: bool = False, lse=None):
         self.shape, self.config = shape, config
         self.args = None  # the validated arguments (``_checks.KvcacheArgs``) of the call that made the plan
         pts = page_table.stride(0) if page_table is not None else 0
         self.page_table_stride = pts
-        fn, grid, args, cx = build_split(shape, config, q, k_cache, v_cache, out, pts)
-        if interpreting():  # Triton's CPU interpreter runs no inline assembly: page indices by plain loads, an FP8
-            cx = dict(cx, ASM=False)  # cache widened by Triton's integer operations
-        self.split = KernelStep(fn, grid, (None,) * 14 + tuple(args), 14, cx, config.num_warps, config.num_stages)
-        self.combine = None
-        if config.num_splits > 1:
+        # prefill: the Gluon forward kernel with per-sequence key lengths instead of split + combine (plan.prefill)
+        self.prefill = prefill_launch(shape, q, k_cache, v_cache, out, lse) if prefill else None
+        self.split = self.combine = None
+        if not prefill:
+            fn, grid, args, cx = build_split(shape, config, q, k_cache, v_cache, out, pts)
+            if interpreting():  # Triton's CPU interpreter runs no inline assembly: page indices by plain loads, an
+                cx = dict(cx, ASM=False)  # FP8 cache widened by Triton's integer operations
+            self.split = KernelStep(fn, grid, (None,) * 14 + tuple(args), 14, cx, config.num_warps,
+                                    config.num_stages)
+        if config.num_splits > 1 and not prefill:
             pdl = combine_pdl(q.device)
             fn, grid, args, cx = build_combine(shape, config, q, out, pdl=pdl)
             self.combine = KernelStep(fn, grid, (None,) * 5 + tuple(args), 5, cx, COMBINE_WARPS, COMBINE_STAGES,
@@ -128,11 +134,12 @@ class DecodePlan:
         if shape.return_lse:
             self.lse_shape = (shape.num_heads_q, total_q) if shape.packed else (
                 shape.batch, shape.num_heads_q, shape.seqlen_q)
-        self.workspace = workspace_shapes(shape, config)
+        self.workspace = workspace_shapes(shape, config) if not prefill else ()
 
     @property
     def steps(self) -> tuple:
-        return tuple(s for s in (self.append, self.split, self.combine) if s is not None)
+        main = (self.prefill.step,) if self.prefill is not None else (self.split, self.combine)
+        return tuple(s for s in (self.append, *main) if s is not None)
 
     def __call__(self, q, k_cache, v_cache, tensors: dict, out=None):
         device = q.device
@@ -157,6 +164,9 @@ class DecodePlan:
         if self.append is not None:
             self.append.run((t["k"], t["v"], k_cache, v_cache, dummy, get("page_table"), get("cache_batch_idx"),
                              get("cu_seqlens_q")), device)
+        if self.prefill is not None:
+            run_prefill(self.prefill, self.shape, q, k_cache, v_cache, out, lse, dummy, device)
+            return out, lse
         part_o, part_lse = ws.get("part_o", dummy), ws.get("part_lse", dummy)
         self.split.run((q, k_cache, v_cache, out, lse if lse is not None else dummy, part_o, part_lse, dummy,
                         get("page_table"), get("cache_batch_idx"), get("cache_leftpad"), get("cu_seqlens_q"),
@@ -194,7 +204,10 @@ def plan_kvcache(a, q, k_cache, v_cache, k, v, page_table, cache_batch_idx, cach
         return_lse=a.return_lse, fp32=q.dtype == torch.float32, scale=a.scale)
     cfg = config or choose_config(shape, a.num_splits, q.device)
     o = out if out is not None else torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    plan = DecodePlan(shape, cfg, q, k_cache, v_cache, k, v, o, page_table)
+    prefill = config is None and prefill_serves(shape, a.num_splits, q, k_cache, v_cache, out)
+    lse = torch.empty((shape.batch, shape.num_heads_q, shape.seqlen_q), dtype=torch.float32,
+                      device=q.device) if prefill and shape.return_lse else None
+    plan = DecodePlan(shape, cfg, q, k_cache, v_cache, k, v, o, page_table, prefill=prefill, lse=lse)
     plan.args = a
     return plan
 

@@ -64,6 +64,7 @@ def _consumer(shared, form, WG: gl.constexpr):
     SUM_MMA: gl.constexpr = form.SUM_MMA
     TRACE: gl.constexpr = form.TRACE
     STAGGER: gl.constexpr = form.STAGGER
+    KEY_LENS: gl.constexpr = form.KEY_LENS
     q_desc = shared.q_desc
     o_desc = shared.o_desc
     q_smem = shared.q_smem
@@ -121,7 +122,7 @@ def _consumer(shared, form, WG: gl.constexpr):
                                   q_empty, k_ready, v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr,
                                   qk_scale, seqlen_q, seqlen_k, num_heads, lse_stride_b, lse_stride_h, BLOCK_M,
                                   BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, SECURE, SUM_MMA,
-                                  TRACE, STAGGER, WG)
+                                  TRACE, STAGGER, WG, KEY_LENS)
                 kc += n
                 it += 1
         if CARRY:
@@ -167,7 +168,7 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
                   lse_stride_b, lse_stride_h, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                   K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr,
                   NUM_WG: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, TRACE: gl.constexpr,
-                  STAGGER: gl.constexpr, WG: gl.constexpr):
+                  STAGGER: gl.constexpr, WG: gl.constexpr, KEY_LENS: gl.constexpr):
     """One work item for this warpgroup: BLOCK_M query rows against all their key tiles. ``kc`` is the
     ring position of the item's first K/V tile, ``it`` the item's index (Q slot and phase). Returns the
     number of K/V tiles it consumed (where the next item's tiles start in the rings).
@@ -179,7 +180,11 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
     MMA ``P W`` against the pre-pass's 0/1 key weights (SUM_MMA), which replaces the per-score adds.
     Causal runs here only in the self-attention form (len_q == len_k, Sq == Sk, public diagonal), where a
     row i < len sees keys j <= i < len only. Either way the loop is the fast kernel's, and the true query
-    length enters only the epilogue's selects: rows at or past it output zeros."""
+    length enters only the epilogue's selects: rows at or past it output zeros.
+
+    KEY_LENS (fast path only; chunked prefill against a KV cache, ``plan.prefill``): the pointer argument holds
+    each sequence's key length, and keys at or past it are what keys past ``seqlen_k`` are otherwise: never
+    visited beyond the last tile, masked within it; causal stays bottom-right, per sequence."""
     dtype: gl.constexpr = q_desc.dtype
     W_ROWS: gl.constexpr = 8  # the narrowest wgmma (N = 8); = kernels.secure.prepass.W_ROWS, the host's key-weight rows
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -193,6 +198,8 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
 
     m_wg = pid_m * NUM_WG * BLOCK_M + WG * BLOCK_M
     row = m_wg + gl.arange(0, BLOCK_M, layout=row_layout)
+    if KEY_LENS:  # clamped into the cache (an unchecked length under CUDA-graph replay reads nothing outside it)
+        seqlen_k = gl.minimum(gl.maximum(gl.load(seqlens_q_ptr + b), 0), seqlen_k)
     diag = seqlen_k - seqlen_q
     if SECURE:  # secret: clamped arithmetically into [0, padded length]
         len_q = gl.minimum(gl.maximum(gl.load(seqlens_q_ptr + b), 0), seqlen_q)
@@ -327,7 +334,8 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
                            K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                            RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr, PAIRED: gl.constexpr, SECURE: gl.constexpr,
                            SUM_MMA: gl.constexpr, CONSUMER_WG_REGS: gl.constexpr, LOADER_WG_REGS: gl.constexpr,
-                           TRACE: gl.constexpr, EARLY_LOADS: gl.constexpr = False, STAGGER: gl.constexpr = 0):
+                           TRACE: gl.constexpr, EARLY_LOADS: gl.constexpr = False, STAGGER: gl.constexpr = 0,
+                           KEY_LENS: gl.constexpr = False):
     """Persistent: program i takes scheduling units i, i + grid, ... (a unit = one work item of
     NUM_WG*BLOCK_M query rows of one head, or with PAIRED two causal items of equal total cost), so one
     item's epilogue and the next one's loads overlap instead of costing a launch.
@@ -339,6 +347,8 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
     follow timing, not data: the mbarrier waits (``SYNCS.PHASECHK.TRANS64.TRYWAIT`` + branch) and the
     register reallocation at partition entry (``USETMAXREG.TRY_ALLOC`` + branch). Gate 2 checks every
     other instruction's count per address (``flashcore audit counters --per-pc``).
+
+    KEY_LENS (fast path): ``seqlens_q_ptr`` holds int32 key lengths per sequence (see _consume_tile).
 
     ``CONSUMER_WG_REGS`` / ``LOADER_WG_REGS``: the register requests per worker warpgroup (setmaxnreg).
     """
@@ -385,7 +395,7 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
     # tests/test_machine_code.py). The partition list itself stays literal, one per layout: Triton 3.6's
     # warp_specialize needs it so.
     form = Form(BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA,
-                TRACE, EARLY_LOADS, STAGGER)
+                TRACE, EARLY_LOADS, STAGGER, KEY_LENS)
     shared = Shared(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready,
                     v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads,
                     group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles)

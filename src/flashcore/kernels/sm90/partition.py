@@ -88,13 +88,15 @@ class Form:
     TRACE: gl.constexpr
     EARLY_LOADS: gl.constexpr
     STAGGER: gl.constexpr
+    KEY_LENS: gl.constexpr
 
     @constexpr_function
     def __init__(self, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE,
-                 SUM_MMA, TRACE, EARLY_LOADS, STAGGER):
+                 SUM_MMA, TRACE, EARLY_LOADS, STAGGER, KEY_LENS):
         self.BLOCK_M, self.BLOCK_N, self.HEAD_DIM = gl.constexpr(BLOCK_M), gl.constexpr(BLOCK_N), gl.constexpr(HEAD_DIM)
         self.K_STAGES, self.V_STAGES = gl.constexpr(K_STAGES), gl.constexpr(V_STAGES)
         self.CAUSAL, self.RETURN_LSE = gl.constexpr(CAUSAL), gl.constexpr(RETURN_LSE)
         self.NUM_WG, self.PAIRED, self.SECURE = gl.constexpr(NUM_WG), gl.constexpr(PAIRED), gl.constexpr(SECURE)
         self.SUM_MMA, self.TRACE = gl.constexpr(SUM_MMA), gl.constexpr(TRACE)
         self.EARLY_LOADS, self.STAGGER = gl.constexpr(EARLY_LOADS), gl.constexpr(STAGGER)
+        self.KEY_LENS = gl.constexpr(KEY_LENS)

@@ -28,6 +28,7 @@ def _loader(shared, form, WG: gl.constexpr):
     SUM_MMA: gl.constexpr = form.SUM_MMA
     TRACE: gl.constexpr = form.TRACE
     EARLY_LOADS: gl.constexpr = form.EARLY_LOADS
+    KEY_LENS: gl.constexpr = form.KEY_LENS
     q_desc = shared.q_desc
     k_desc = shared.k_desc
     v_desc = shared.v_desc
@@ -59,7 +60,7 @@ def _loader(shared, form, WG: gl.constexpr):
                 n = _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem, v_smem, w_smem,
                                q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, seqlen_q, seqlen_k, num_heads,
                                group, BLOCK_M, BLOCK_N, K_STAGES, V_STAGES, CAUSAL, NUM_WG, SUM_MMA,
-                               EARLY_LOADS, seqlens_q_ptr, TRACE)
+                               EARLY_LOADS, seqlens_q_ptr, TRACE, KEY_LENS)
                 kc += n
                 it += 1
 
@@ -135,11 +136,14 @@ def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem
                k_ready, v_ready, k_empty, v_empty, seqlen_q, seqlen_k, num_heads, group, BLOCK_M: gl.constexpr,
                BLOCK_N: gl.constexpr, K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                NUM_WG: gl.constexpr, SUM_MMA: gl.constexpr, EARLY_LOADS: gl.constexpr, trace_ptr,
-               TRACE: gl.constexpr):
+               TRACE: gl.constexpr, KEY_LENS: gl.constexpr):
     """The loader's side of one work item: its Q tiles, then its K/V tiles through the rings (with
     SUM_MMA each V tile brings its key weights along). Returns the number of K/V tiles loaded. With
-    EARLY_LOADS the program's first Q and K/V tile 0 were requested at kernel entry (_issue_first_loads)."""
+    EARLY_LOADS the program's first Q and K/V tile 0 were requested at kernel entry (_issue_first_loads). With
+    KEY_LENS ``trace_ptr`` holds the key lengths, and the item's tiles stop at its sequence's (as the consumers')."""
     b, h, hk = _head_coords(bh, num_heads, group)
+    if KEY_LENS:
+        seqlen_k = gl.minimum(gl.maximum(gl.load(trace_ptr + b), 0), seqlen_k)
     m0 = pid_m * NUM_WG * BLOCK_M
     if EARLY_LOADS:  # (constexpr branches: without EARLY_LOADS the code is the form the secure gate passed)
         if it > 0:

@@ -1,0 +1,66 @@
+"""Chunked prefill against a contiguous KV cache on the sm_90 Gluon forward kernel.
+
+``attention_with_kvcache`` with many query tokens per sequence (chunked prefill, long speculative blocks) is a
+forward pass over the cache with a key length per sequence. The split-KV decode kernel (``kernels/triton/
+decode.py``) runs it at 0.73x FA4 (H100, 4x32/8x512 against 8k, causal; perf-notes v22); the warp-specialised
+Gluon forward kernel, given each sequence's key length (``KEY_LENS``), runs the dense form of the same shape at
+1.34x the decode kernel's speed (perf-notes v28). This module decides, from public facts only, when a KV-cache
+call takes that route, and builds its launch: the caller's q, caches and output viewed as ``[B, H, S, D]``, the
+key lengths (``cache_seqlens``, plus the appended tokens) read on the device.
+
+The route needs what the Gluon kernel needs (an sm_90 GPU, bf16/fp16, head dim 64 or 128, tensors the copy engine
+can address) and a cache the kernel can read as one dense tensor: contiguous (not paged), one cache row per
+sequence (no ``cache_batch_idx``), no ``cache_leftpad``, no packed queries, no FP8; fast mode only, with the split
+count left to the planner (an explicit ``num_splits`` asks for the decode kernel)."""
+from __future__ import annotations
+
+import torch
+
+from ..launch.sm90_fwd import GluonLaunch
+from ..plan.tables import gluon_ws
+from ..runtime import device_arch
+from ..runtime.tma import addressable
+
+# Queries per sequence from which the Gluon kernel runs a KV-cache call (H100, 2026-11-27, perf-notes v28: at 4x32/8
+# heads, D 128, 8k cache, Sq 128 ran 111.7 us against the decode kernel's 150.6)
+PREFILL_MIN_SEQLEN_Q = 128
+HEAD_DIMS = (64, 128)
+
+
+def bhsd(t: torch.Tensor) -> torch.Tensor:
+    """A ``[B, S, H, D]`` tensor as the kernel's ``[B, H, S, D]`` view (no copy)."""
+    return t.transpose(1, 2)
+
+
+def prefill_serves(shape, num_splits: int, q, k_cache, v_cache, out) -> bool:
+    """Whether the KV-cache call (``shape``: ``launch.triton_decode.DecodeShape``) runs on the Gluon kernel."""
+    if shape.secure or shape.paged or shape.packed or shape.fp8 or shape.fp32 or shape.has_batch_idx:
+        return False
+    if shape.has_leftpad or num_splits != 0 or shape.seqlen_q < PREFILL_MIN_SEQLEN_Q:
+        return False
+    if shape.head_dim not in HEAD_DIMS or q.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if device_arch(q.device) != (9, 0) or k_cache.shape[0] != shape.batch:
+        return False
+    views = [bhsd(t) for t in (q, k_cache, v_cache)] + ([bhsd(out)] if out is not None else [])
+    return all(t.stride(-1) == 1 and addressable(t) for t in views)
+
+
+def prefill_launch(shape, q, k_cache, v_cache, out, lse) -> GluonLaunch:
+    """The Gluon launch of a call :func:`prefill_serves` accepted: the keys are the whole cache
+    (``seqlen_k`` = capacity), each sequence's own length read on the device."""
+    o = out if out is not None else torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse_strides = (shape.num_heads_q * shape.seqlen_q, shape.seqlen_q)  # [B, Hq, Sq] contiguous
+    return GluonLaunch(bhsd(q), bhsd(k_cache), bhsd(v_cache), bhsd(o), lse, scale=shape.scale, causal=shape.causal,
+                       seqlen_q=shape.seqlen_q, seqlen_k=shape.capacity, batch=shape.batch,
+                       num_heads_q=shape.num_heads_q, num_heads_kv=shape.num_heads_kv, lse_strides=lse_strides,
+                       cfg=gluon_ws(shape.head_dim, shape.seqlen_q, shape.causal), key_lens=True)
+
+
+def run_prefill(launch: GluonLaunch, shape, q, k_cache, v_cache, out, lse, cache_seqlens, device) -> None:
+    """One call: the key lengths are ``cache_seqlens`` plus the tokens just appended (a small device add)."""
+    lens = cache_seqlens + shape.seqlen_q if shape.appended else cache_seqlens
+    launch.run((bhsd(q), bhsd(k_cache), bhsd(v_cache), bhsd(out), lse, lens), device)
+
+
+__all__ = ["PREFILL_MIN_SEQLEN_Q", "prefill_launch", "prefill_serves", "run_prefill"]
