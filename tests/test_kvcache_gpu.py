@@ -232,7 +232,7 @@ def test_chunked_prefill_runs_the_gluon_kernel_with_per_sequence_key_lengths(D, 
     of the key tile, and full; output and lse poisoned first."""
     from flashcore.plan.prefill import PREFILL_MIN_SEQLEN_Q
 
-    B, cap, Sq = 4, 1000, PREFILL_MIN_SEQLEN_Q + 72
+    B, cap, Sq = 4, 1000, PREFILL_MIN_SEQLEN_Q[D] + 72
     q, kc, vc, _, _, _ = _case(B, heads[0], heads[1], D, cap, 0, Sq=Sq, seed=3)
     lens = torch.tensor([0, 77, 555, cap - (Sq if append else 0)], dtype=torch.int32, device=DEV)
     kw = dict(cache_seqlens=lens, causal=causal, return_lse=True)
@@ -258,12 +258,14 @@ def test_chunked_prefill_keeps_the_decode_kernel_where_the_gluon_kernel_cannot_r
     """Paged caches, FP8, an explicit split count, fewer queries than the threshold: the decode kernel."""
     from flashcore.plan.prefill import PREFILL_MIN_SEQLEN_Q
 
-    q, kc, vc, table, lens, descale = _case(2, 16, 4, 128, 700, 16, Sq=PREFILL_MIN_SEQLEN_Q)
+    least = PREFILL_MIN_SEQLEN_Q[128]
+    q, kc, vc, table, lens, descale = _case(2, 16, 4, 128, 700, 16, Sq=least)
     plan, _ = _prefill_plan(q, kc, vc, cache_seqlens=lens, page_table=table)
     assert plan.prefill is None
-    q, kc, vc, _, lens, _ = _case(2, 16, 4, 128, 700, 0, Sq=PREFILL_MIN_SEQLEN_Q)
+    q, kc, vc, _, lens, _ = _case(2, 16, 4, 128, 700, 0, Sq=least)
     assert _prefill_plan(q, kc, vc, cache_seqlens=lens, num_splits=2)[0].prefill is None
-    assert _prefill_plan(q[:, :PREFILL_MIN_SEQLEN_Q - 1], kc, vc, cache_seqlens=lens)[0].prefill is None
+    assert _prefill_plan(q[:, :least - 1], kc, vc, cache_seqlens=lens)[0].prefill is None
+    assert _prefill_plan(q[..., :64], kc[..., :64], vc[..., :64], cache_seqlens=lens)[0].prefill is None  # D 64: 128
     plan, o = _prefill_plan(q, kc, vc, cache_seqlens=lens)
     assert plan.prefill is not None
     assert rel_err(o, R.attention_with_kvcache(q, kc, vc, cache_seqlens=lens)) < 1e-2
@@ -272,7 +274,7 @@ def test_chunked_prefill_keeps_the_decode_kernel_where_the_gluon_kernel_cannot_r
 def test_chunked_prefill_cuda_graph_replay_with_new_lengths():
     from flashcore.plan.prefill import PREFILL_MIN_SEQLEN_Q
 
-    B, cap, Sq = 3, 2048, PREFILL_MIN_SEQLEN_Q
+    B, cap, Sq = 3, 2048, PREFILL_MIN_SEQLEN_Q[128]
     q, kc, vc, _, lens, _ = _case(B, 32, 8, 128, cap, 0, Sq=Sq, seed=5)
     out, lens_buf = torch.empty_like(q), lens.clone()
 

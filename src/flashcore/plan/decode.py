@@ -153,14 +153,13 @@ class DecodePlan:
         if out is None:
             out = torch.empty(self.out_shape, dtype=q.dtype, device=device)
         lse = None if self.lse_shape is None else torch.empty(self.lse_shape, dtype=torch.float32, device=device)
-        ws = {}
-        if self.workspace:
-            sizes = [math.prod(s) for _, s in self.workspace]
-            flat = workspace(sum(sizes), device)
-            for (name, s), part in zip(self.workspace, flat.split(sizes)):
-                ws[name] = part.view(s)
+        ws = workspace_views(self.workspace, device) if self.workspace else {}
         dummy = t["cache_seqlens"]
-        get = lambda n: t.get(n) if t.get(n) is not None else dummy  # noqa: E731  (an unused pointer)
+
+        def get(name):  # an unused pointer gets any tensor
+            x = t.get(name)
+            return dummy if x is None else x
+
         if self.append is not None:
             self.append.run((t["k"], t["v"], k_cache, v_cache, dummy, get("page_table"), get("cache_batch_idx"),
                              get("cu_seqlens_q")), device)
@@ -178,18 +177,23 @@ class DecodePlan:
         return out, lse
 
 
-_WORKSPACES = PlanCache(limit=16)  # (numel, device index, raw stream, thread) -> float32 buffer
+_WORKSPACES = PlanCache(limit=16)  # (workspace shapes, device index, raw stream, thread) -> {name: float32 view}
 
 
-def workspace(numel: int, device: torch.device) -> torch.Tensor:
-    """The split step's float32 workspace. Eager calls reuse one buffer per (size, device, stream, thread): the
-    split and combine steps of one call run in stream order before the next call's, and calls from two threads
-    on one stream would interleave, so each thread has its own (an allocation is ~7 us of a decode call's host
-    time, measured on the H200's host). Under graph capture a fresh buffer, which the graph's memory pool keeps."""
+def workspace_views(shapes: tuple, device: torch.device) -> dict:
+    """The split step's float32 workspace, as ``{name: view}`` for ``shapes`` (``((name, shape), ...)``). Eager calls
+    reuse one buffer and its views per (shapes, device, stream, thread): the split and combine steps of one call run
+    in stream order before the next call's, and calls from two threads on one stream would interleave, so each thread
+    has its own (an allocation is ~7 us of a decode call's host time, measured on the H200's host; splitting it into
+    views ~5 us more on this CPU). Under graph capture a fresh buffer, which the graph's memory pool keeps."""
+    def make():
+        sizes = [math.prod(s) for _, s in shapes]
+        flat = torch.empty(sum(sizes), dtype=torch.float32, device=device)
+        return {name: part.view(s) for (name, s), part in zip(shapes, flat.split(sizes))}
+
     if device.type != "cuda" or capturing(device) or torch.compiler.is_compiling():
-        return torch.empty(numel, dtype=torch.float32, device=device)
-    key = (numel, device.index, current_stream(device), threading.get_ident())
-    return _WORKSPACES.get_or_build(key, lambda: torch.empty(numel, dtype=torch.float32, device=device))
+        return make()
+    return _WORKSPACES.get_or_build((shapes, device.index, current_stream(device), threading.get_ident()), make)
 
 
 def plan_kvcache(a, q, k_cache, v_cache, k, v, page_table, cache_batch_idx, cache_leftpad, out,

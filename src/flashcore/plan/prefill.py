@@ -9,22 +9,24 @@ call takes that route, and builds its launch: the caller's q, caches and output 
 key lengths (``cache_seqlens``, plus the appended tokens) read on the device.
 
 The route needs what the Gluon kernel needs (an sm_90 GPU, bf16/fp16, head dim 64 or 128, tensors the copy engine
-can address) and a cache the kernel can read as one dense tensor: contiguous (not paged), one cache row per
-sequence (no ``cache_batch_idx``), no ``cache_leftpad``, no packed queries, no FP8; fast mode only, with the split
-count left to the planner (an explicit ``num_splits`` asks for the decode kernel)."""
+can address), enough queries per sequence to fill its 128-row items (``PREFILL_MIN_SEQLEN_Q``), and a cache the
+kernel can read as one dense tensor: contiguous (not paged), one cache row per sequence (no ``cache_batch_idx``), no
+``cache_leftpad``, no packed queries, no FP8; fast mode only, with the split count left to the planner (an explicit
+``num_splits`` asks for the decode kernel)."""
 from __future__ import annotations
 
 import torch
 
 from ..launch.sm90_fwd import GluonLaunch
-from ..plan.tables import gluon_ws
+from .tables import gluon_ws
 from ..runtime import device_arch
 from ..runtime.tma import addressable
 
-# Queries per sequence from which the Gluon kernel runs a KV-cache call (H100, 2026-11-27, perf-notes v28: at 4x32/8
-# heads, D 128, 8k cache, Sq 128 ran 111.7 us against the decode kernel's 150.6)
-PREFILL_MIN_SEQLEN_Q = 128
-HEAD_DIMS = (64, 128)
+# Queries per sequence from which the Gluon kernel runs a KV-cache call, per head dim (H100, 2026-11-27, 4x32/8 heads,
+# 8k cache, perf-notes v28.1): D 128, the Gluon kernel against the decode kernel, Sq 96 109.8 against 147.8 us, Sq 64
+# 107.6 against 89.5 (one 128-row item per head either way: the Gluon kernel's time barely moves below 128 rows);
+# D 64, Sq 128 81.4 against 102.2, Sq 64 80.7 against 66.4 (96 not measured)
+PREFILL_MIN_SEQLEN_Q = {128: 96, 64: 128}
 
 
 def bhsd(t: torch.Tensor) -> torch.Tensor:
@@ -36,9 +38,9 @@ def prefill_serves(shape, num_splits: int, q, k_cache, v_cache, out) -> bool:
     """Whether the KV-cache call (``shape``: ``launch.triton_decode.DecodeShape``) runs on the Gluon kernel."""
     if shape.secure or shape.paged or shape.packed or shape.fp8 or shape.fp32 or shape.has_batch_idx:
         return False
-    if shape.has_leftpad or num_splits != 0 or shape.seqlen_q < PREFILL_MIN_SEQLEN_Q:
+    if shape.has_leftpad or num_splits != 0 or shape.head_dim not in PREFILL_MIN_SEQLEN_Q:
         return False
-    if shape.head_dim not in HEAD_DIMS or q.dtype not in (torch.float16, torch.bfloat16):
+    if shape.seqlen_q < PREFILL_MIN_SEQLEN_Q[shape.head_dim] or q.dtype not in (torch.float16, torch.bfloat16):
         return False
     if device_arch(q.device) != (9, 0) or k_cache.shape[0] != shape.batch:
         return False

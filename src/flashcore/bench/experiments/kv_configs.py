@@ -25,6 +25,7 @@ Writes ``decode_configs.json`` and prints a table. (Named kv_configs: the KV-cac
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -378,8 +379,6 @@ def combine(dev, rounds=2, variants=None) -> list:
     the bench harness does (cold L2: a 256 MB flush before each call, CUDA events; ``cold_us``) and as a CUDA-graph
     replay (warm L2, ``graph_us``). SDPA (dense, ``enable_gqa``) on the same problem, cold, for reference.
     ``variants``: name -> context manager factory (default ``pdl``/``no_pdl``); outputs compared to the first."""
-    import contextlib
-
     from ..timing import Timer
 
     variants = variants or {"pdl": contextlib.nullcontext, "no_pdl": _pdl_off}
@@ -532,22 +531,47 @@ def hostparts(dev) -> dict:
                                                       dummy, dummy, dummy), dev),
         "sdpa (same cache)": lambda: F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                                                      v.transpose(1, 2), enable_gqa=True),
+        # v28.2's control: the workspace split into its views on every call, as before
+        "plan(...), workspace views made per call": (lambda: plan(q, k, v, t, None), _uncached_workspace_views),
     }
     res = {}
     for name, fn in pieces.items():
-        fn()
-        torch.cuda.synchronize()
-        per = []
-        for _ in range(5):
-            torch.cuda._sleep(int(3e8))
-            t0 = time.perf_counter()
-            for _ in range(400):
-                fn()
-            per.append((time.perf_counter() - t0) / 400 * 1e6)
+        fn, ctx = fn if isinstance(fn, tuple) else (fn, contextlib.nullcontext)
+        with ctx():
+            fn()
             torch.cuda.synchronize()
+            per = []
+            for _ in range(5):
+                torch.cuda._sleep(int(3e8))
+                t0 = time.perf_counter()
+                for _ in range(400):
+                    fn()
+                per.append((time.perf_counter() - t0) / 400 * 1e6)
+                torch.cuda.synchronize()
         res[name] = sorted(per)[2]
         print(f"{res[name]:8.1f} us  {name}", flush=True)
     return res
+
+
+def _uncached_workspace_views():
+    """The workspace as before v28.2: one cached flat buffer per size, split into its views on every call."""
+    from unittest import mock
+
+    from ...plan import decode as PD
+
+    flats = {}
+
+    def views(shapes, device):
+        import math
+
+        sizes = [math.prod(s) for _, s in shapes]
+        key = (sum(sizes), device.index, PD.current_stream(device))
+        flat = flats.get(key)
+        if flat is None:
+            flat = flats[key] = torch.empty(sum(sizes), dtype=torch.float32, device=device)
+        return {name: part.view(s) for (name, s), part in zip(shapes, flat.split(sizes))}
+
+    return mock.patch.object(PD, "workspace_views", views)
 
 
 def main(argv=None) -> int:
