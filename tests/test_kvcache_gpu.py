@@ -290,3 +290,18 @@ def test_chunked_prefill_cuda_graph_replay_with_new_lengths():
         graph.replay()
         torch.cuda.synchronize()
         assert rel_err(out, R.attention_with_kvcache(q, kc, vc, cache_seqlens=new_lens)) < 1e-2, trial
+
+
+def test_chunked_prefill_with_three_consumer_warpgroups():
+    """D 64, non-causal, Sq >= 2048: the Gluon kernel's three-warpgroup form (192-row items) with key lengths."""
+    from flashcore.plan import tables
+
+    B, cap, Sq = 2, 2600, 2048
+    assert tables.gluon_ws(64, Sq, False).block_m == 192
+    q, kc, vc, _, _, _ = _case(B, 16, 4, 64, cap, 0, Sq=Sq, seed=9)
+    lens = torch.tensor([1337, cap], dtype=torch.int32, device=DEV)
+    out = torch.full_like(q, float("nan"))
+    plan, (o, lse) = _prefill_plan(q, kc, vc, cache_seqlens=lens, causal=False, return_lse=True, out=out)
+    assert plan.prefill is not None and plan.prefill.step.constexprs["NUM_WG"] == 3
+    ro, rl = R.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=False, return_lse=True)
+    assert rel_err(o, ro) < 1e-2 and rel_err(lse, rl) < 1e-4
