@@ -302,7 +302,8 @@ def configs(dev, names) -> list:
                 if base is None:
                     base = o.float()
                 err = ((o.float() - base).norm() / base.norm()).item()
-                rows.append(dict(case=name, cfg=str(plan.config), auto=cfg is None, us=us,
+                label = "gluon prefill route (plan.prefill)" if plan.prefill is not None else str(plan.config)
+                rows.append(dict(case=name, cfg=label, auto=cfg is None, us=us,
                                  tbs=kv_bytes / us / 1e6, vs_auto_err=err))  # bytes/us/1e6 = TB/s
             except Exception as e:  # a config that does not compile or fit: say so, go on
                 rows.append(dict(case=name, cfg=str(cfg), auto=cfg is None, error=f"{type(e).__name__}: {e}"[:300]))
