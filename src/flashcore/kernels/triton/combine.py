@@ -21,13 +21,13 @@ from ..capabilities import Capabilities
 
 
 @triton.jit
-def _merge_chunk(PART_O, PART_LSE, s0, num_splits, split_stride, row, row_ok,
-                 BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+def _merge_chunk(PART_O, PART_LSE, s0, splits_read, split_stride, row, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
     """(max lse, sum of weights, weighted sum of outputs) of splits ``[s0, s0 + BLOCK_S)`` of one row, the
-    weights taken against the chunk's own maximum (0 where it is -inf: no split of the chunk saw a key)."""
+    weights taken against the chunk's own maximum (0 where it is -inf: no split of the chunk saw a key). Splits at
+    or past ``splits_read`` (the split count, or 0 for a row that belongs to no query) are not read."""
     offs_s = s0 + tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    ok = (offs_s < num_splits) & row_ok
+    ok = offs_s < splits_read
     srow = offs_s.to(tl.int64) * split_stride + row
     lse = tl.load(PART_LSE + srow, mask=ok, other=float("-inf"))
     o = tl.load(PART_O + srow[:, None] * BLOCK_D + offs_d[None, :], mask=ok[:, None], other=0.0)
@@ -68,10 +68,10 @@ def decode_combine_kernel(
     row_ok = (tok < n_q) & (r < part_rows)
     split_stride = tl.num_programs(1).to(tl.int64) * part_rows
     row = pid_bh.to(tl.int64) * part_rows + r
-    m, denom, acc = _merge_chunk(PART_O, PART_LSE, 0, num_splits, split_stride, row, row_ok, BLOCK_S, BLOCK_D)
+    splits_read = tl.where(row_ok, num_splits, 0)
+    m, denom, acc = _merge_chunk(PART_O, PART_LSE, 0, splits_read, split_stride, row, BLOCK_S, BLOCK_D)
     for s0 in range(BLOCK_S, num_splits, BLOCK_S):
-        m_c, denom_c, acc_c = _merge_chunk(PART_O, PART_LSE, s0, num_splits, split_stride, row, row_ok, BLOCK_S,
-                                           BLOCK_D)
+        m_c, denom_c, acc_c = _merge_chunk(PART_O, PART_LSE, s0, splits_read, split_stride, row, BLOCK_S, BLOCK_D)
         m_new = tl.maximum(m, m_c)
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
         a = tl.exp(m - m_ref)  # 0 where a side saw no key (-inf - finite, or -inf - 0)
@@ -83,7 +83,9 @@ def decode_combine_kernel(
     d_safe = tl.where(seen, denom, 1.0)
     offs_d = tl.arange(0, BLOCK_D)
     o = tl.where(seen, acc / d_safe, 0.0)
-    tl.store(o_base + head * stride_oh + offs_d, o.to(O.dtype.element_ty), mask=row_ok & (offs_d < HEAD_DIM))
+    # (masks as comparisons against a count, never a vector & a boolean scalar: Triton 3.9's interpreter makes
+    # that an int32 mask, which its loads and stores refuse)
+    tl.store(o_base + head * stride_oh + offs_d, o.to(O.dtype.element_ty), mask=offs_d < tl.where(row_ok, HEAD_DIM, 0))
     if RETURN_LSE:
         lse = tl.where(seen, tl.where(m == float("-inf"), 0.0, m) + tl.log(d_safe), float("-inf"))
         tl.store(LSE + b.to(tl.int64) * stride_lb + head * stride_lh + tok_abs * stride_ls, lse, mask=row_ok)
