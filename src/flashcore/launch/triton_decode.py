@@ -169,7 +169,7 @@ def build_combine(shape: DecodeShape, cfg: DecodeConfig, q, out, pdl: bool = Fal
             cfg.num_splits, part_rows)
     constexprs = dict(GROUP=shape.group, HEAD_DIM=shape.head_dim, BLOCK_D=block_d(shape.head_dim),
                       BLOCK_S=combine_block_s(shape.head_dim), PACKED=shape.packed,
-                      RETURN_LSE=shape.return_lse, PDL=pdl)
+                      RETURN_LSE=shape.return_lse, PDL=pdl, COUNT_MASKS=False)
     grid = (shape.rows, shape.batch * shape.num_heads_kv)  # rows past the split's tile padding hold nothing
     return decode_combine_kernel, grid, args, constexprs
 

@@ -122,6 +122,8 @@ class DecodePlan:
         if config.num_splits > 1 and not prefill:
             pdl = combine_pdl(q.device)
             fn, grid, args, cx = build_combine(shape, config, q, out, pdl=pdl)
+            if interpreting():  # masks the CPU interpreter of Triton 3.9 accepts (kernels/triton/combine.py)
+                cx = dict(cx, COUNT_MASKS=True)
             self.combine = KernelStep(fn, grid, (None,) * 5 + tuple(args), 5, cx, COMBINE_WARPS, COMBINE_STAGES,
                                       options={"launch_pdl": True} if pdl else None)
         self.append = None

@@ -21,13 +21,16 @@ from ..capabilities import Capabilities
 
 
 @triton.jit
-def _merge_chunk(PART_O, PART_LSE, s0, splits_read, split_stride, row, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+def _merge_chunk(PART_O, PART_LSE, s0, num_splits, split_stride, row, row_ok,
+                 BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, COUNT_MASKS: tl.constexpr):
     """(max lse, sum of weights, weighted sum of outputs) of splits ``[s0, s0 + BLOCK_S)`` of one row, the
-    weights taken against the chunk's own maximum (0 where it is -inf: no split of the chunk saw a key). Splits at
-    or past ``splits_read`` (the split count, or 0 for a row that belongs to no query) are not read."""
+    weights taken against the chunk's own maximum (0 where it is -inf: no split of the chunk saw a key)."""
     offs_s = s0 + tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    ok = offs_s < splits_read
+    if COUNT_MASKS:
+        ok = offs_s < tl.where(row_ok, num_splits, 0)
+    else:
+        ok = (offs_s < num_splits) & row_ok
     srow = offs_s.to(tl.int64) * split_stride + row
     lse = tl.load(PART_LSE + srow, mask=ok, other=float("-inf"))
     o = tl.load(PART_O + srow[:, None] * BLOCK_D + offs_d[None, :], mask=ok[:, None], other=0.0)
@@ -43,8 +46,11 @@ def decode_combine_kernel(
     stride_lb, stride_lh, stride_ls,
     seqlen_q, total_q, num_heads_kv, num_splits, part_rows,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-    PACKED: tl.constexpr, RETURN_LSE: tl.constexpr, PDL: tl.constexpr,
+    PACKED: tl.constexpr, RETURN_LSE: tl.constexpr, PDL: tl.constexpr, COUNT_MASKS: tl.constexpr,
 ):
+    """COUNT_MASKS (the CPU interpreter only): masks as comparisons against counts. Triton 3.9's interpreter makes a
+    vector mask combined with a boolean scalar an int32 mask, which its loads and stores refuse; compiled, the
+    boolean form is kept (the machine code the GPU runs and the SASS gate audited)."""
     r = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // num_heads_kv
@@ -68,10 +74,11 @@ def decode_combine_kernel(
     row_ok = (tok < n_q) & (r < part_rows)
     split_stride = tl.num_programs(1).to(tl.int64) * part_rows
     row = pid_bh.to(tl.int64) * part_rows + r
-    splits_read = tl.where(row_ok, num_splits, 0)
-    m, denom, acc = _merge_chunk(PART_O, PART_LSE, 0, splits_read, split_stride, row, BLOCK_S, BLOCK_D)
+    m, denom, acc = _merge_chunk(PART_O, PART_LSE, 0, num_splits, split_stride, row, row_ok, BLOCK_S, BLOCK_D,
+                                 COUNT_MASKS)
     for s0 in range(BLOCK_S, num_splits, BLOCK_S):
-        m_c, denom_c, acc_c = _merge_chunk(PART_O, PART_LSE, s0, splits_read, split_stride, row, BLOCK_S, BLOCK_D)
+        m_c, denom_c, acc_c = _merge_chunk(PART_O, PART_LSE, s0, num_splits, split_stride, row, row_ok, BLOCK_S,
+                                           BLOCK_D, COUNT_MASKS)
         m_new = tl.maximum(m, m_c)
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
         a = tl.exp(m - m_ref)  # 0 where a side saw no key (-inf - finite, or -inf - 0)
@@ -83,9 +90,11 @@ def decode_combine_kernel(
     d_safe = tl.where(seen, denom, 1.0)
     offs_d = tl.arange(0, BLOCK_D)
     o = tl.where(seen, acc / d_safe, 0.0)
-    # (masks as comparisons against a count, never a vector & a boolean scalar: Triton 3.9's interpreter makes
-    # that an int32 mask, which its loads and stores refuse)
-    tl.store(o_base + head * stride_oh + offs_d, o.to(O.dtype.element_ty), mask=offs_d < tl.where(row_ok, HEAD_DIM, 0))
+    if COUNT_MASKS:
+        d_ok = offs_d < tl.where(row_ok, HEAD_DIM, 0)
+    else:
+        d_ok = row_ok & (offs_d < HEAD_DIM)
+    tl.store(o_base + head * stride_oh + offs_d, o.to(O.dtype.element_ty), mask=d_ok)
     if RETURN_LSE:
         lse = tl.where(seen, tl.where(m == float("-inf"), 0.0, m) + tl.log(d_safe), float("-inf"))
         tl.store(LSE + b.to(tl.int64) * stride_lb + head * stride_lh + tok_abs * stride_ls, lse, mask=row_ok)
