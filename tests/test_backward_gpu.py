@@ -86,6 +86,59 @@ def test_gradients_follow_the_flashattention_rule(shape, dtype):
             assert err <= 2 * base + 1e-3, f"{layout} {name}: error {err:.2e} > 2 x {base:.2e} + 1e-3"
 
 
+HOPPER_GRID = [
+    # B, Hq, Hkv, Sq, Sk, D, causal: tails on both axes, GQA, Sq != Sk both ways, a query tile that sees no key tile
+    (1, 8, 2, 511, 777, 128, True),
+    (1, 8, 1, 777, 511, 128, True),
+    (2, 4, 2, 300, 300, 128, False),
+    (2, 3, 3, 200, 1000, 64, True),
+    (1, 4, 4, 130, 130, 64, False),
+    (2, 16, 2, 1024, 1024, 128, True),
+    (1, 2, 2, 64, 4096, 64, False),
+]
+
+
+@pytest.mark.skipif(torch.cuda.get_device_capability()[0] != 9, reason="the Gluon dK/dV kernel is sm_90 only")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("shape", HOPPER_GRID, ids=lambda s: "x".join(map(str, s[:6])) + ("c" if s[6] else ""))
+def test_hopper_dkdv_kernel_runs_and_matches_the_triton_kernel(shape, dtype, monkeypatch):
+    """The planner's Hopper configuration runs dK/dV on the Gluon kernel (counted), its gradients follow the FA
+    rule, and they agree with the Triton dK/dV kernel's on the same forward to bf16/fp16 rounding; dQ (the same
+    Triton kernel either way) is bitwise the same."""
+    from dataclasses import replace
+
+    from flashcore import ops
+    from flashcore.launch import sm90_bwd
+    from flashcore.plan.backward import backward_config
+
+    B, Hq, Hkv, Sq, Sk, D, causal = shape
+    g = torch.Generator(device="cuda").manual_seed(hash(shape) % 2**31 + 7)
+    mk = lambda H, S: torch.randn(B, H, S, D, device="cuda", generator=g).to(dtype)  # noqa: E731
+    q, k, v, do = mk(Hq, Sq), mk(Hkv, Sk), mk(Hkv, Sk), mk(Hq, Sq)
+    scale = D ** -0.5
+    out, lse = flashcore.attention(q, k, v, causal=causal, return_lse=True)
+    cfg = backward_config((9, 0), head_dim=D, dtype_name={torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype],
+                          causal=causal, deterministic=False)
+    assert cfg.gluon_dkdv is not None
+    runs = []
+    real_run = sm90_bwd.HopperDkdvLaunch.run
+    monkeypatch.setattr(sm90_bwd.HopperDkdvLaunch, "run", lambda self, *a: (runs.append(1), real_run(self, *a)))
+    _poison_allocator()
+    got = ops.dense_backward(do, q, k, v, out, lse, None, causal, scale, False, False, config=cfg)
+    assert runs, "the Hopper dK/dV kernel did not run"
+    want = ops.dense_backward(do, q, k, v, out, lse, None, causal, scale, False, False,
+                              config=replace(cfg, gluon_dkdv=None))
+    assert len(runs) == 1
+    assert torch.equal(got[0], want[0])
+    ref = _math(q, k, v, do, causal, torch.float32)
+    low = _math(q, k, v, do, causal, dtype)
+    for name, x, w, r, lo in zip(("dk", "dv"), got[1:], want[1:], ref[2:], low[2:]):
+        assert torch.isfinite(x).all(), f"{name}: non-finite values"
+        assert _rel(x, w) < 1e-2, f"{name}: {_rel(x, w):.2e} from the Triton kernel's"
+        err, base = _rel(x, r), _rel(lo, r)
+        assert err <= 2 * base + 1e-3, f"{name}: error {err:.2e} > 2 x {base:.2e} + 1e-3"
+
+
 def test_varlen_gradients_with_empty_sequences_and_lse():
     torch.manual_seed(3)
     lq, lk = [100, 0, 257, 33], [130, 0, 200, 64]

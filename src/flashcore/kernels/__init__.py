@@ -5,6 +5,7 @@ parameters beside its signature (``CAPABILITIES``, a :class:`~.capabilities.Capa
 * ``sm90/fwd.py``: the Hopper warp-specialised Gluon forward kernel, with its device parts beside it;
 * ``secure/prepass.py``: the secure mode's pre-passes;
 * ``triton/bwd.py``: the portable backward kernels (pre-pass, dK/dV, dQ);
+* ``sm90/bwd.py``: the Hopper warp-specialised Gluon dK/dV kernel (the pre-pass and dQ stay Triton's);
 * ``triton/decode.py``, ``triton/combine.py``, ``triton/kv_append.py``: KV-cache attention (split-KV decode,
   its combine step, the cache append).
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from .capabilities import Capabilities, head_dim_text
 from .secure import prepass as _secure_prepass
+from .sm90 import bwd as _sm90_bwd
 from .sm90 import fwd as _sm90_fwd
 from .triton import bwd as _triton_bwd
 from .triton import combine as _triton_combine
@@ -27,10 +29,11 @@ SECURE_PREPASS_V: Capabilities = _secure_prepass.V_CAPABILITIES
 SECURE_PREPASS_KV: Capabilities = _secure_prepass.KV_CAPABILITIES
 SECURE_FILL_ROWS: Capabilities = _secure_prepass.ROWS_CAPABILITIES
 TRITON_BWD: Capabilities = _triton_bwd.CAPABILITIES
+SM90_BWD: Capabilities = _sm90_bwd.CAPABILITIES
 TRITON_DECODE: Capabilities = _triton_decode.CAPABILITIES
 TRITON_DECODE_COMBINE: Capabilities = _triton_combine.CAPABILITIES
 TRITON_KV_APPEND: Capabilities = _triton_kv_append.CAPABILITIES
-KERNELS: dict[str, Capabilities] = {c.name: c for c in (TRITON_FWD, SM90_FWD, TRITON_BWD, SECURE_PREPASS_V,
+KERNELS: dict[str, Capabilities] = {c.name: c for c in (TRITON_FWD, SM90_FWD, TRITON_BWD, SM90_BWD, SECURE_PREPASS_V,
                                                         SECURE_PREPASS_KV, SECURE_FILL_ROWS, TRITON_DECODE, TRITON_DECODE_COMBINE,
                                                         TRITON_KV_APPEND)}
 # The forward kernels of the public entry points: a call is valid if one of them runs it (the portable one

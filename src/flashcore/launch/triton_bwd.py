@@ -15,6 +15,7 @@ from ..kernels.triton.fwd import LOG2E
 from ..plan.backward import BwdConfig
 from ..plan.tables import block_d
 from ..runtime import KernelStep, cdiv, interpreting
+from .sm90_bwd import HopperDkdvLaunch, hopper_dkdv_serves
 
 
 def _strides(t: torch.Tensor, varlen: bool) -> tuple:
@@ -31,7 +32,7 @@ class BackwardLaunch:
     them to the kernels' views ([B, H, S, D] dense, packed varlen), ``out``/``dout`` are such views already, ``lse`` is the forward's
     natural-log logsumexp ([B, H, S] or [H, total], contiguous) and ``has_dlse`` says whether its gradient comes
     too. ``seqlen_*``: the dense lengths, or the varlen maxima."""
-    __slots__ = ("varlen", "as_view", "atomic", "pre", "dkdv", "dq", "empty")
+    __slots__ = ("varlen", "as_view", "atomic", "pre", "dkdv", "hopper_dkdv", "dq", "empty", "ws_shape")
 
     def __init__(self, dout, q_user, k_user, v_user, out, lse, *, has_dlse: bool, as_view, varlen: bool,
                  num_seqs: int, seqlen_q: int, seqlen_k: int, scale: float, causal: bool, config: BwdConfig):
@@ -48,23 +49,41 @@ class BackwardLaunch:
         dq, dk, dv = (as_view(torch.empty_like(t)) for t in (q_user, k_user, v_user))
         dq_target = torch.empty(dq.shape, dtype=torch.float32, device=q.device) if self.atomic else dq
         precision = "ieee" if q.dtype == torch.float32 else "tf32"
+        # dK/dV on the Hopper kernel where the configuration asks for it and the views suit the copy engine. It
+        # copies delta and lse2 in whole query tiles, so they get their own buffers padded to a tile multiple
+        # ([B, H, S_pad]); otherwise they are shaped and strided like lse.
+        use_hopper = bool(cfg.gluon_dkdv) and not self.atomic and hopper_dkdv_serves(q, k, v, dout, dk, dv,
+                                                                                      varlen=varlen)
+        if use_hopper:
+            pad = cdiv(seqlen_q, cfg.gluon_dkdv[0]) * cfg.gluon_dkdv[0]
+            self.ws_shape = (batch, num_heads_q, pad)
+            ws_strides = (num_heads_q * pad, pad)
+        else:
+            pad, self.ws_shape, ws_strides = seqlen_q, None, lse_strides
         pre_m = 32 if interpreting() else 64
         self.pre = KernelStep(
-            attn_bwd_preprocess_kernel, (cdiv(seqlen_q, pre_m), batch * num_heads_q),
-            [None] * 7 + [*_strides(out, varlen), *_strides(dout, varlen), *lse_strides, seqlen_q, num_heads_q],
+            attn_bwd_preprocess_kernel, (cdiv(pad, pre_m), batch * num_heads_q),
+            [None] * 7 + [*_strides(out, varlen), *_strides(dout, varlen), *lse_strides, *ws_strides, seqlen_q,
+                          num_heads_q, pad],
             7, dict(HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=pre_m, VARLEN=varlen, HAS_DLSE=has_dlse), 4, 1)
         common = dict(HEAD_DIM=head_dim, BLOCK_D=bd, CAUSAL=bool(causal), VARLEN=varlen, PRECISION=precision)
         qkv_strides = [*_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(dout, varlen)]
-        self.dkdv = KernelStep(
+        self.hopper_dkdv = None
+        if use_hopper:
+            self.hopper_dkdv = HopperDkdvLaunch(
+                q, k, v, dout, dk, dv, self.ws_shape, seqlen_q=seqlen_q, seqlen_k=seqlen_k, scale=scale,
+                qk_scale=scale * LOG2E, causal=causal, block_m=cfg.gluon_dkdv[0], block_n=cfg.gluon_dkdv[1],
+                num_warps=cfg.gluon_dkdv[2], stages=cfg.gluon_dkdv[3])
+        self.dkdv = None if self.hopper_dkdv is not None else KernelStep(
             attn_bwd_dkdv_kernel, (cdiv(seqlen_k, cfg.block_n1), batch * num_heads_kv),
             [None] * 11 + [scale * LOG2E, scale, *qkv_strides, *_strides(dk, varlen), *_strides(dv, varlen),
-                           *_strides(dq_target, varlen), *lse_strides, seqlen_q, seqlen_k, num_heads_kv,
+                           *_strides(dq_target, varlen), *ws_strides, seqlen_q, seqlen_k, num_heads_kv,
                            num_heads_q // num_heads_kv],
             11, dict(BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1, ATOMIC_DQ=self.atomic, **common,
                      EVEN_N=not varlen and seqlen_k % cfg.block_n1 == 0), cfg.num_warps1, cfg.num_stages1)
         self.dq = None if self.atomic else KernelStep(
             attn_bwd_dq_kernel, (cdiv(seqlen_q, cfg.block_m2), batch * num_heads_q),
-            [None] * 9 + [scale * LOG2E, scale, *qkv_strides, *_strides(dq, varlen), *lse_strides, seqlen_q, seqlen_k,
+            [None] * 9 + [scale * LOG2E, scale, *qkv_strides, *_strides(dq, varlen), *ws_strides, seqlen_q, seqlen_k,
                           num_heads_q, num_heads_q // num_heads_kv],
             9, dict(BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2, **common), cfg.num_warps2, cfg.num_stages2)
 
@@ -78,12 +97,18 @@ class BackwardLaunch:
             return dq_user, dk_user, dv_user
         view = self.as_view
         q, k, v, dq, dk, dv = view(q_user), view(k_user), view(v_user), view(dq_user), view(dk_user), view(dv_user)
-        delta, lse2 = torch.empty_like(lse), torch.empty_like(lse)
+        if self.ws_shape is None:
+            delta, lse2 = torch.empty_like(lse), torch.empty_like(lse)
+        else:
+            delta, lse2 = (torch.empty(self.ws_shape, dtype=torch.float32, device=device) for _ in range(2))
         cu_q = cu_seqlens_q if varlen else lse  # an unused pointer still needs a tensor
         cu_k = cu_seqlens_k if varlen else lse
         self.pre.run((out, dout, lse, dlse if dlse is not None else lse, delta, lse2, cu_q), device)
         dq_target = torch.zeros(dq.shape, dtype=torch.float32, device=device) if self.atomic else dq
-        self.dkdv.run((q, k, v, dout, dk, dv, dq_target, lse2, delta, cu_q, cu_k), device)
+        if self.hopper_dkdv is not None:
+            self.hopper_dkdv.run(q, k, v, dout, dk, dv, lse2, delta)
+        else:
+            self.dkdv.run((q, k, v, dout, dk, dv, dq_target, lse2, delta, cu_q, cu_k), device)
         if self.atomic:
             dq.copy_(dq_target)
         else:

@@ -24,7 +24,17 @@ class BwdConfig:
     # dQ through fp32 atomics inside the dK/dV kernel (five products per tile instead of seven, but the
     # order of the additions varies): never with deterministic=True
     atomic_dq: bool = False
+    # dK/dV on the Hopper Gluon kernel (kernels/sm90/bwd.py) where the views suit it, with (query tile, key tile,
+    # warps, Q/dO ring depth); None, or views it cannot address (varlen, a zero stride): the Triton kernel above
+    gluon_dkdv: tuple[int, int, int, int] | None = None
 
+
+# The Gluon dK/dV kernel's forms on Hopper (v29; H100 sweeps in bench/results/sweeps/bwd-v29-*): (query tile, key
+# tile, warps, Q/dO ring depth). D=128: two consumer warpgroups of 64 keys, a two-slot ring (6.51 against the Triton
+# kernel's 6.99 ms at 4x32x4096, 1.96 against 2.28 at 2x32/8x4096 causal; three slots 6.69). D=64: one warpgroup,
+# two programs per SM, three slots (0.87 against 0.99 ms at 8x16x2048, 1.89 against 2.14 at 4x32x4096 causal;
+# two warpgroups 1.02 / 2.21). None spills (sm_90a, compiled on the CPU).
+GLUON_DKDV = {128: (64, 128, 8, 2), 64: (64, 64, 4, 3)}
 
 # Small tiles keep the interpreter fast; m != n exercises the causal stage split in both kernels.
 INTERPRETER = BwdConfig(16, 32, 4, 1, 32, 16, 4, 1)
@@ -53,9 +63,9 @@ def _hopper(head_dim: int, causal: bool) -> BwdConfig:
     228); D=128 wants eight warps and a deeper pipeline (4x32x4096: 372 TF, causal 350, against 357/318 at s2).
     fp32 atomics for dQ lost everywhere (320 against 357 TF at D=128): dQ always runs its own kernel. D=256: v26."""
     if head_dim <= 64:
-        return BwdConfig(32, 128, 4, 3, 64, 64, 4, 3)
+        return BwdConfig(32, 128, 4, 3, 64, 64, 4, 3, gluon_dkdv=GLUON_DKDV.get(head_dim))
     if head_dim <= 128:
-        return BwdConfig(64, 128, 8, 4, 128, 64, 8, 4)
+        return BwdConfig(64, 128, 8, 4, 128, 64, 8, 4, gluon_dkdv=GLUON_DKDV.get(head_dim))
     # D=256 (sweep v26, H200, bf16, bench/results/sweeps/bwd-v26-d256-h200.json): 4x16x4096x256 164 TF against 114
     # (non-causal) and 67 (causal) for v19's guess, 32x64w4s1-64x32w4s1, which spilled 2.4 KB per thread in dK/dV
     # (sm_90a, compiled on the CPU; this one has 10 STL and 14 LDL in dK/dV, none in dQ)
@@ -68,13 +78,17 @@ def bwd_config_name(cfg: BwdConfig | None) -> str:
         return "auto"
     c = cfg
     return (f"{c.block_m1}x{c.block_n1}w{c.num_warps1}s{c.num_stages1}-{c.block_m2}x{c.block_n2}w{c.num_warps2}"
-            f"s{c.num_stages2}{'-atomic' if c.atomic_dq else ''}")
+            f"s{c.num_stages2}{'-atomic' if c.atomic_dq else ''}"
+            f"{'-gluon%dx%dw%ds%d' % c.gluon_dkdv if c.gluon_dkdv else ''}")
 
 
 def parse_bwd_config_name(text: str) -> BwdConfig | None:
     if text == "auto":
         return None
-    m = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)-(\d+)x(\d+)w(\d+)s(\d+)(-atomic)?", text)
+    m = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)-(\d+)x(\d+)w(\d+)s(\d+)(-atomic)?(?:-gluon(\d+)x(\d+)w(\d+)s(\d+))?",
+                     text)
     if m is None:
         raise ValueError(f"cannot parse a backward config name from {text!r}")
-    return BwdConfig(*(int(x) for x in m.groups()[:8]), atomic_dq=bool(m.group(9)))
+    g = m.groups()
+    return BwdConfig(*(int(x) for x in g[:8]), atomic_dq=bool(g[8]),
+                     gluon_dkdv=tuple(int(x) for x in g[9:]) if g[9] else None)

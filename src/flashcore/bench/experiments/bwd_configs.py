@@ -10,7 +10,8 @@ backward of the same inputs (for the FA rule's scale; the GPU tests check the ru
     python -m flashcore.bench.experiments.bwd_configs --out $OUT [--head-dim 256]
 
 First list (v26): D=256, whose planner row (32x64w4s1-64x32w4s1) spills 2.4 KB per thread in dK/dV when
-compiled for sm_90a; the candidates were chosen by compiling on the CPU (no or few spills).
+compiled for sm_90a; the candidates were chosen by compiling on the CPU (no or few spills). D=128 and 64 (v29):
+the Gluon dK/dV kernel's forms (``-gluonMxNwWsS``) against the Triton kernel's row.
 """
 from __future__ import annotations
 
@@ -29,9 +30,15 @@ from . import parser
 
 SHAPES = {  # head dim: [(B, Hq, Hkv, S, causal)]
     256: [(4, 16, 16, 4096, False), (4, 16, 16, 4096, True)],
+    # v29: the Gluon dK/dV kernel against the Triton one (issue 23's shapes, and one GQA training shape)
+    128: [(4, 32, 32, 4096, False), (4, 32, 32, 4096, True), (1, 32, 32, 16384, False), (1, 32, 32, 16384, True),
+          (2, 32, 8, 4096, True)],
+    64: [(8, 16, 16, 2048, False), (4, 32, 32, 4096, True)],
 }
 CANDIDATES = {
     256: ["auto", "16x32w4s2-32x32w4s2", "32x64w8s2-64x64w8s2", "16x64w8s2-64x64w8s2"],
+    128: ["auto", "64x128w8s4-128x64w8s4", "64x128w8s4-128x64w8s4-gluon64x64w4s2"],
+    64: ["auto", "32x128w4s3-64x64w4s3", "32x128w4s3-64x64w4s3-gluon64x128w8s3"],
 }
 
 
@@ -84,15 +91,15 @@ def run_shape(B, Hq, Hkv, S, causal, D, names) -> list:
 
 def main(argv=None) -> int:
     ap = parser(__name__, __doc__)
-    ap.add_argument("--head-dim", type=int, default=256)
+    ap.add_argument("--head-dim", type=int, nargs="+", default=[256])
     a = ap.parse_args(argv)
-    D = a.head_dim
     res = dict(env=collect_environment(), what=__doc__.split("\n")[0], rows=[])
-    for B, Hq, Hkv, S, causal in SHAPES[D]:
-        res["rows"] += run_shape(B, Hq, Hkv, S, causal, D, CANDIDATES[D])
-        torch.cuda.empty_cache()
+    for D in a.head_dim:
+        for B, Hq, Hkv, S, causal in SHAPES[D]:
+            res["rows"] += run_shape(B, Hq, Hkv, S, causal, D, CANDIDATES[D])
+            torch.cuda.empty_cache()
     os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, f"bwd_configs_d{D}.json"), "w") as f:
+    with open(os.path.join(a.out, f"bwd_configs_d{'-'.join(map(str, a.head_dim))}.json"), "w") as f:
         json.dump(res, f, indent=1)
     for r in res["rows"]:
         print(f"{str(r['shape']):34s} {r['cfg']:24s} {r.get('bwd_us', float('nan')):9.1f} us "

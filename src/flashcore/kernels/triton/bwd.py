@@ -63,10 +63,14 @@ def attn_bwd_preprocess_kernel(
     stride_ob, stride_oh, stride_os,
     stride_db, stride_dh, stride_ds,
     stride_lb, stride_lh,
-    seqlen_q, num_heads_q,
+    stride_wb, stride_wh,
+    seqlen_q, num_heads_q, store_len,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, VARLEN: tl.constexpr,
     HAS_DLSE: tl.constexpr,
 ):
+    """``DELTA``/``LSE2`` have their own strides (``stride_w*``) and, dense, rows up to ``store_len`` >= seqlen_q:
+    the Hopper dK/dV kernel copies them in whole 64-row tiles, so the rows past the end get delta 0 and lse2
+    +inf (as a query past the end reads them anyway)."""
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -92,8 +96,13 @@ def attn_bwd_preprocess_kernel(
     if HAS_DLSE:
         dlse = tl.load(DLSE + l_base + offs_m, mask=in_rows, other=0.0)
         delta = delta - tl.where(seen, dlse, 0.0)
-    tl.store(DELTA + l_base + offs_m, delta, mask=in_rows)
-    tl.store(LSE2 + l_base + offs_m, tl.where(seen, lse * 1.4426950408889634, float("inf")), mask=in_rows)
+    w_base = bb * stride_wb + q_start + hh * stride_wh
+    if VARLEN:
+        out_rows = in_rows
+    else:
+        out_rows = offs_m < store_len
+    tl.store(DELTA + w_base + offs_m, delta, mask=out_rows)
+    tl.store(LSE2 + w_base + offs_m, tl.where(seen, lse * 1.4426950408889634, float("inf")), mask=out_rows)
 
 
 @triton.jit

@@ -1,0 +1,71 @@
+"""Launch builder of the sm_90 Gluon dK/dV kernel (``kernels/sm90/bwd.py``).
+
+Built once per tensor metadata (inside a :class:`~flashcore.launch.triton_bwd.BackwardLaunch`); ``run`` rebuilds
+the four TMA descriptors from the call's pointers."""
+from __future__ import annotations
+
+import torch
+from triton.experimental.gluon import language as gl
+
+from ..kernels.sm90.bwd import attn_bwd_dkdv_hopper_kernel
+from ..runtime import KernelStep, cdiv
+from ..runtime.tma import addressable, make_descriptors
+
+DESC_ARGS = 6  # q, k, v, dO, and the pre-pass's lse2 and delta
+KEY_ROWS = 64  # key rows per consumer warpgroup
+# Register budgets (setmaxnreg), as the forward's: the loader warp needs almost nothing, each consumer warpgroup holds
+# dK and dV of its 64 keys (64 + 64 fp32 registers at D=128) beside the step's S^T and dP^T tiles.
+LOADER_REGS = 24
+# consumer warpgroups -> (consumer registers, launch register cap): 2 x 128 x 240 + 128 x 24 fits the 64K file
+REGISTERS = {1: (232, 128), 2: (240, 168)}
+
+
+def hopper_dkdv_serves(q, k, v, dout, dk, dv, *, varlen: bool) -> bool:
+    """The Gluon dK/dV kernel runs this backward: dense, bf16/fp16, D 64 or 128, every [B, H, S, D] view the copy
+    engine can address (16-byte aligned base and outer strides, none of them 0: an expanded gradient) and unit last strides for dK/dV."""
+    return (not varlen and q.dtype in (torch.bfloat16, torch.float16) and q.shape[-1] in (64, 128)
+            and all(addressable(t) and t.stride(-1) == 1 and min(t.stride()) > 0 for t in (q, k, v, dout))
+            and dk.stride(-1) == 1 and dv.stride(-1) == 1)
+
+
+class HopperDkdvLaunch:
+    """A planned launch of :func:`attn_bwd_dkdv_hopper_kernel`; ``run(q, k, v, dout, dk, dv, lse2, delta)`` with
+    [B, H, S, D] views shaped and strided as planned (lse2/delta: the pre-pass's outputs, strided like lse)."""
+    __slots__ = ("step", "geom")
+
+    def __init__(self, q, k, v, dout, dk, dv, ws_shape, *, seqlen_q: int, seqlen_k: int, scale: float,
+                 qk_scale: float, causal: bool, block_m: int, block_n: int, num_warps: int, stages: int):
+        D = q.shape[-1]
+        num_wg = block_n // KEY_ROWS
+        if block_n != num_wg * KEY_ROWS or num_wg not in REGISTERS or num_warps != 4 * num_wg:
+            raise ValueError(f"the Hopper dK/dV kernel takes 64 key rows per consumer warpgroup (one or two): "
+                             f"got a {block_n}-key tile on {num_warps} warps")
+        gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+        lay_m = gl.NVMMASharedLayout.get_default_for([1, 1, block_m, D], gdt)
+        lay_n = gl.NVMMASharedLayout.get_default_for([1, 1, KEY_ROWS, D], gdt)
+        self.geom = tuple((list(t.shape), list(t.stride()), [1, 1, rows, D], lay)
+                          for t, rows, lay in ((q, block_m, lay_m), (k, KEY_ROWS, lay_n), (v, KEY_ROWS, lay_n),
+                                               (dout, block_m, lay_m)))
+        # lse2 and delta ([B, H, S_pad] fp32, S_pad a multiple of block_m): one row of block_m per step, unswizzled
+        B_, H_, pad = ws_shape
+        if pad % block_m:
+            raise ValueError(f"the pre-pass's rows ({pad}) must be whole {block_m}-query tiles")
+        lay_w = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
+        self.geom += (([B_, H_, pad], [H_ * pad, pad, 1], [1, 1, block_m], lay_w), ) * 2
+        batch, num_heads_q, num_heads_kv = q.shape[0], q.shape[1], k.shape[1]
+        grid = (cdiv(seqlen_k, block_n), batch * num_heads_kv)
+        ws = torch.empty(ws_shape, dtype=torch.float32)  # representative (the descriptors' shapes only)
+        args = [*self.descriptors(q, k, v, dout, ws, ws), dk, dv, qk_scale, scale, seqlen_q, seqlen_k,
+                num_heads_kv, num_heads_q // num_heads_kv, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0),
+                dv.stride(1), dv.stride(2)]
+        consumer_regs, maxnreg = REGISTERS[num_wg]
+        constexprs = dict(BLOCK_M=block_m, HEAD_DIM=D, STAGES=stages, CAUSAL=bool(causal), NUM_WG=num_wg,
+                          CONSUMER_WG_REGS=consumer_regs, LOADER_WG_REGS=LOADER_REGS)
+        self.step = KernelStep(attn_bwd_dkdv_hopper_kernel, grid, args, DESC_ARGS + 2, constexprs, 4, 1,
+                               options=dict(maxnreg=maxnreg))
+
+    def descriptors(self, q, k, v, dout, lse2, delta) -> list:
+        return make_descriptors((q, k, v, dout, lse2, delta), self.geom, DESC_ARGS)
+
+    def run(self, q, k, v, dout, dk, dv, lse2, delta) -> None:
+        self.step.run((*self.descriptors(q, k, v, dout, lse2, delta), dk, dv), q.device)
