@@ -276,6 +276,35 @@ def gluon_sass(head_dim: int, causal: bool, secure: bool = False, block_m=None, 
     return res.stdout
 
 
+_GLUON_BWD_SASS = """
+import json, sys
+from flashcore.audit.sass import compile_cubin, disassemble
+from flashcore.audit.specs import hopper_dkdv_spec
+a = json.loads(sys.argv[1])
+spec = hopper_dkdv_spec(a["head_dim"], a["causal"], form=tuple(a["form"]) if a["form"] else None)
+c = compile_cubin(spec["fn"], spec["signature"], spec["constexprs"], num_warps=spec["num_warps"],
+                  num_stages=spec["num_stages"], attrs=spec["attrs"], maxnreg=spec["maxnreg"])
+sys.stdout.write(disassemble(c.cubin))
+"""
+
+
+def gluon_bwd_sass(head_dim: int, causal: bool, form=None) -> str:
+    """sm_90a SASS of the Hopper backward's dK/dV kernel as the backward launches it (``form``: another (query tile,
+    key tile, warps, ring depth)), compiled in a fresh process without ``TRITON_INTERPRET`` (see gluon_sass)."""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    args = json.dumps(dict(head_dim=head_dim, causal=causal, form=list(form) if form else None))
+    res = subprocess.run([sys.executable, "-c", _GLUON_BWD_SASS, args], capture_output=True, text=True, env=env)
+    if res.returncode:
+        raise RuntimeError(f"compiling the Gluon dK/dV kernel failed:\n{res.stderr[-4000:]}")
+    return res.stdout
+
+
 # The Gluon kernel's register budgets (launch/sm90_fwd.py: three consumer warpgroups at 160 registers, two at 240)
 # were fitted with Triton 3.6's toolchain (its PTX, ptxas 12.8 for sm_90a), and the machine-code tests pin what that
 # gives: no spills (or the few listed there), every main loop's MMAs overlapping the softmax. Later Triton versions

@@ -290,3 +290,19 @@ def test_a_repeat_backward_replays_its_cached_launch_on_new_tensors():
         if before is None:
             before = launches()
     assert before >= 1 and launches() == before
+
+
+@pytest.mark.parametrize("head_dim,causal", [(128, False), (128, True), (64, False), (64, True)])
+def test_hopper_dkdv_machine_code(head_dim, causal):
+    """The Hopper dK/dV kernel as the planner launches it, compiled for sm_90a here (no GPU): warp-specialised
+    (register reallocation between partitions), fed by TMA, both of its register-operand products (dV += P^T dO,
+    dK += dS^T Q) on wgmma with P and dS in registers, and no spills."""
+    from conftest import gluon_bwd_sass
+
+    sass = gluon_bwd_sass(head_dim, causal)
+    assert "USETMAXREG" in sass
+    assert "UTMALDG" in sass
+    hgmma = [ln.split("HGMMA.")[1] for ln in sass.splitlines() if "HGMMA." in ln]
+    from_registers = [h for h in hgmma if h.split(",")[1].strip().startswith("R")]
+    assert from_registers and len(from_registers) < len(hgmma), "P and dS from registers, S^T and dP^T from shared"
+    assert "STL" not in sass and "LDL" not in sass, "register spills"

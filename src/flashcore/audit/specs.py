@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import torch
 
-from ..kernels import KERNELS, SM90_FWD, TRITON_DECODE, TRITON_DECODE_COMBINE, TRITON_FWD
+from ..kernels import KERNELS, SM90_BWD, SM90_FWD, TRITON_DECODE, TRITON_DECODE_COMBINE, TRITON_FWD
 from ..kernels.secure.prepass import (attn_secure_fill_rows_kernel, attn_secure_sanitize_kv_kernel,
                                       attn_secure_zero_v_padding_kernel)
 from ..kernels.triton.fwd import attn_fwd_kernel
@@ -149,6 +149,28 @@ def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096,
     name = (f"{mode}_gluon_ws_{_ELT[dtype]}_d{head_dim}_{'causal' if causal else 'full'}_s{S}_gqa{Hq // Hkv}"
             f"{'_lse' if return_lse else ''}{'_b1' if B == 1 else ''}_{cfg.block_m // 64}wg")
     spec = _spec_from_launch(name, cfg, args, step.constexprs, SM90_FWD.secrets(secure), fn=step.fn)
+    spec["num_stages"] = 1
+    spec["maxnreg"] = step.options["maxnreg"]
+    return spec
+
+
+def hopper_dkdv_spec(head_dim: int, causal: bool, form=None, dtype=torch.bfloat16, S: int = 4096, Hq: int = 8,
+                     Hkv: int = 2, B: int = 2) -> dict:
+    """The Hopper backward's Gluon dK/dV kernel as the backward launches it (``form``: its (query tile, key tile,
+    warps, ring depth); default the planner's row), as a compile spec like :func:`gluon_spec`'s; built from CPU
+    tensors, no GPU needed. Not in the audit's list: the backward has no secure form."""
+    from ..launch.sm90_bwd import HopperDkdvLaunch
+    from ..plan.backward import GLUON_DKDV
+
+    bm, bn, warps, stages = form or GLUON_DKDV[head_dim]
+    q, k = torch.empty(B, Hq, S, head_dim, dtype=dtype), torch.empty(B, Hkv, S, head_dim, dtype=dtype)
+    ws = torch.empty(B, Hq, -(-S // bm) * bm, dtype=torch.float32)
+    launch = HopperDkdvLaunch(q, k, k, q, k, k, tuple(ws.shape), seqlen_q=S, seqlen_k=S, scale=head_dim ** -0.5,
+                              qk_scale=0.1, causal=causal, block_m=bm, block_n=bn, num_warps=warps, stages=stages)
+    step = launch.step
+    args = [*launch.descriptors(q, k, k, q, ws, ws), k, k, *step.scalars]
+    name = f"fast_gluon_bwd_dkdv_{_ELT[dtype]}_d{head_dim}_{'causal' if causal else 'full'}_{bm}x{bn}w{warps}s{stages}"
+    spec = _spec_from_launch(name, step, args, step.constexprs, SM90_BWD.secrets(), fn=step.fn)
     spec["num_stages"] = 1
     spec["maxnreg"] = step.options["maxnreg"]
     return spec
