@@ -137,6 +137,15 @@ def test_hopper_dkdv_kernel_runs_and_matches_the_triton_kernel(shape, dtype, mon
         assert _rel(x, w) < 1e-2, f"{name}: {_rel(x, w):.2e} from the Triton kernel's"
         err, base = _rel(x, r), _rel(lo, r)
         assert err <= 2 * base + 1e-3, f"{name}: error {err:.2e} > 2 x {base:.2e} + 1e-3"
+    # dQ inside the Gluon kernel (atomics): the same dK/dV bits, dQ to rounding, and the FA rule
+    fused = ops.dense_backward(do, q, k, v, out, lse, None, causal, scale, False, False,
+                               config=replace(cfg, atomic_dq=True))
+    assert len(runs) == 2
+    assert torch.equal(fused[1], got[1]) and torch.equal(fused[2], got[2])
+    assert torch.isfinite(fused[0]).all()
+    assert _rel(fused[0], want[0]) < 1e-2, f"dq: {_rel(fused[0], want[0]):.2e} from the Triton kernel's"
+    err, base = _rel(fused[0], ref[1]), _rel(low[1], ref[1])
+    assert err <= 2 * base + 1e-3, f"fused dq: error {err:.2e} > 2 x {base:.2e} + 1e-3"
 
 
 def test_varlen_gradients_with_empty_sequences_and_lse():

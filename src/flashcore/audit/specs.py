@@ -155,7 +155,7 @@ def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096,
 
 
 def hopper_dkdv_spec(head_dim: int, causal: bool, form=None, dtype=torch.bfloat16, S: int = 4096, Hq: int = 8,
-                     Hkv: int = 2, B: int = 2) -> dict:
+                     Hkv: int = 2, B: int = 2, fused_dq: bool = False) -> dict:
     """The Hopper backward's Gluon dK/dV kernel as the backward launches it (``form``: its (query tile, key tile,
     warps, ring depth); default the planner's row), as a compile spec like :func:`gluon_spec`'s; built from CPU
     tensors, no GPU needed. Not in the audit's list: the backward has no secure form."""
@@ -165,11 +165,14 @@ def hopper_dkdv_spec(head_dim: int, causal: bool, form=None, dtype=torch.bfloat1
     bm, bn, warps, stages = form or GLUON_DKDV[head_dim]
     q, k = torch.empty(B, Hq, S, head_dim, dtype=dtype), torch.empty(B, Hkv, S, head_dim, dtype=dtype)
     ws = torch.empty(B, Hq, -(-S // bm) * bm, dtype=torch.float32)
+    dq = torch.empty(q.shape, dtype=torch.float32) if fused_dq else None
     launch = HopperDkdvLaunch(q, k, k, q, k, k, tuple(ws.shape), seqlen_q=S, seqlen_k=S, scale=head_dim ** -0.5,
-                              qk_scale=0.1, causal=causal, block_m=bm, block_n=bn, num_warps=warps, stages=stages)
+                              qk_scale=0.1, causal=causal, block_m=bm, block_n=bn, num_warps=warps, stages=stages,
+                              dq_accum=dq)
     step = launch.step
-    args = [*launch.descriptors(q, k, k, q, ws, ws), k, k, *step.scalars]
-    name = f"fast_gluon_bwd_dkdv_{_ELT[dtype]}_d{head_dim}_{'causal' if causal else 'full'}_{bm}x{bn}w{warps}s{stages}"
+    args = [*launch.descriptors(q, k, k, q, ws, ws), k, k, dq if fused_dq else k, *step.scalars]
+    name = (f"fast_gluon_bwd_dkdv_{_ELT[dtype]}_d{head_dim}_{'causal' if causal else 'full'}_{bm}x{bn}w{warps}s{stages}"
+            f"{'_dq' if fused_dq else ''}")
     spec = _spec_from_launch(name, step, args, step.constexprs, SM90_BWD.secrets(), fn=step.fn)
     spec["num_stages"] = 1
     spec["maxnreg"] = step.options["maxnreg"]

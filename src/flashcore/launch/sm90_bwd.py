@@ -34,7 +34,10 @@ class HopperDkdvLaunch:
     __slots__ = ("step", "geom")
 
     def __init__(self, q, k, v, dout, dk, dv, ws_shape, *, seqlen_q: int, seqlen_k: int, scale: float,
-                 qk_scale: float, causal: bool, block_m: int, block_n: int, num_warps: int, stages: int):
+                 qk_scale: float, causal: bool, block_m: int, block_n: int, num_warps: int, stages: int,
+                 dq_accum=None):
+        """``dq_accum``: a representative fp32 dQ buffer ([B, H, S, D]) where the kernel adds dQ itself
+        (``FUSED_DQ``: atomics, not deterministic); None: dQ is left to the Triton dQ kernel."""
         D = q.shape[-1]
         num_wg = block_n // KEY_ROWS
         if block_n != num_wg * KEY_ROWS or num_wg not in REGISTERS or num_warps != 4 * num_wg:
@@ -55,17 +58,21 @@ class HopperDkdvLaunch:
         batch, num_heads_q, num_heads_kv = q.shape[0], q.shape[1], k.shape[1]
         grid = (cdiv(seqlen_k, block_n), batch * num_heads_kv)
         ws = torch.empty(ws_shape, dtype=torch.float32)  # representative (the descriptors' shapes only)
-        args = [*self.descriptors(q, k, v, dout, ws, ws), dk, dv, qk_scale, scale, seqlen_q, seqlen_k,
-                num_heads_kv, num_heads_q // num_heads_kv, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0),
-                dv.stride(1), dv.stride(2)]
+        fused = dq_accum is not None
+        dq_strides = tuple(dq_accum.stride()[:3]) if fused else (0, 0, 0)
+        args = [*self.descriptors(q, k, v, dout, ws, ws), dk, dv, dq_accum if fused else dk, qk_scale, scale,
+                seqlen_q, seqlen_k, num_heads_kv, num_heads_q // num_heads_kv, dk.stride(0), dk.stride(1),
+                dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), *dq_strides]
         consumer_regs, maxnreg = REGISTERS[num_wg]
         constexprs = dict(BLOCK_M=block_m, HEAD_DIM=D, STAGES=stages, CAUSAL=bool(causal), NUM_WG=num_wg,
-                          CONSUMER_WG_REGS=consumer_regs, LOADER_WG_REGS=LOADER_REGS)
-        self.step = KernelStep(attn_bwd_dkdv_hopper_kernel, grid, args, DESC_ARGS + 2, constexprs, 4, 1,
+                          CONSUMER_WG_REGS=consumer_regs, LOADER_WG_REGS=LOADER_REGS, FUSED_DQ=fused)
+        self.step = KernelStep(attn_bwd_dkdv_hopper_kernel, grid, args, DESC_ARGS + 3, constexprs, 4, 1,
                                options=dict(maxnreg=maxnreg))
 
     def descriptors(self, q, k, v, dout, lse2, delta) -> list:
         return make_descriptors((q, k, v, dout, lse2, delta), self.geom, DESC_ARGS)
 
-    def run(self, q, k, v, dout, dk, dv, lse2, delta) -> None:
-        self.step.run((*self.descriptors(q, k, v, dout, lse2, delta), dk, dv), q.device)
+    def run(self, q, k, v, dout, dk, dv, lse2, delta, dq_accum=None) -> None:
+        """``dq_accum``: the zeroed fp32 dQ buffer, where the launch was planned with one."""
+        self.step.run((*self.descriptors(q, k, v, dout, lse2, delta), dk, dv,
+                       dq_accum if dq_accum is not None else dk), q.device)

@@ -52,8 +52,7 @@ class BackwardLaunch:
         # dK/dV on the Hopper kernel where the configuration asks for it and the views suit the copy engine. It
         # copies delta and lse2 in whole query tiles, so they get their own buffers padded to a tile multiple
         # ([B, H, S_pad]); otherwise they are shaped and strided like lse.
-        use_hopper = bool(cfg.gluon_dkdv) and not self.atomic and hopper_dkdv_serves(q, k, v, dout, dk, dv,
-                                                                                      varlen=varlen)
+        use_hopper = bool(cfg.gluon_dkdv) and hopper_dkdv_serves(q, k, v, dout, dk, dv, varlen=varlen)
         if use_hopper:
             pad = cdiv(seqlen_q, cfg.gluon_dkdv[0]) * cfg.gluon_dkdv[0]
             self.ws_shape = (batch, num_heads_q, pad)
@@ -73,7 +72,7 @@ class BackwardLaunch:
             self.hopper_dkdv = HopperDkdvLaunch(
                 q, k, v, dout, dk, dv, self.ws_shape, seqlen_q=seqlen_q, seqlen_k=seqlen_k, scale=scale,
                 qk_scale=scale * LOG2E, causal=causal, block_m=cfg.gluon_dkdv[0], block_n=cfg.gluon_dkdv[1],
-                num_warps=cfg.gluon_dkdv[2], stages=cfg.gluon_dkdv[3])
+                num_warps=cfg.gluon_dkdv[2], stages=cfg.gluon_dkdv[3], dq_accum=dq_target if self.atomic else None)
         self.dkdv = None if self.hopper_dkdv is not None else KernelStep(
             attn_bwd_dkdv_kernel, (cdiv(seqlen_k, cfg.block_n1), batch * num_heads_kv),
             [None] * 11 + [scale * LOG2E, scale, *qkv_strides, *_strides(dk, varlen), *_strides(dv, varlen),
@@ -106,7 +105,7 @@ class BackwardLaunch:
         self.pre.run((out, dout, lse, dlse if dlse is not None else lse, delta, lse2, cu_q), device)
         dq_target = torch.zeros(dq.shape, dtype=torch.float32, device=device) if self.atomic else dq
         if self.hopper_dkdv is not None:
-            self.hopper_dkdv.run(q, k, v, dout, dk, dv, lse2, delta)
+            self.hopper_dkdv.run(q, k, v, dout, dk, dv, lse2, delta, dq_target if self.atomic else None)
         else:
             self.dkdv.run((q, k, v, dout, dk, dv, dq_target, lse2, delta, cu_q, cu_k), device)
         if self.atomic:

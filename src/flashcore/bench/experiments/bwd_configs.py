@@ -37,8 +37,8 @@ SHAPES = {  # head dim: [(B, Hq, Hkv, S, causal)]
 }
 CANDIDATES = {
     256: ["auto", "16x32w4s2-32x32w4s2", "32x64w8s2-64x64w8s2", "16x64w8s2-64x64w8s2"],
-    128: ["auto", "64x128w8s4-128x64w8s4", "64x128w8s4-128x64w8s4-gluon64x64w4s2"],
-    64: ["auto", "32x128w4s3-64x64w4s3", "32x128w4s3-64x64w4s3-gluon64x128w8s3"],
+    128: ["auto", "64x128w8s4-128x64w8s4", "64x128w8s4-128x64w8s4-atomic-gluon64x128w8s2"],
+    64: ["auto", "32x128w4s3-64x64w4s3", "32x128w4s3-64x64w4s3-atomic-gluon64x64w4s3"],
 }
 
 

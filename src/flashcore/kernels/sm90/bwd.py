@@ -28,6 +28,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
     mbarrier,
     warpgroup_mma,
     warpgroup_mma_init,
@@ -93,12 +94,27 @@ def _loader(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, q_smem, do_s
 
 
 @gluon.jit
-def _consumer(q_desc, dk_ptr, dv_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem, delta_smem, ready, empty, kv_ready,
-              qk_scale, scale, seqlen_q, seqlen_k, num_heads_kv, group, stride_dkb, stride_dkh, stride_dks,
-              stride_dvb, stride_dvh, stride_dvs, BLOCK_M: gl.constexpr,
-              HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NUM_WG: gl.constexpr, CAUSAL: gl.constexpr,
-              WG: gl.constexpr):
-    """A consumer partition (warpgroup ``WG``): dK and dV of key rows ``n0 + 64 WG ...`` over every step."""
+def _add_dq(dq, dq_base, hq, m0, dq_row, dq_col, scale, seqlen_q, stride_dqh, stride_dqs):
+    """``scale * dq`` (one step's dQ share: query rows ``m0 ...`` of head ``hq``) added into the fp32 buffer."""
+    rows = m0 + dq_row
+    ptrs = (dq_base + hq.to(gl.int64) * stride_dqh + gl.expand_dims(rows.to(gl.int64) * stride_dqs, 1)
+            + gl.expand_dims(dq_col, 0))
+    gl.atomic_add(ptrs, dq * scale, mask=gl.expand_dims(rows < seqlen_q, 1), sem="relaxed")
+
+
+@gluon.jit
+def _consumer(q_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem, delta_smem, ds_smem, ready,
+              empty, kv_ready, ds_ready, ds_free, qk_scale, scale, seqlen_q, seqlen_k, num_heads_kv, group,
+              stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh,
+              stride_dqs, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NUM_WG: gl.constexpr,
+              CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr, WG: gl.constexpr):
+    """A consumer partition (warpgroup ``WG``): dK and dV of key rows ``n0 + 64 WG ...`` over every step.
+
+    FUSED_DQ: each step also adds its dQ contribution, ``scale * dS K`` over this program's keys, into the fp32
+    ``dq_ptr`` buffer with atomics (not deterministic: the order of the additions varies). Every warpgroup writes
+    its dS^T tile to shared memory (``ds_smem``, two sets by step parity) and computes the dQ columns
+    ``WG * HEAD_DIM / NUM_WG ...`` from all of them (its registers hold only that share); its atomics run in the
+    next step, once the product is waited for under that step's S^T."""
     dtype: gl.constexpr = q_desc.dtype
     KEYS: gl.constexpr = 64
     # keys are the rows of every product here
@@ -109,6 +125,9 @@ def _consumer(q_desc, dk_ptr, dv_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    DQ_COLS: gl.constexpr = HEAD_DIM // NUM_WG
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, DQ_COLS, 16])
 
     b, hkv, n0, m_first, n_m, n_steps = _steps(seqlen_q, seqlen_k, num_heads_kv, group, BLOCK_M, NUM_WG * KEYS,
                                                CAUSAL)
@@ -125,6 +144,11 @@ def _consumer(q_desc, dk_ptr, dv_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem
     # the previous step's left operands, kept alive until the products that read them are waited for
     p_op = gl.zeros([KEYS, BLOCK_M], dtype, layout=op_layout)
     ds_op = gl.zeros([KEYS, BLOCK_M], dtype, layout=op_layout)
+    dq_zero = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=dq_layout)
+    dq = warpgroup_mma_init(dq_zero)
+    dq_row = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+    dq_col = WG * DQ_COLS + gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, dq_layout))
+    dq_base = dq_ptr + b.to(gl.int64) * stride_dqb
     mbarrier.wait(kv_ready, 0)
 
     for j in range(n_steps):
@@ -138,9 +162,16 @@ def _consumer(q_desc, dk_ptr, dv_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem
         st = warpgroup_mma(k_t, q_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         dpt = warpgroup_mma(v_t, do_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         # in flight here: the previous step's dV and dK products, then S^T and dP^T; this waits for all but dP^T
-        st, p_op, ds_op = warpgroup_mma_wait(1, deps=(st, p_op, ds_op))
+        if FUSED_DQ:
+            st, p_op, ds_op, dq = warpgroup_mma_wait(1, deps=(st, p_op, ds_op, dq))
+        else:
+            st, p_op, ds_op = warpgroup_mma_wait(1, deps=(st, p_op, ds_op))
         if j > 0:  # the previous step's slot is free in this warpgroup
             mbarrier.arrive(empty.index((j - 1) % STAGES), count=1)
+            if FUSED_DQ:  # and so is its dS^T set; then its dQ share goes out
+                mbarrier.arrive(ds_free.index((j - 1) % 2), count=1)
+                _add_dq(dq, dq_base, hq0 + (j - 1) // n_m, (m_first + (j - 1) % n_m) * BLOCK_M, dq_row, dq_col,
+                        scale, seqlen_q, stride_dqh, stride_dqs)
         # (rows past the end: the pre-pass wrote lse2 = +inf and delta = 0 up to the padded length)
         lse2 = lse2_smem.index(s).reshape([BLOCK_M]).load(col_layout)
         pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
@@ -148,15 +179,38 @@ def _consumer(q_desc, dk_ptr, dv_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem
             if m0 + diag < n0 + KEYS - 1:  # the tile straddles the diagonal: key > query + diag is masked
                 ok = gl.expand_dims(key, 1) <= gl.expand_dims(qi + diag, 0)
                 pt = gl.where(ok, pt, 0.0)
+        if FUSED_DQ:  # keys past the end (zeros from the copy engine) must add nothing to dQ, not even 0 * inf
+            if n0 + KEYS > seqlen_k:
+                pt = gl.where(gl.expand_dims(key < seqlen_k, 1), pt, 0.0)
         p_op = gl.convert_layout(pt.to(dtype), op_layout)
         dv = warpgroup_mma(p_op, do_t, dv, is_async=True)
         delta = delta_smem.index(s).reshape([BLOCK_M]).load(col_layout)
         dpt = warpgroup_mma_wait(1, deps=(dpt, ))
         dst = pt * (dpt - gl.expand_dims(delta, 0))
-        ds_op = gl.convert_layout(dst.to(dtype), op_layout)
+        ds16 = dst.to(dtype)
+        if FUSED_DQ:  # this warpgroup's dS^T into the parity's set, once step j - 2 has read it everywhere
+            dp = j % 2
+            if j >= 2:
+                mbarrier.wait(ds_free.index(dp), (j // 2 - 1) & 1)
+            ds_smem.index(dp * NUM_WG + WG).store(ds16)
+            fence_async_shared()
+            mbarrier.arrive(ds_ready.index(dp), count=1)
+        ds_op = gl.convert_layout(ds16, op_layout)
         dk = warpgroup_mma(ds_op, q_t, dk, is_async=True)
+        if FUSED_DQ:  # dQ[:, this share] = dS K[:, this share], over every warpgroup's keys
+            mbarrier.wait(ds_ready.index(dp), (j // 2) & 1)
+            for w in gl.static_range(NUM_WG):
+                k_cols = k_smem.index(w).reshape([KEYS, HEAD_DIM]).slice(WG * DQ_COLS, DQ_COLS, dim=1)
+                dq = warpgroup_mma(ds_smem.index(dp * NUM_WG + w).permute((1, 0)), k_cols,
+                                   dq_zero if w == 0 else dq, use_acc=w > 0, is_async=True)
 
-    dk, dv, p_op, ds_op = warpgroup_mma_wait(0, deps=(dk, dv, p_op, ds_op))
+    if FUSED_DQ:
+        dk, dv, p_op, ds_op, dq = warpgroup_mma_wait(0, deps=(dk, dv, p_op, ds_op, dq))
+        if n_steps > 0:
+            _add_dq(dq, dq_base, hq0 + (n_steps - 1) // n_m, (m_first + (n_steps - 1) % n_m) * BLOCK_M, dq_row,
+                    dq_col, scale, seqlen_q, stride_dqh, stride_dqs)
+    else:
+        dk, dv, p_op, ds_op = warpgroup_mma_wait(0, deps=(dk, dv, p_op, ds_op))
     o_row = n0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, kv_layout))
     o_col = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
     ok = gl.expand_dims(o_row < seqlen_k, 1)
@@ -169,12 +223,12 @@ def _consumer(q_desc, dk_ptr, dv_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem
 
 
 @gluon.jit
-def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, dk_ptr, dv_ptr, qk_scale,
-                                scale, seqlen_q, seqlen_k, num_heads_kv, group, stride_dkb, stride_dkh, stride_dks,
-                                stride_dvb, stride_dvh, stride_dvs,
+def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, dk_ptr, dv_ptr, dq_ptr,
+                                qk_scale, scale, seqlen_q, seqlen_k, num_heads_kv, group, stride_dkb, stride_dkh,
+                                stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs,
                                 BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                                 CAUSAL: gl.constexpr, NUM_WG: gl.constexpr, CONSUMER_WG_REGS: gl.constexpr,
-                                LOADER_WG_REGS: gl.constexpr):
+                                LOADER_WG_REGS: gl.constexpr, FUSED_DQ: gl.constexpr = False):
     """One program per (key tile of ``64 NUM_WG`` keys, batch entry x K/V head); see the module's docstring."""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
@@ -186,6 +240,18 @@ def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delt
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    if FUSED_DQ:  # every warpgroup's dS^T of a step, two sets (step parity), and their ready/free barriers
+        ds_smem = gl.allocate_shared_memory(dtype, [2 * NUM_WG, 64, BLOCK_M],
+                                            gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+        ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(ds_ready.index(i), count=NUM_WG)
+            mbarrier.init(ds_free.index(i), count=NUM_WG)
+    else:  # unused
+        ds_smem = q_smem
+        ds_ready = ready
+        ds_free = ready
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=NUM_WG)  # one arrival per consumer warpgroup
@@ -194,24 +260,24 @@ def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delt
     # extended there turns the constexprs in it into tensors)
     if NUM_WG == 2:
         gl.warp_specialize([
-            (_consumer, (q_desc, dk_ptr, dv_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem, delta_smem, ready,
-                         empty, kv_ready, qk_scale, scale, seqlen_q, seqlen_k, num_heads_kv, group, stride_dkb,
-                         stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, BLOCK_M, HEAD_DIM,
-                         STAGES, NUM_WG, CAUSAL, 0)),
-            (_consumer, (q_desc, dk_ptr, dv_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem, delta_smem, ready,
-                         empty, kv_ready, qk_scale, scale, seqlen_q, seqlen_k, num_heads_kv, group, stride_dkb,
-                         stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, BLOCK_M, HEAD_DIM,
-                         STAGES, NUM_WG, CAUSAL, 1)),
+            (_consumer, (q_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem, delta_smem,
+                         ds_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale, scale, seqlen_q, seqlen_k,
+                         num_heads_kv, group, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
+                         stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM, STAGES, NUM_WG, CAUSAL, FUSED_DQ, 0)),
+            (_consumer, (q_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem, delta_smem,
+                         ds_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale, scale, seqlen_q, seqlen_k,
+                         num_heads_kv, group, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
+                         stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM, STAGES, NUM_WG, CAUSAL, FUSED_DQ, 1)),
             (_loader, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                        lse2_smem, delta_smem, ready, empty, kv_ready, seqlen_q, seqlen_k, num_heads_kv, group, BLOCK_M,
                        STAGES, NUM_WG, CAUSAL)),
         ], [4, 1], [CONSUMER_WG_REGS, LOADER_WG_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (q_desc, dk_ptr, dv_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem, delta_smem, ready,
-                         empty, kv_ready, qk_scale, scale, seqlen_q, seqlen_k, num_heads_kv, group, stride_dkb,
-                         stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, BLOCK_M, HEAD_DIM,
-                         STAGES, NUM_WG, CAUSAL, 0)),
+            (_consumer, (q_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem, delta_smem,
+                         ds_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale, scale, seqlen_q, seqlen_k,
+                         num_heads_kv, group, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
+                         stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM, STAGES, NUM_WG, CAUSAL, FUSED_DQ, 0)),
             (_loader, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                        lse2_smem, delta_smem, ready, empty, kv_ready, seqlen_q, seqlen_k, num_heads_kv, group, BLOCK_M,
                        STAGES, NUM_WG, CAUSAL)),
