@@ -170,7 +170,7 @@ def hopper_dkdv_spec(head_dim: int, causal: bool, form=None, dtype=torch.bfloat1
                               qk_scale=0.1, causal=causal, block_m=bm, block_n=bn, num_warps=warps, stages=stages,
                               dq_accum=dq)
     step = launch.step
-    args = [*launch.descriptors(q, k, k, q, ws, ws), k, k, dq if fused_dq else k, *step.scalars]
+    args = [*launch.descriptors(q, k, k, q, ws, ws, dq), k, k, dq if fused_dq else k, *step.scalars]
     name = (f"fast_gluon_bwd_dkdv_{_ELT[dtype]}_d{head_dim}_{'causal' if causal else 'full'}_{bm}x{bn}w{warps}s{stages}"
             f"{'_dq' if fused_dq else ''}")
     spec = _spec_from_launch(name, step, args, step.constexprs, SM90_BWD.secrets(), fn=step.fn)

@@ -8,10 +8,11 @@ import torch
 from triton.experimental.gluon import language as gl
 
 from ..kernels.sm90.bwd import attn_bwd_dkdv_hopper_kernel
+from ..kernels.sm90.gluon_compat import async_atomic_add
 from ..runtime import KernelStep, cdiv
 from ..runtime.tma import addressable, make_descriptors
 
-DESC_ARGS = 6  # q, k, v, dO, and the pre-pass's lse2 and delta
+DESC_ARGS = 7  # q, k, v, dO, the pre-pass's lse2 and delta, and (fused dQ by the copy engine) the fp32 dQ buffer
 KEY_ROWS = 64  # key rows per consumer warpgroup
 # Register budgets (setmaxnreg), as the forward's: the loader warp needs almost nothing, each consumer warpgroup holds
 # dK and dV of its 64 keys (64 + 64 fp32 registers at D=128) beside the step's S^T and dP^T tiles.
@@ -55,24 +56,32 @@ class HopperDkdvLaunch:
             raise ValueError(f"the pre-pass's rows ({pad}) must be whole {block_m}-query tiles")
         lay_w = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
         self.geom += (([B_, H_, pad], [H_ * pad, pad, 1], [1, 1, block_m], lay_w), ) * 2
+        # fused dQ: added by the copy engine (TMA reduce-add) where this Triton has it, else by atomics
+        fused = dq_accum is not None
+        dq_tma = fused and async_atomic_add is not None
+        if dq_tma:
+            cols = D // num_wg
+            lay_dq = gl.NVMMASharedLayout.get_default_for([1, 1, block_m, cols], gl.float32)
+            self.geom += ((list(dq_accum.shape), list(dq_accum.stride()), [1, 1, block_m, cols], lay_dq), )
         batch, num_heads_q, num_heads_kv = q.shape[0], q.shape[1], k.shape[1]
         grid = (cdiv(seqlen_k, block_n), batch * num_heads_kv)
         ws = torch.empty(ws_shape, dtype=torch.float32)  # representative (the descriptors' shapes only)
-        fused = dq_accum is not None
         dq_strides = tuple(dq_accum.stride()[:3]) if fused else (0, 0, 0)
-        args = [*self.descriptors(q, k, v, dout, ws, ws), dk, dv, dq_accum if fused else dk, qk_scale, scale,
-                seqlen_q, seqlen_k, num_heads_kv, num_heads_q // num_heads_kv, dk.stride(0), dk.stride(1),
+        args = [*self.descriptors(q, k, v, dout, ws, ws, dq_accum), dk, dv, dq_accum if fused else dk, qk_scale,
+                scale, seqlen_q, seqlen_k, num_heads_kv, num_heads_q // num_heads_kv, dk.stride(0), dk.stride(1),
                 dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), *dq_strides]
         consumer_regs, maxnreg = REGISTERS[num_wg]
         constexprs = dict(BLOCK_M=block_m, HEAD_DIM=D, STAGES=stages, CAUSAL=bool(causal), NUM_WG=num_wg,
-                          CONSUMER_WG_REGS=consumer_regs, LOADER_WG_REGS=LOADER_REGS, FUSED_DQ=fused)
+                          CONSUMER_WG_REGS=consumer_regs, LOADER_WG_REGS=LOADER_REGS, FUSED_DQ=fused, DQ_TMA=dq_tma)
         self.step = KernelStep(attn_bwd_dkdv_hopper_kernel, grid, args, DESC_ARGS + 3, constexprs, 4, 1,
                                options=dict(maxnreg=maxnreg))
 
-    def descriptors(self, q, k, v, dout, lse2, delta) -> list:
-        return make_descriptors((q, k, v, dout, lse2, delta), self.geom, DESC_ARGS)
+    def descriptors(self, q, k, v, dout, lse2, delta, dq_accum=None) -> list:
+        """The kernel's descriptor arguments (the dQ buffer's only where the plan reduces into it by TMA)."""
+        tensors = (q, k, v, dout, lse2, delta) + ((dq_accum, ) if len(self.geom) == DESC_ARGS else ())
+        return make_descriptors(tensors, self.geom, DESC_ARGS)
 
     def run(self, q, k, v, dout, dk, dv, lse2, delta, dq_accum=None) -> None:
         """``dq_accum``: the zeroed fp32 dQ buffer, where the launch was planned with one."""
-        self.step.run((*self.descriptors(q, k, v, dout, lse2, delta), dk, dv,
+        self.step.run((*self.descriptors(q, k, v, dout, lse2, delta, dq_accum), dk, dv,
                        dq_accum if dq_accum is not None else dk), q.device)

@@ -30,13 +30,14 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
+    tma,
     warpgroup_mma,
     warpgroup_mma_init,
     warpgroup_mma_wait,
 )
 
 from ..capabilities import Capabilities
-from .gluon_compat import async_load
+from .gluon_compat import async_atomic_add, async_load
 
 
 @gluon.jit
@@ -103,18 +104,34 @@ def _add_dq(dq, dq_base, hq, m0, dq_row, dq_col, scale, seqlen_q, stride_dqh, st
 
 
 @gluon.jit
-def _consumer(q_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem, delta_smem, ds_smem, ready,
-              empty, kv_ready, ds_ready, ds_free, qk_scale, scale, seqlen_q, seqlen_k, num_heads_kv, group,
-              stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh,
-              stride_dqs, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NUM_WG: gl.constexpr,
-              CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr, WG: gl.constexpr):
+def _out_dq(dq, dq_base, dq_desc, dq_smem, b, hq, m0, dq_row, dq_col, scale, seqlen_q, stride_dqh, stride_dqs,
+            BLOCK_M: gl.constexpr, DQ_COLS: gl.constexpr, DQ_TMA: gl.constexpr, WG: gl.constexpr):
+    """One step's dQ share out: by the copy engine's reduce-add from shared memory (DQ_TMA; rows past the end are
+    clipped by it), or by per-thread atomics."""
+    if DQ_TMA:
+        tma.store_wait(0)  # the previous reduce has read the staging tile
+        dq_smem.index(WG).reshape([BLOCK_M, DQ_COLS]).store(dq * scale)
+        fence_async_shared()
+        async_atomic_add(dq_desc, [b, hq, m0, WG * DQ_COLS], dq_smem.index(WG))
+    else:
+        _add_dq(dq, dq_base, hq, m0, dq_row, dq_col, scale, seqlen_q, stride_dqh, stride_dqs)
+
+
+@gluon.jit
+def _consumer(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem, delta_smem,
+              ds_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale, scale, seqlen_q, seqlen_k,
+              num_heads_kv, group, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_dqb,
+              stride_dqh, stride_dqs, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+              NUM_WG: gl.constexpr, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr, DQ_TMA: gl.constexpr,
+              WG: gl.constexpr):
     """A consumer partition (warpgroup ``WG``): dK and dV of key rows ``n0 + 64 WG ...`` over every step.
 
     FUSED_DQ: each step also adds its dQ contribution, ``scale * dS K`` over this program's keys, into the fp32
     ``dq_ptr`` buffer with atomics (not deterministic: the order of the additions varies). Every warpgroup writes
     its dS^T tile to shared memory (``ds_smem``, two sets by step parity) and computes the dQ columns
     ``WG * HEAD_DIM / NUM_WG ...`` from all of them (its registers hold only that share); its atomics run in the
-    next step, once the product is waited for under that step's S^T."""
+    next step, once the product is waited for under that step's S^T. DQ_TMA: instead of per-thread atomics, the
+    share is staged in shared memory (``dq_smem``) and added by the copy engine (TMA reduce-add, ``dq_desc``)."""
     dtype: gl.constexpr = q_desc.dtype
     KEYS: gl.constexpr = 64
     # keys are the rows of every product here
@@ -170,8 +187,8 @@ def _consumer(q_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, v_smem, l
             mbarrier.arrive(empty.index((j - 1) % STAGES), count=1)
             if FUSED_DQ:  # and so is its dS^T set; then its dQ share goes out
                 mbarrier.arrive(ds_free.index((j - 1) % 2), count=1)
-                _add_dq(dq, dq_base, hq0 + (j - 1) // n_m, (m_first + (j - 1) % n_m) * BLOCK_M, dq_row, dq_col,
-                        scale, seqlen_q, stride_dqh, stride_dqs)
+                _out_dq(dq, dq_base, dq_desc, dq_smem, b, hq0 + (j - 1) // n_m, (m_first + (j - 1) % n_m) * BLOCK_M,
+                        dq_row, dq_col, scale, seqlen_q, stride_dqh, stride_dqs, BLOCK_M, DQ_COLS, DQ_TMA, WG)
         # (rows past the end: the pre-pass wrote lse2 = +inf and delta = 0 up to the padded length)
         lse2 = lse2_smem.index(s).reshape([BLOCK_M]).load(col_layout)
         pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
@@ -207,8 +224,11 @@ def _consumer(q_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, v_smem, l
     if FUSED_DQ:
         dk, dv, p_op, ds_op, dq = warpgroup_mma_wait(0, deps=(dk, dv, p_op, ds_op, dq))
         if n_steps > 0:
-            _add_dq(dq, dq_base, hq0 + (n_steps - 1) // n_m, (m_first + (n_steps - 1) % n_m) * BLOCK_M, dq_row,
-                    dq_col, scale, seqlen_q, stride_dqh, stride_dqs)
+            _out_dq(dq, dq_base, dq_desc, dq_smem, b, hq0 + (n_steps - 1) // n_m,
+                    (m_first + (n_steps - 1) % n_m) * BLOCK_M, dq_row, dq_col, scale, seqlen_q, stride_dqh,
+                    stride_dqs, BLOCK_M, DQ_COLS, DQ_TMA, WG)
+        if DQ_TMA:  # the last reduce must have read its tile before the program exits
+            tma.store_wait(0)
     else:
         dk, dv, p_op, ds_op = warpgroup_mma_wait(0, deps=(dk, dv, p_op, ds_op))
     o_row = n0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, kv_layout))
@@ -223,12 +243,13 @@ def _consumer(q_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, v_smem, l
 
 
 @gluon.jit
-def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, dk_ptr, dv_ptr, dq_ptr,
+def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr,
                                 qk_scale, scale, seqlen_q, seqlen_k, num_heads_kv, group, stride_dkb, stride_dkh,
                                 stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs,
                                 BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                                 CAUSAL: gl.constexpr, NUM_WG: gl.constexpr, CONSUMER_WG_REGS: gl.constexpr,
-                                LOADER_WG_REGS: gl.constexpr, FUSED_DQ: gl.constexpr = False):
+                                LOADER_WG_REGS: gl.constexpr, FUSED_DQ: gl.constexpr = False,
+                                DQ_TMA: gl.constexpr = False):
     """One program per (key tile of ``64 NUM_WG`` keys, batch entry x K/V head); see the module's docstring."""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
@@ -252,6 +273,10 @@ def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delt
         ds_smem = q_smem
         ds_ready = ready
         ds_free = ready
+    if DQ_TMA:  # each consumer's dQ share, staged for the copy engine's reduce-add
+        dq_smem = gl.allocate_shared_memory(gl.float32, [NUM_WG] + dq_desc.block_type.shape, dq_desc.layout)
+    else:  # unused
+        dq_smem = q_smem
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=NUM_WG)  # one arrival per consumer warpgroup
@@ -260,24 +285,27 @@ def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delt
     # extended there turns the constexprs in it into tensors)
     if NUM_WG == 2:
         gl.warp_specialize([
-            (_consumer, (q_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem, delta_smem,
-                         ds_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale, scale, seqlen_q, seqlen_k,
-                         num_heads_kv, group, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
-                         stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM, STAGES, NUM_WG, CAUSAL, FUSED_DQ, 0)),
-            (_consumer, (q_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem, delta_smem,
-                         ds_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale, scale, seqlen_q, seqlen_k,
-                         num_heads_kv, group, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
-                         stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM, STAGES, NUM_WG, CAUSAL, FUSED_DQ, 1)),
+            (_consumer, (q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem,
+                         delta_smem, ds_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale, scale,
+                         seqlen_q, seqlen_k, num_heads_kv, group, stride_dkb, stride_dkh, stride_dks, stride_dvb,
+                         stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM, STAGES, NUM_WG,
+                         CAUSAL, FUSED_DQ, DQ_TMA, 0)),
+            (_consumer, (q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem,
+                         delta_smem, ds_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale, scale,
+                         seqlen_q, seqlen_k, num_heads_kv, group, stride_dkb, stride_dkh, stride_dks, stride_dvb,
+                         stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM, STAGES, NUM_WG,
+                         CAUSAL, FUSED_DQ, DQ_TMA, 1)),
             (_loader, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                        lse2_smem, delta_smem, ready, empty, kv_ready, seqlen_q, seqlen_k, num_heads_kv, group, BLOCK_M,
                        STAGES, NUM_WG, CAUSAL)),
         ], [4, 1], [CONSUMER_WG_REGS, LOADER_WG_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (q_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem, delta_smem,
-                         ds_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale, scale, seqlen_q, seqlen_k,
-                         num_heads_kv, group, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
-                         stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM, STAGES, NUM_WG, CAUSAL, FUSED_DQ, 0)),
+            (_consumer, (q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem,
+                         delta_smem, ds_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale, scale,
+                         seqlen_q, seqlen_k, num_heads_kv, group, stride_dkb, stride_dkh, stride_dks, stride_dvb,
+                         stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM, STAGES, NUM_WG,
+                         CAUSAL, FUSED_DQ, DQ_TMA, 0)),
             (_loader, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                        lse2_smem, delta_smem, ready, empty, kv_ready, seqlen_q, seqlen_k, num_heads_kv, group, BLOCK_M,
                        STAGES, NUM_WG, CAUSAL)),

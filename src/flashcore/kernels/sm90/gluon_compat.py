@@ -15,6 +15,9 @@ What differs:
 * Aggregates. Triton 3.6 and 3.7 have the aggregate decorator only as the private
   ``triton.language.core._aggregate``; 3.8 exports the same decorator as ``triton.aggregate``.
 
+* The TMA reduce-add: Triton 3.9's Gluon has ``tma.async_atomic_add``; 3.6 has none (``async_atomic_add`` is
+  None, and the kernels that could use it take another form).
+
 Everything else the kernels use (``mbarrier``, ``tma.store_wait``, ``warpgroup_mma``, ``warp_specialize``,
 ``fence_async_shared``, the layouts, ``constexpr_function``) is spelled alike in all four versions and is
 imported directly (``tma.store_wait`` gains a ``read_only`` argument in 3.8 whose default is the 3.6 wait).
@@ -28,9 +31,13 @@ else:  # Triton 3.6, 3.7
     async_load = _tma.async_copy_global_to_shared
     async_store = _tma.async_copy_shared_to_global
 
+# The TMA reduce-add (``cp.reduce.async.bulk.tensor``, a shared-memory tile added into global memory by the copy
+# engine): Triton 3.9's Gluon has it as ``tma.async_atomic_add``; 3.6's has no bulk reduce at all (None here).
+async_atomic_add = getattr(_tma, "async_atomic_add", None)
+
 try:  # Triton >= 3.8
     from triton import aggregate
 except ImportError:  # Triton 3.6, 3.7
     from triton.language.core import _aggregate as aggregate
 
-__all__ = ["aggregate", "async_load", "async_store"]
+__all__ = ["aggregate", "async_atomic_add", "async_load", "async_store"]
