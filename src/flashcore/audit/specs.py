@@ -171,8 +171,8 @@ def hopper_dkdv_spec(head_dim: int, causal: bool, form=None, dtype=torch.bfloat1
                               dq_accum=dq)
     step = launch.step
     args = [*launch.descriptors(q, k, k, q, ws, ws, dq), k, k, dq if fused_dq else k, *step.scalars]
-    name = (f"fast_gluon_bwd_dkdv_{_ELT[dtype]}_d{head_dim}_{'causal' if causal else 'full'}_{bm}x{bn}w{warps}s{stages}"
-            f"{'_dq' if fused_dq else ''}")
+    name = (f"fast_gluon_bwd_dkdv_{_ELT[dtype]}_d{head_dim}_{'causal' if causal else 'full'}"
+            f"_{bm}x{bn}w{warps}s{stages}{'_dq' if fused_dq else ''}")
     spec = _spec_from_launch(name, step, args, step.constexprs, SM90_BWD.secrets(), fn=step.fn)
     spec["num_stages"] = 1
     spec["maxnreg"] = step.options["maxnreg"]

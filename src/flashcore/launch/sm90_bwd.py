@@ -1,7 +1,7 @@
 """Launch builder of the sm_90 Gluon dK/dV kernel (``kernels/sm90/bwd.py``).
 
 Built once per tensor metadata (inside a :class:`~flashcore.launch.triton_bwd.BackwardLaunch`); ``run`` rebuilds
-the four TMA descriptors from the call's pointers."""
+the TMA descriptors (Q, K, V, dO, lse2, delta, and the fp32 dQ buffer in the fused form) from the call's pointers."""
 from __future__ import annotations
 
 import torch
@@ -23,7 +23,8 @@ REGISTERS = {1: (232, 128), 2: (240, 168)}
 
 def hopper_dkdv_serves(q, k, v, dout, dk, dv, *, varlen: bool) -> bool:
     """The Gluon dK/dV kernel runs this backward: dense, bf16/fp16, D 64 or 128, every [B, H, S, D] view the copy
-    engine can address (16-byte aligned base and outer strides, none of them 0: an expanded gradient) and unit last strides for dK/dV."""
+    engine can address (16-byte aligned base and outer strides, none of them 0: an expanded gradient) and unit last
+    strides for dK/dV."""
     return (not varlen and q.dtype in (torch.bfloat16, torch.float16) and q.shape[-1] in (64, 128)
             and all(addressable(t) and t.stride(-1) == 1 and min(t.stride()) > 0 for t in (q, k, v, dout))
             and dk.stride(-1) == 1 and dv.stride(-1) == 1)
@@ -31,14 +32,16 @@ def hopper_dkdv_serves(q, k, v, dout, dk, dv, *, varlen: bool) -> bool:
 
 class HopperDkdvLaunch:
     """A planned launch of :func:`attn_bwd_dkdv_hopper_kernel`; ``run(q, k, v, dout, dk, dv, lse2, delta)`` with
-    [B, H, S, D] views shaped and strided as planned (lse2/delta: the pre-pass's outputs, strided like lse)."""
+    [B, H, S, D] views shaped and strided as planned; lse2/delta are the pre-pass's outputs in contiguous buffers of
+    ``ws_shape`` ([B, H, S_pad], S_pad a multiple of the query tile)."""
     __slots__ = ("step", "geom")
 
     def __init__(self, q, k, v, dout, dk, dv, ws_shape, *, seqlen_q: int, seqlen_k: int, scale: float,
                  qk_scale: float, causal: bool, block_m: int, block_n: int, num_warps: int, stages: int,
                  dq_accum=None):
         """``dq_accum``: a representative fp32 dQ buffer ([B, H, S, D]) where the kernel adds dQ itself
-        (``FUSED_DQ``: atomics, not deterministic); None: dQ is left to the Triton dQ kernel."""
+        (``FUSED_DQ``: atomics or the TMA reduce-add, not deterministic; measured slower, perf-notes v29.4-v29.5, so
+        only an explicit configuration asks for it); None: dQ is left to the Triton dQ kernel."""
         D = q.shape[-1]
         num_wg = block_n // KEY_ROWS
         if block_n != num_wg * KEY_ROWS or num_wg not in REGISTERS or num_warps != 4 * num_wg:
@@ -51,11 +54,11 @@ class HopperDkdvLaunch:
                           for t, rows, lay in ((q, block_m, lay_m), (k, KEY_ROWS, lay_n), (v, KEY_ROWS, lay_n),
                                                (dout, block_m, lay_m)))
         # lse2 and delta ([B, H, S_pad] fp32, S_pad a multiple of block_m): one row of block_m per step, unswizzled
-        B_, H_, pad = ws_shape
+        ws_batch, ws_heads, pad = ws_shape
         if pad % block_m:
             raise ValueError(f"the pre-pass's rows ({pad}) must be whole {block_m}-query tiles")
         lay_w = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
-        self.geom += (([B_, H_, pad], [H_ * pad, pad, 1], [1, 1, block_m], lay_w), ) * 2
+        self.geom += (([ws_batch, ws_heads, pad], [ws_heads * pad, pad, 1], [1, 1, block_m], lay_w), ) * 2
         # fused dQ: added by the copy engine (TMA reduce-add) where this Triton has it, else by atomics
         fused = dq_accum is not None
         dq_tma = fused and async_atomic_add is not None
