@@ -16,8 +16,10 @@ at 8 warps only by spilling and issues its loads between products (perf-notes v1
   into the next step and waited for under its ``S^T``; only then are their operands (the P and dS registers,
   the slot) released.
 
-dQ is not computed here: the Triton dQ kernel runs after this one (deterministic; seven products per tile pair
-in all instead of five, perf-notes v29 says what that costs). lse2 and delta come in whole query tiles: the
+dQ is not computed here in the planner's forms: the Triton dQ kernel runs after this one (deterministic; seven
+products per tile pair in all instead of five, perf-notes v29 says what that costs). ``FUSED_DQ`` (only by explicit
+configuration) adds dQ from here instead, by atomics or the TMA reduce-add (``DQ_TMA``): correct, not
+deterministic, and measured slower (perf-notes v29.4-v29.5); see ``_consumer``. lse2 and delta come in whole query tiles: the
 pre-pass pads them to a tile multiple with lse2 = +inf and delta = 0, so a query row past the end (Q = dO = 0 from
 the copy engine's zero fill) has probability 0, as does a row that saw no key. Key rows past the end read zeros;
 their dK/dV rows are never stored and no other row depends on them.
