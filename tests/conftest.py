@@ -261,6 +261,13 @@ def gluon_sass(head_dim: int, causal: bool, secure: bool = False, block_m=None, 
     ``TRITON_INTERPRET``: once the interpreter has run a kernel in this process, Triton 3.6's Gluon
     front end fails on warp_specialize (a CompilationError; seen when the interpreter tests run first).
     ``attrs``: Gluon kernel switches (``plan.knobs.GluonSwitches``) to set first, e.g. ``{"stagger": 0}``."""
+    return _compile_in_fresh_process(_GLUON_SASS, "the Gluon kernel", dict(
+        head_dim=head_dim, causal=causal, secure=secure, block_m=block_m, trace=trace, attrs=attrs or {}))
+
+
+def _compile_in_fresh_process(script: str, what: str, args: dict) -> str:
+    """Run a compile ``script`` (it prints SASS) with ``args`` as JSON, in a fresh process without
+    ``TRITON_INTERPRET`` and with this checkout's ``src`` first on the path (see gluon_sass)."""
     import json
     import subprocess
     import sys
@@ -268,11 +275,9 @@ def gluon_sass(head_dim: int, causal: bool, secure: bool = False, block_m=None, 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    args = json.dumps(dict(head_dim=head_dim, causal=causal, secure=secure, block_m=block_m, trace=trace,
-                           attrs=attrs or {}))
-    res = subprocess.run([sys.executable, "-c", _GLUON_SASS, args], capture_output=True, text=True, env=env)
+    res = subprocess.run([sys.executable, "-c", script, json.dumps(args)], capture_output=True, text=True, env=env)
     if res.returncode:
-        raise RuntimeError(f"compiling the Gluon kernel failed:\n{res.stderr[-4000:]}")
+        raise RuntimeError(f"compiling {what} failed:\n{res.stderr[-4000:]}")
     return res.stdout
 
 
@@ -291,18 +296,8 @@ sys.stdout.write(disassemble(c.cubin))
 def gluon_bwd_sass(head_dim: int, causal: bool, form=None) -> str:
     """sm_90a SASS of the Hopper backward's dK/dV kernel as the backward launches it (``form``: another (query tile,
     key tile, warps, ring depth)), compiled in a fresh process without ``TRITON_INTERPRET`` (see gluon_sass)."""
-    import json
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    args = json.dumps(dict(head_dim=head_dim, causal=causal, form=list(form) if form else None))
-    res = subprocess.run([sys.executable, "-c", _GLUON_BWD_SASS, args], capture_output=True, text=True, env=env)
-    if res.returncode:
-        raise RuntimeError(f"compiling the Gluon dK/dV kernel failed:\n{res.stderr[-4000:]}")
-    return res.stdout
+    return _compile_in_fresh_process(_GLUON_BWD_SASS, "the Gluon dK/dV kernel",
+                                     dict(head_dim=head_dim, causal=causal, form=list(form) if form else None))
 
 
 # The Gluon kernel's register budgets (launch/sm90_fwd.py: three consumer warpgroups at 160 registers, two at 240)
