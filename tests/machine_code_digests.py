@@ -44,13 +44,14 @@ def switch_specs() -> list[dict]:
 
     out = []
 
-    def add(switches, name, hd, causal, secure=False, block_m=None, key_lens=False):
+    def add(switches, name, hd, causal, secure=False, block_m=None, key_lens=False, page_size=0):
         with knobs.override(**switches):
             cfg = None
             if block_m is not None:
                 base = (tables.gluon_secure if secure else tables.gluon_ws)(hd, 4096, causal)
                 cfg = replace(base, block_m=block_m)
-            spec = gluon_spec(hd, causal, return_lse=True, cfg=cfg, secure=secure, key_lens=key_lens)
+            spec = gluon_spec(hd, causal, return_lse=True, cfg=cfg, secure=secure, key_lens=key_lens,
+                              page_size=page_size)
         spec["name"] = name
         out.append(spec)
 
@@ -63,6 +64,8 @@ def switch_specs() -> list[dict]:
             add({"causal_pairs": False}, f"x_fast_d{hd}_{c}_nopairs", hd, causal)
             add({"fast_sum_mma": True}, f"x_fast_d{hd}_{c}_summma", hd, causal)
             add({}, f"x_fast_d{hd}_{c}_keylens", hd, causal, key_lens=True)  # KV-cache prefill (plan.prefill)
+            for page in (16, 128):  # ... from a paged cache: pages smaller than a key tile, and a tile's size
+                add({}, f"x_fast_d{hd}_{c}_keylens_page{page}", hd, causal, key_lens=True, page_size=page)
             add({}, f"x_secure_d{hd}_{c}_lse", hd, causal, secure=True)
     for causal in (False, True):
         add({}, f"x_fast_d64_{'causal' if causal else 'full'}_1wg", 64, causal, block_m=64)

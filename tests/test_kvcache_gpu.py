@@ -255,13 +255,17 @@ def test_chunked_prefill_runs_the_gluon_kernel_with_per_sequence_key_lengths(D, 
 
 
 def test_chunked_prefill_keeps_the_decode_kernel_where_the_gluon_kernel_cannot_run():
-    """Paged caches, FP8, an explicit split count, fewer queries than the threshold: the decode kernel."""
-    from flashcore.plan.prefill import PREFILL_MIN_SEQLEN_Q
+    """Page sizes the copy engine cannot take page by page, an explicit split count, fewer queries than the
+    threshold, D 64 below its threshold: the decode kernel."""
+    from flashcore.plan.prefill import PAGE_SIZES, PREFILL_MIN_SEQLEN_Q
 
     least = PREFILL_MIN_SEQLEN_Q[128]
-    q, kc, vc, table, lens, descale = _case(2, 16, 4, 128, 700, 16, Sq=least)
-    plan, _ = _prefill_plan(q, kc, vc, cache_seqlens=lens, page_table=table)
-    assert plan.prefill is None
+    for page in (1, 4, 24):
+        assert page not in PAGE_SIZES
+        q, kc, vc, table, lens, descale = _case(2, 16, 4, 128, 700, page, Sq=least)
+        plan, o = _prefill_plan(q, kc, vc, cache_seqlens=lens, page_table=table)
+        assert plan.prefill is None
+        assert rel_err(o, R.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table)) < 1e-2
     q, kc, vc, _, lens, _ = _case(2, 16, 4, 128, 700, 0, Sq=least)
     assert _prefill_plan(q, kc, vc, cache_seqlens=lens, num_splits=2)[0].prefill is None
     assert _prefill_plan(q[:, :least - 1], kc, vc, cache_seqlens=lens)[0].prefill is None
@@ -269,6 +273,108 @@ def test_chunked_prefill_keeps_the_decode_kernel_where_the_gluon_kernel_cannot_r
     plan, o = _prefill_plan(q, kc, vc, cache_seqlens=lens)
     assert plan.prefill is not None
     assert rel_err(o, R.attention_with_kvcache(q, kc, vc, cache_seqlens=lens)) < 1e-2
+
+
+def _stale(cache, table, lens, page, values):
+    """Fill every cache slot past each sequence's length (contiguous rows, or the pages of its table row) with
+    ``values`` in turn: what a cache allocated with torch.empty, or left by an earlier request, may hold there."""
+    B = lens.shape[0]
+    for b in range(B):
+        L = int(lens[b])
+        if table is None:
+            tail = cache[b, L:]
+        else:
+            rows = cache[table[b].long().clamp(min=0)].flatten(0, 1)  # (a copy: gather, then scatter back)
+            tail = rows[L:]
+        flat = tail.view(-1)
+        for i, x in enumerate(values):
+            flat[i::len(values)] = x
+        if table is not None:
+            pages = table[b].long()
+            ok = pages >= 0
+            cache[pages[ok]] = rows.view(-1, page, *cache.shape[2:])[ok]
+
+
+@pytest.mark.parametrize("page", [0, 16, 128])
+def test_chunked_prefill_nan_and_inf_past_the_key_lengths_stay_out(page):
+    """Slots past a sequence's key length may hold NaN or Inf (never written, or stale). The Gluon kernel reads the
+    last key tile whole, and its probabilities there are 0, but 0 * NaN = NaN: the output must still equal the
+    reference on a clean cache (lengths not a multiple of the key tile, one of them 0)."""
+    from flashcore.plan.prefill import PREFILL_MIN_SEQLEN_Q
+
+    B, cap, Sq = 3, 1000, PREFILL_MIN_SEQLEN_Q[128] + 40
+    q, kc, vc, table, _, _ = _case(B, 16, 4, 128, cap, page, Sq=Sq, seed=11)
+    lens = torch.tensor([0, 333, 901], dtype=torch.int32, device=DEV)
+    clean_k, clean_v = kc.clone(), vc.clone()
+    _stale(kc, table, lens, page, [float("nan"), float("inf"), float("-inf")])
+    _stale(vc, table, lens, page, [float("inf"), float("nan"), float("-inf")])
+    assert torch.isnan(vc).any() and torch.isinf(vc).any()
+    for causal in (False, True):
+        out = torch.full_like(q, float("nan"))
+        plan, o = _prefill_plan(q, kc, vc, cache_seqlens=lens, page_table=table, causal=causal, out=out)
+        assert plan.prefill is not None
+        ro = R.attention_with_kvcache(q, clean_k, clean_v, cache_seqlens=lens, page_table=table, causal=causal)
+        assert not torch.isnan(o).any(), f"causal={causal}: NaN from past the key lengths"
+        assert rel_err(o, ro) < 1e-2
+
+
+@pytest.mark.parametrize("page", [8, 16, 64, 128, 256])
+@pytest.mark.parametrize("D,heads", [(128, (32, 8)), (64, (16, 16))])
+@pytest.mark.parametrize("causal,append", [(True, False), (False, False), (True, True)])
+def test_paged_chunked_prefill_runs_the_gluon_kernel(page, D, heads, causal, append):
+    """A paged cache on the Gluon kernel: pages in shuffled physical order, a capacity that is not a multiple of the
+    key tile (the table's width times the page size), table entries past the used pages that are not pages (-1),
+    lengths 0, short, not a multiple of the tile, and full; against the float64 reference, output and lse poisoned
+    first, and the append writing what the reference writes."""
+    from flashcore.plan.prefill import PREFILL_MIN_SEQLEN_Q
+
+    B, Sq = 4, PREFILL_MIN_SEQLEN_Q[D] + 24
+    cap = 1000 if page < 128 else 1100
+    q, kc, vc, table, _, _ = _case(B, heads[0], heads[1], D, cap, page, Sq=Sq, seed=page + D)
+    capacity = table.shape[1] * page
+    lens = torch.tensor([0, 77, 555, capacity - (Sq if append else 0)], dtype=torch.int32, device=DEV)
+    used = (lens + (Sq if append else 0) + page - 1) // page
+    table[torch.arange(table.shape[1], device=DEV).view(1, -1) >= used.view(-1, 1)] = -1
+    kw = dict(cache_seqlens=lens, page_table=table, causal=causal, return_lse=True)
+    if append:
+        kw.update(k=torch.randn(B, Sq, heads[1], D, device=DEV, dtype=torch.bfloat16),
+                  v=torch.randn(B, Sq, heads[1], D, device=DEV, dtype=torch.bfloat16))
+    kc2, vc2 = kc.clone(), vc.clone()
+    out = torch.full_like(q, float("nan"))
+    plan, (o, lse) = _prefill_plan(q, kc, vc, out=out, **kw)
+    assert plan.prefill is not None and plan.split is None
+    assert plan.prefill.step.constexprs["PAGE_SIZE"] == page
+    ro, rl = R.attention_with_kvcache(q, kc2, vc2, **kw)
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+    assert o is out and not torch.isnan(o).any()
+    assert rel_err(o, ro) < 1e-2
+    assert torch.equal(torch.isinf(lse), torch.isinf(rl))
+    fin = torch.isfinite(rl)
+    assert rel_err(lse[fin], rl[fin]) < 1e-4
+
+
+def test_paged_chunked_prefill_cuda_graph_replay_with_new_lengths_and_page_tables():
+    from flashcore.plan.prefill import PREFILL_MIN_SEQLEN_Q
+
+    B, cap, Sq = 3, 2048, PREFILL_MIN_SEQLEN_Q[128]
+    q, kc, vc, table, lens, _ = _case(B, 32, 8, 128, cap, 16, Sq=Sq, seed=6)
+    out, lens_buf, table_buf = torch.empty_like(q), lens.clone(), table.clone()
+
+    def call():
+        return flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lens_buf, page_table=table_buf, out=out)
+
+    assert _prefill_plan(q, kc, vc, cache_seqlens=lens_buf, page_table=table_buf, out=out)[0].prefill is not None
+    graph, _ = capture_cuda_graph(call)
+    for trial in range(3):
+        new_lens = torch.randint(0, cap + 1, (B,), device=DEV).int()
+        new_table = table.flatten()[torch.randperm(table.numel(), device=DEV)].view_as(table)
+        lens_buf.copy_(new_lens)
+        table_buf.copy_(new_table)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = R.attention_with_kvcache(q, kc, vc, cache_seqlens=new_lens, page_table=new_table)
+        assert rel_err(out, ref) < 1e-2, trial
 
 
 def test_chunked_prefill_cuda_graph_replay_with_new_lengths():

@@ -128,22 +128,28 @@ def _hd_ones(dtype) -> tuple[int, ...]:
 
 def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096, Hq: int = 8, Hkv: int = 8,
                return_lse: bool = False, cfg=None, secure: bool = False, switches=None, B: int = 2,
-               key_lens: bool = False) -> dict:
+               key_lens: bool = False, page_size: int = 0) -> dict:
     """The Gluon Hopper kernel as launched for these public facts, as a compile spec like
     :func:`audit_specs`' (plus ``maxnreg``); built from CPU tensors, no GPU needed. ``secure``: the
     constant-time kernel (secret: the data behind the descriptors and the lengths). ``switches``: the
     kernel's switches (``plan.knobs.GluonSwitches``; default: the current ones). ``key_lens``: the fast form with
-    per-sequence key lengths (``plan.prefill``)."""
+    per-sequence key lengths (``plan.prefill``); ``page_size``: that form reading a paged cache of this page size (``S``
+    keys per sequence, B * S / page_size pages)."""
     q, k = torch.empty(B, Hq, S, head_dim, dtype=dtype), torch.empty(B, Hkv, S, head_dim, dtype=dtype)
+    table = None
+    if page_size:  # [num_pages, Hkv, page_size, D] views of a [num_pages, page_size, Hkv, D] cache, and its table
+        k = torch.empty(B * S // page_size, page_size, Hkv, head_dim, dtype=dtype).transpose(1, 2)
+        table = torch.zeros(B, S // page_size, dtype=torch.int32)
     lse = torch.empty(B, Hq, S, dtype=torch.float32) if return_lse else None
     cfg = cfg or (tables.gluon_secure if secure else tables.gluon_ws)(head_dim, S, causal)
     launch = GluonLaunch(q, k, k, q, lse, scale=head_dim ** -0.5, causal=causal, seqlen_q=S, seqlen_k=S, batch=B,
                          num_heads_q=Hq, num_heads_kv=Hkv, lse_strides=(Hq * S, S), cfg=cfg, secure=secure,
-                         switches=switches, key_lens=key_lens)
+                         switches=switches, key_lens=key_lens, page_size=page_size,
+                         table_stride=table.stride(0) if table is not None else 0)
     step = launch.step
     lens = torch.full((B,), S, dtype=torch.int32)
     w = torch.empty(launch.key_weights_shape, dtype=dtype) if launch.key_weights_shape else None
-    args = [*launch.descriptors(q, k, k, q, w), lse if lse is not None else q, lens, *step.scalars]
+    args = [*launch.descriptors(q, k, k, q, w), lse if lse is not None else q, lens, table, *step.scalars]
     # secure: the key weights and the query lengths are secret too (the key lengths enter the pre-pass only)
     mode = "secure" if secure else "fast"
     name = (f"{mode}_gluon_ws_{_ELT[dtype]}_d{head_dim}_{'causal' if causal else 'full'}_s{S}_gqa{Hq // Hkv}"

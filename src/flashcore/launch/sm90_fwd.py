@@ -21,6 +21,10 @@ from ..runtime.tma import EncodedDescriptors, make_descriptors, unwrap_tensordes
 # Register budgets per partition (setmaxnreg): the loader needs almost nothing, the consumers get
 # the rest. 12 warps x MAXNREG must fit the 64K-register file.
 LOADER_REGS = 24
+# A paged cache's loader (page indices per key tile, one copy per page) spills at 24; 32 still fits beside two or
+# three consumer warpgroups (2 x 128 x 240 + 128 x 32 = 3 x 128 x 160 + 128 x 32 = 65536), not beside one (two
+# programs per SM), which the prefill route never plans
+LOADER_REGS_PAGED = 32
 CONSUMER_REGS = 240
 MAXNREG = 168
 # Three consumer warpgroups (16 warps with the padded loader group): 3 x 128 x 160 + 128 x 24 fits.
@@ -34,6 +38,7 @@ MAXNREG_1WG = 128
 REGISTERS = {1: (CONSUMER_REGS_1WG, MAXNREG_1WG), 2: (CONSUMER_REGS, MAXNREG), 3: (CONSUMER_REGS_3WG, MAXNREG_3WG)}
 PROGRAMS_PER_SM = {1: 2, 2: 1, 3: 1}
 DESC_ARGS = 5  # the kernel's descriptor arguments: q, k, v, o and the key weights (None where unused)
+PER_CALL_ARGS = DESC_ARGS + 3  # and the pointers: lse, the lengths, the page table (None where unused)
 ENCODED_SETS = 16  # encoded descriptor sets kept per plan
 
 
@@ -51,7 +56,8 @@ class GluonLaunch:
 
     def __init__(self, q, k, v, o, lse, *, scale: float, causal: bool, seqlen_q: int, seqlen_k: int,
                  batch: int, num_heads_q: int, num_heads_kv: int, lse_strides, cfg, secure: bool = False,
-                 sum_mma: bool | None = None, switches: GluonSwitches | None = None, key_lens: bool = False):
+                 sum_mma: bool | None = None, switches: GluonSwitches | None = None, key_lens: bool = False,
+                 page_size: int = 0, table_stride: int = 0):
         sw = self.switches = switches if switches is not None else gluon_switches()
         D = q.shape[-1]
         err = gluon_config_error(cfg, D)
@@ -64,13 +70,21 @@ class GluonLaunch:
         bm, bn = 64, cfg.block_n
         lay_m = gl.NVMMASharedLayout.get_default_for([1, 1, bm, D], gdt)
         lay_n = gl.NVMMASharedLayout.get_default_for([1, 1, bn, D], gdt)
+        # a paged cache (k, v: [num_pages, Hkv, page_size, D] views): a box of one page, or of one tile of a larger
+        # page, in the tile's layout (the kernel copies each page into its rows of a whole-tile slot)
+        if page_size and (not key_lens or secure or page_size % 8 or page_size & (page_size - 1) or num_wg < 2):
+            raise ValueError(f"a paged cache runs the Gluon kernel with per-sequence key lengths (key_lens), fast mode, "
+                             f"two or three consumer warpgroups and a power-of-two page size of at least 8 only (got "
+                             f"page_size={page_size}, {num_wg} consumer warpgroups)")
+        kv_rows = min(page_size, bn) if page_size else bn
         self.geom = tuple((list(t.shape), list(t.stride()), [1, 1, rows, D], lay)
-                          for t, rows, lay in ((q, bm, lay_m), (k, bn, lay_n), (v, bn, lay_n), (o, bm, lay_m)))
+                          for t, rows, lay in ((q, bm, lay_m), (k, kv_rows, lay_n), (v, kv_rows, lay_n),
+                                               (o, bm, lay_m)))
         # the row sums by MMA against key weights: the secure pre-pass's (non-causal: no key mask), or
         # where asked for on the fast path, all ones (masked probabilities are zero there)
         if sum_mma is None:
             sum_mma = (secure and not causal) or (not secure and sw.fast_sum_mma)
-        sum_mma = bool(sum_mma)
+        sum_mma = bool(sum_mma) and not page_size  # (the row sums by MMA read key weights per tile, not per page)
         self.key_weights_shape, self.ones = None, None
         if sum_mma:
             ws = key_weights_shape(batch, seqlen_k)
@@ -91,8 +105,11 @@ class GluonLaunch:
         grid = (num_tiles if causal and not paired else min(units, PROGRAMS_PER_SM[num_wg] * sm_count(q.device)), 1)
         dummy = lse if lse is not None else q  # the lengths pointer is read only in secure mode
         w = torch.empty(self.key_weights_shape, dtype=q.dtype) if self.key_weights_shape else None
-        args = [*self.descriptors(q, k, v, o, w), dummy, dummy, scale * LOG2E, seqlen_q, seqlen_k,
-                num_heads_q, num_heads_q // num_heads_kv, *lse_strides, num_m_tiles, units]
+        # the page table is a per-call pointer (None when not paged: a constexpr, as table_stride then)
+        table = torch.empty(1, dtype=torch.int32) if page_size else None
+        args = [*self.descriptors(q, k, v, o, w), dummy, dummy, table, scale * LOG2E, seqlen_q, seqlen_k,
+                num_heads_q, num_heads_q // num_heads_kv, *lse_strides, num_m_tiles, units,
+                table_stride if page_size else None]
         constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, K_STAGES=cfg.num_stages,
                           V_STAGES=v_depth, CAUSAL=bool(causal),
                           RETURN_LSE=lse is not None, NUM_WG=num_wg, PAIRED=paired)
@@ -100,10 +117,11 @@ class GluonLaunch:
         if key_lens and secure:
             raise ValueError("per-sequence key lengths (key_lens) are a fast-path form; secure mode has its own")
         constexprs.update(SECURE=bool(secure), SUM_MMA=sum_mma, CONSUMER_WG_REGS=consumer_regs,
-                          LOADER_WG_REGS=LOADER_REGS, TRACE=bool(sw.trace) and not secure and not key_lens,
+                          LOADER_WG_REGS=LOADER_REGS_PAGED if page_size else LOADER_REGS, TRACE=bool(sw.trace) and not secure and not key_lens,
                           EARLY_LOADS=bool(sw.early_loads) and not secure,
-                          STAGGER=0 if secure or D != 64 else int(sw.stagger), KEY_LENS=bool(key_lens))
-        self.step = KernelStep(attn_fwd_hopper_kernel, grid, args, 7, constexprs, cfg.num_warps, 1,
+                          STAGGER=0 if secure or D != 64 else int(sw.stagger), KEY_LENS=bool(key_lens),
+                          PAGE_SIZE=int(page_size))
+        self.step = KernelStep(attn_fwd_hopper_kernel, grid, args, PER_CALL_ARGS, constexprs, cfg.num_warps, 1,
                                options=dict(maxnreg=maxnreg))
         self.trace_slots = grid[0] * num_wg * TRACE_SLOTS if constexprs["TRACE"] else 0
         self.fast = None  # a runtime.tma.RawLauncher once compiled; False: not available
@@ -114,10 +132,14 @@ class GluonLaunch:
         key weights)."""
         return make_descriptors((q, k, v, o, w), self.geom, DESC_ARGS)
 
-    def run(self, ptrs, device, key_weights=None) -> None:
+    def run(self, ptrs, device, key_weights=None, page_table=None) -> None:
         """``ptrs``: q, k, v, o, lse, seqlens_q (with ``key_lens``: the int32 key lengths), ... (unused ones: any
-        tensor); ``key_weights``: the pre-pass's, where the plan has them (secure, non-causal)."""
+        tensor); ``key_weights``: the pre-pass's, where the plan has them (secure, non-causal); ``page_table``: the
+        int32 page table of a paged plan (its rows ``table_stride`` apart, as planned)."""
         q, k, v, o, lse, sq = ptrs[:6]
+        pt = page_table if self.step.constexprs["PAGE_SIZE"] else None
+        if self.step.constexprs["PAGE_SIZE"] and page_table is None:
+            raise ValueError("a paged Gluon launch needs its page table (page_table=)")
         if self.trace_slots:
             self._check_trace(q, sq)
         w = key_weights
@@ -131,13 +153,13 @@ class GluonLaunch:
         # Triton's own path: until compiled, where its launcher has another shape, and whenever a
         # profiler's hooks want their launch metadata
         if not fast or launch_hooks_active():
-            step.run((*self.descriptors(q, k, v, o, w), lse, sq), device)
+            step.run((*self.descriptors(q, k, v, o, w), lse, sq, pt), device)
             if fast is None and step.compiled is not None:
                 self.fast = unwrap_tensordesc_launcher(step.compiled, DESC_ARGS) or False
             return
         key = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), w.data_ptr() if w is not None else 0)
         enc = self.encoded.get(key, lambda: fast.encode(self.descriptors(q, k, v, o, w), DESC_ARGS))
-        fast(step.grid, current_stream(device), step.compiled, (*enc, lse, sq, *step.scalars, *step.tail))
+        fast(step.grid, current_stream(device), step.compiled, (*enc, lse, sq, pt, *step.scalars, *step.tail))
 
     def _check_trace(self, q, trace) -> None:
         """A traced launch writes TRACE_SLOTS int64 per consumer warpgroup through the lengths argument: refuse

@@ -111,7 +111,7 @@ class DecodePlan:
         pts = page_table.stride(0) if page_table is not None else 0
         self.page_table_stride = pts
         # prefill: the Gluon forward kernel with per-sequence key lengths instead of split + combine (plan.prefill)
-        self.prefill = prefill_launch(shape, q, k_cache, v_cache, out, lse) if prefill else None
+        self.prefill = prefill_launch(shape, q, k_cache, v_cache, out, lse, pts) if prefill else None
         self.split = self.combine = None
         if not prefill:
             fn, grid, args, cx = build_split(shape, config, q, k_cache, v_cache, out, pts)
@@ -166,7 +166,7 @@ class DecodePlan:
             self.append.run((t["k"], t["v"], k_cache, v_cache, dummy, get("page_table"), get("cache_batch_idx"),
                              get("cu_seqlens_q")), device)
         if self.prefill is not None:
-            run_prefill(self.prefill, self.shape, q, k_cache, v_cache, out, lse, dummy, device)
+            run_prefill(self.prefill, self.shape, q, k_cache, v_cache, out, lse, dummy, device, t.get("page_table"))
             return out, lse
         part_o, part_lse = ws.get("part_o", dummy), ws.get("part_lse", dummy)
         self.split.run((q, k_cache, v_cache, out, lse if lse is not None else dummy, part_o, part_lse, dummy,

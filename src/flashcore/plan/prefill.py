@@ -10,7 +10,8 @@ key lengths (``cache_seqlens``, plus the appended tokens) read on the device.
 
 The route needs what the Gluon kernel needs (an sm_90 GPU, bf16/fp16, head dim 64 or 128, tensors the copy engine
 can address), enough queries per sequence to fill its 128-row items (``PREFILL_MIN_SEQLEN_Q``), and a cache the
-kernel can read as one dense tensor: contiguous (not paged), one cache row per sequence (no ``cache_batch_idx``), no
+kernel can read by TMA: contiguous with one cache row per sequence (no ``cache_batch_idx``), or paged with a page
+size the copy engine can take page by page (``PAGE_SIZES``: one copy per page, into its rows of a key tile); no
 ``cache_leftpad``, no packed queries, no FP8; fast mode only, with the split count left to the planner (an explicit
 ``num_splits`` asks for the decode kernel)."""
 from __future__ import annotations
@@ -27,6 +28,9 @@ from ..runtime.tma import addressable
 # 107.6 against 89.5 (one 128-row item per head either way: the Gluon kernel's time barely moves below 128 rows);
 # D 64, Sq 128 81.4 against 102.2, Sq 64 80.7 against 66.4 (96 not measured)
 PREFILL_MIN_SEQLEN_Q = {128: 96, 64: 128}
+# Page sizes a paged cache takes this route with: powers of two from one 128-byte swizzle atom (8 rows) up; a page
+# smaller than a key tile is one copy into its rows of the tile, a larger one a copy of a tile from inside it
+PAGE_SIZES = (8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 def bhsd(t: torch.Tensor) -> torch.Tensor:
@@ -36,33 +40,39 @@ def bhsd(t: torch.Tensor) -> torch.Tensor:
 
 def prefill_serves(shape, num_splits: int, q, k_cache, v_cache, out) -> bool:
     """Whether the KV-cache call (``shape``: ``launch.triton_decode.DecodeShape``) runs on the Gluon kernel."""
-    if shape.secure or shape.paged or shape.packed or shape.fp8 or shape.fp32 or shape.has_batch_idx:
+    if shape.secure or shape.packed or shape.fp8 or shape.fp32 or shape.has_batch_idx:
+        return False
+    if shape.paged and shape.page_size not in PAGE_SIZES:
         return False
     if shape.has_leftpad or num_splits != 0 or shape.head_dim not in PREFILL_MIN_SEQLEN_Q:
         return False
     if shape.seqlen_q < PREFILL_MIN_SEQLEN_Q[shape.head_dim] or q.dtype not in (torch.float16, torch.bfloat16):
         return False
-    if device_arch(q.device) != (9, 0) or k_cache.shape[0] != shape.batch:
+    if device_arch(q.device) != (9, 0) or (not shape.paged and k_cache.shape[0] != shape.batch):
         return False
     views = [bhsd(t) for t in (q, k_cache, v_cache)] + ([bhsd(out)] if out is not None else [])
     return all(t.stride(-1) == 1 and addressable(t) for t in views)
 
 
-def prefill_launch(shape, q, k_cache, v_cache, out, lse) -> GluonLaunch:
+def prefill_launch(shape, q, k_cache, v_cache, out, lse, table_stride: int = 0) -> GluonLaunch:
     """The Gluon launch of a call :func:`prefill_serves` accepted: the keys are the whole cache
-    (``seqlen_k`` = capacity), each sequence's own length read on the device."""
+    (``seqlen_k`` = capacity), each sequence's own length read on the device. Paged: the caches viewed as
+    ``[num_pages, Hkv, page_size, D]``, each sequence's pages read from its row of the page table (``table_stride``
+    apart)."""
     o = out if out is not None else torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse_strides = (shape.num_heads_q * shape.seqlen_q, shape.seqlen_q)  # [B, Hq, Sq] contiguous
     return GluonLaunch(bhsd(q), bhsd(k_cache), bhsd(v_cache), bhsd(o), lse, scale=shape.scale, causal=shape.causal,
                        seqlen_q=shape.seqlen_q, seqlen_k=shape.capacity, batch=shape.batch,
                        num_heads_q=shape.num_heads_q, num_heads_kv=shape.num_heads_kv, lse_strides=lse_strides,
-                       cfg=gluon_ws(shape.head_dim, shape.seqlen_q, shape.causal), key_lens=True)
+                       cfg=gluon_ws(shape.head_dim, shape.seqlen_q, shape.causal), key_lens=True,
+                       page_size=shape.page_size if shape.paged else 0, table_stride=table_stride)
 
 
-def run_prefill(launch: GluonLaunch, shape, q, k_cache, v_cache, out, lse, cache_seqlens, device) -> None:
+def run_prefill(launch: GluonLaunch, shape, q, k_cache, v_cache, out, lse, cache_seqlens, device,
+                page_table=None) -> None:
     """One call: the key lengths are ``cache_seqlens`` plus the tokens just appended (a small device add)."""
     lens = cache_seqlens + shape.seqlen_q if shape.appended else cache_seqlens
-    launch.run((bhsd(q), bhsd(k_cache), bhsd(v_cache), bhsd(out), lse, lens), device)
+    launch.run((bhsd(q), bhsd(k_cache), bhsd(v_cache), bhsd(out), lse, lens), device, page_table=page_table)
 
 
-__all__ = ["PREFILL_MIN_SEQLEN_Q", "prefill_launch", "prefill_serves", "run_prefill"]
+__all__ = ["PAGE_SIZES", "PREFILL_MIN_SEQLEN_Q", "prefill_launch", "prefill_serves", "run_prefill"]

@@ -40,7 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..capabilities import Capabilities
-from .gluon_compat import async_store
+from .gluon_compat import async_store, thread_barrier
 from .partition import Form, Shared
 from .pipeline import _issue_first_loads, _loader
 from .softmax import _softmax_step
@@ -78,6 +78,7 @@ def _consumer(shared, form, WG: gl.constexpr):
     k_empty = shared.k_empty
     v_empty = shared.v_empty
     stagger = shared.stagger
+    v_clean = shared.v_clean
     lse_ptr = shared.lse_ptr
     seqlens_q_ptr = shared.seqlens_q_ptr
     qk_scale = shared.qk_scale
@@ -122,7 +123,7 @@ def _consumer(shared, form, WG: gl.constexpr):
                                   q_empty, k_ready, v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr,
                                   qk_scale, seqlen_q, seqlen_k, num_heads, lse_stride_b, lse_stride_h, BLOCK_M,
                                   BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, SECURE, SUM_MMA,
-                                  TRACE, STAGGER, WG, KEY_LENS)
+                                  TRACE, STAGGER, WG, KEY_LENS, v_clean)
                 kc += n
                 it += 1
         if CARRY:
@@ -168,7 +169,7 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
                   lse_stride_b, lse_stride_h, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                   K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr,
                   NUM_WG: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, TRACE: gl.constexpr,
-                  STAGGER: gl.constexpr, WG: gl.constexpr, KEY_LENS: gl.constexpr):
+                  STAGGER: gl.constexpr, WG: gl.constexpr, KEY_LENS: gl.constexpr, v_clean):
     """One work item for this warpgroup: BLOCK_M query rows against all their key tiles. ``kc`` is the
     ring position of the item's first K/V tile, ``it`` the item's index (Q slot and phase). Returns the
     number of K/V tiles it consumed (where the next item's tiles start in the rings).
@@ -184,7 +185,10 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
 
     KEY_LENS (fast path only; chunked prefill against a KV cache, ``plan.prefill``): the pointer argument holds
     each sequence's key length, and keys at or past it are what keys past ``seqlen_k`` are otherwise: never
-    visited beyond the last tile, masked within it; causal stays bottom-right, per sequence."""
+    visited beyond the last tile, masked within it; causal stays bottom-right, per sequence. Unlike rows past
+    ``seqlen_k``, which the copy engine fills with zeros, the last tile's rows past a key length are cache memory
+    that may hold anything (NaN in a stale or never-written slot, and 0 * NaN = NaN in P V), so the consumers clear
+    those rows of V before the last P V (_clear_rows_past_length)."""
     dtype: gl.constexpr = q_desc.dtype
     W_ROWS: gl.constexpr = 8  # the narrowest wgmma (N = 8); = kernels.secure.prepass.W_ROWS, the host's key-weight rows
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -287,6 +291,8 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
     last = cl % V_STAGES
     mbarrier.wait(v_ready.index(last), (cl // V_STAGES) & 1)
     vl = v_smem.index(last).reshape([BLOCK_N, HEAD_DIM])
+    if KEY_LENS:
+        _clear_rows_past_length(vl, v_clean, it, seqlen_k - (n_blocks - 1) * BLOCK_N, BLOCK_N, HEAD_DIM, NUM_WG, WG)
     if SUM_MMA:
         wl = w_smem.index(last).reshape([W_ROWS, BLOCK_N]).permute((1, 0))
         acc_l = warpgroup_mma(p_op, wl, acc_l, is_async=True)
@@ -328,14 +334,38 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
 
 
 @gluon.jit
-def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q,
-                           seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
-                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+def _clear_rows_past_length(v_tile, v_clean, it, valid_rows, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                            NUM_WG: gl.constexpr, WG: gl.constexpr):
+    """KEY_LENS: zero the rows at or past ``valid_rows`` of an item's last V tile (``v_tile``, [BLOCK_N, HEAD_DIM] in
+    shared memory), so that a NaN or Inf in the cache past the key length cannot reach P V (its probabilities there
+    are 0, but 0 * NaN = NaN). The consumer warpgroups share the tile: each rewrites its share of 32-row chunks, then
+    all meet at ``v_clean`` (one phase per item, count NUM_WG: none can start the next item's phase before all have
+    arrived for this one) before any of them multiplies the tile. Every item, whether its last tile is partial or
+    not (so the phases count items): one read and write of a tile per item, against its dozens of key tiles."""
+    ROWS: gl.constexpr = 32
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    for c in gl.static_range(BLOCK_N // ROWS):
+        if c % NUM_WG == WG:
+            part = v_tile.slice(c * ROWS, ROWS, dim=0)
+            x = part.load(layout)
+            rows = c * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+            part.store(gl.where(gl.expand_dims(rows < valid_rows, 1), x, gl.zeros_like(x)))
+    fence_async_shared()  # these generic-proxy writes, before the wgmma (async proxy) reads them
+    thread_barrier()  # every warp of this warpgroup has written its rows
+    if NUM_WG > 1:
+        mbarrier.arrive(v_clean.index(0), count=1)
+        mbarrier.wait(v_clean.index(0), it & 1)
+
+
+@gluon.jit
+def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seqlens_q_ptr, page_table, qk_scale,
+                           seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
+                           table_stride, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                            K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                            RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr, PAIRED: gl.constexpr, SECURE: gl.constexpr,
                            SUM_MMA: gl.constexpr, CONSUMER_WG_REGS: gl.constexpr, LOADER_WG_REGS: gl.constexpr,
                            TRACE: gl.constexpr, EARLY_LOADS: gl.constexpr = False, STAGGER: gl.constexpr = 0,
-                           KEY_LENS: gl.constexpr = False):
+                           KEY_LENS: gl.constexpr = False, PAGE_SIZE: gl.constexpr = 0):
     """Persistent: program i takes scheduling units i, i + grid, ... (a unit = one work item of
     NUM_WG*BLOCK_M query rows of one head, or with PAIRED two causal items of equal total cost), so one
     item's epilogue and the next one's loads overlap instead of costing a launch.
@@ -349,6 +379,10 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
     other instruction's count per address (``flashcore audit counters --per-pc``).
 
     KEY_LENS (fast path): ``seqlens_q_ptr`` holds int32 key lengths per sequence (see _consume_tile).
+    PAGE_SIZE > 0 (with KEY_LENS): K and V are a paged cache, ``[num_pages, Hkv, PAGE_SIZE, D]`` descriptors whose
+    box is one page (or one tile of a larger page), read through ``page_table`` (int32 ``[B, table_stride]``
+    rows of physical page indices; ``seqlen_k`` is the capacity, the table's width times PAGE_SIZE). Otherwise
+    ``page_table`` and ``table_stride`` are None.
 
     ``CONSUMER_WG_REGS`` / ``LOADER_WG_REGS``: the register requests per worker warpgroup (setmaxnreg).
     """
@@ -356,8 +390,9 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
     _stamp(seqlens_q_ptr, 7, TRACE, 0, NUM_WG)
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [2 * NUM_WG] + q_desc.block_type.shape, q_desc.layout)  # [Q slot][WG]
-    k_smem = gl.allocate_shared_memory(dtype, [K_STAGES] + k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [V_STAGES] + v_desc.block_type.shape, v_desc.layout)
+    # (a paged cache's descriptors have a box of one page: the slots are whole key tiles either way)
+    k_smem = gl.allocate_shared_memory(dtype, [K_STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [V_STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
     if SUM_MMA:  # the key weights of each V tile (see _consume_tile)
         w_smem = gl.allocate_shared_memory(dtype, [V_STAGES] + w_desc.block_type.shape, w_desc.layout)
     else:  # unused
@@ -373,6 +408,12 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
         stagger = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
     else:  # unused
         stagger = q_ready
+    # KEY_LENS: the consumer warpgroups clear the last V tile's rows past the key length, each its share, and
+    # meet here before any of them multiplies it (_clear_rows_past_length)
+    if KEY_LENS:
+        v_clean = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    else:  # unused (None: an alias of another barrier would be one more value the partitions capture)
+        v_clean = None
     for i in gl.static_range(2):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=NUM_WG)  # one arrival per consumer warpgroup
@@ -385,9 +426,12 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
     if STAGGER > 0:
         for i in gl.static_range(NUM_WG):
             mbarrier.init(stagger.index(i), count=1)
+    if KEY_LENS:
+        mbarrier.init(v_clean.index(0), count=NUM_WG)
     if EARLY_LOADS:
         _issue_first_loads(q_desc, k_desc, v_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, k_ready, v_ready,
-                           num_heads, group, num_m_tiles, BLOCK_M, BLOCK_N, NUM_WG, CAUSAL, PAIRED, SUM_MMA)
+                           num_heads, group, num_m_tiles, page_table, table_stride, seqlen_k, BLOCK_M, BLOCK_N, NUM_WG,
+                           CAUSAL, PAIRED, SUM_MMA, PAGE_SIZE)
         _stamp(seqlens_q_ptr, 5, TRACE, 0, NUM_WG)
 
     # Every partition takes what they share as two aggregates (kernels/sm90/partition.py): the runtime values
@@ -395,10 +439,10 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
     # tests/test_machine_code.py). The partition list itself stays literal, one per layout: Triton 3.6's
     # warp_specialize needs it so.
     form = Form(BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA,
-                TRACE, EARLY_LOADS, STAGGER, KEY_LENS)
+                TRACE, EARLY_LOADS, STAGGER, KEY_LENS, PAGE_SIZE)
     shared = Shared(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready,
                     v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads,
-                    group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles)
+                    group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, v_clean, page_table, table_stride)
     if NUM_WG == 3:
         gl.warp_specialize([
             (_consumer, (shared, form, 0)),

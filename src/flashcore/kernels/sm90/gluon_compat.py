@@ -15,6 +15,8 @@ What differs:
 * Aggregates. Triton 3.6 and 3.7 have the aggregate decorator only as the private
   ``triton.language.core._aggregate``; 3.8 exports the same decorator as ``triton.aggregate``.
 
+* The partition-wide barrier: ``gl.thread_barrier`` in 3.6 and 3.7, ``gl.barrier`` from 3.8 on (the same
+  ``gpu.barrier``, lowered inside a warp-specialised partition to a named barrier of its own warps).
 * The TMA reduce-add: Triton 3.9's Gluon has ``tma.async_atomic_add``; 3.6 has none (``async_atomic_add`` is
   None, and the kernels that could use it take another form).
 
@@ -35,9 +37,13 @@ else:  # Triton 3.6, 3.7
 # engine): Triton 3.9's Gluon has it as ``tma.async_atomic_add``; 3.6's has no bulk reduce at all (None here).
 async_atomic_add = getattr(_tma, "async_atomic_add", None)
 
+from triton.experimental.gluon import language as _gl
+
+thread_barrier = getattr(_gl, "thread_barrier", None) or _gl.barrier
+
 try:  # Triton >= 3.8
     from triton import aggregate
 except ImportError:  # Triton 3.6, 3.7
     from triton.language.core import _aggregate as aggregate
 
-__all__ = ["aggregate", "async_atomic_add", "async_load", "async_store"]
+__all__ = ["aggregate", "async_atomic_add", "async_load", "async_store", "thread_barrier"]

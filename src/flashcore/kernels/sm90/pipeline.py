@@ -1,5 +1,9 @@
 """The loader side of the sm_90 forward kernel's pipeline: TMA copies of Q and of the K/V tiles into
-shared-memory rings, each slot guarded by a ready/empty mbarrier pair. Device code only."""
+shared-memory rings, each slot guarded by a ready/empty mbarrier pair. Device code only.
+
+A paged KV cache (``PAGE_SIZE`` > 0, fast path with per-sequence key lengths: ``plan.prefill``) is read through
+the page table: K/V descriptors over ``[num_pages, Hkv, page_size, D]`` whose box is one page (at most one key
+tile), one copy per page of a key tile, each into its rows of the tile's slot (``_copy_key_tile``)."""
 from __future__ import annotations
 
 from triton.experimental import gluon
@@ -29,6 +33,7 @@ def _loader(shared, form, WG: gl.constexpr):
     TRACE: gl.constexpr = form.TRACE
     EARLY_LOADS: gl.constexpr = form.EARLY_LOADS
     KEY_LENS: gl.constexpr = form.KEY_LENS
+    PAGE_SIZE: gl.constexpr = form.PAGE_SIZE
     q_desc = shared.q_desc
     k_desc = shared.k_desc
     v_desc = shared.v_desc
@@ -60,7 +65,8 @@ def _loader(shared, form, WG: gl.constexpr):
                 n = _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem, v_smem, w_smem,
                                q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, seqlen_q, seqlen_k, num_heads,
                                group, BLOCK_M, BLOCK_N, K_STAGES, V_STAGES, CAUSAL, NUM_WG, SUM_MMA,
-                               EARLY_LOADS, seqlens_q_ptr, TRACE, KEY_LENS)
+                               EARLY_LOADS, seqlens_q_ptr, TRACE, KEY_LENS, shared.page_table, shared.table_stride,
+                               PAGE_SIZE)
                 kc += n
                 it += 1
 
@@ -74,20 +80,66 @@ def _issue_q(q_desc, q_smem, q_ready, qs, b, h, m0, BLOCK_M: gl.constexpr, NUM_W
 
 
 @gluon.jit
-def _issue_k(k_desc, k_smem, k_ready, ks, b, hk, j, BLOCK_N: gl.constexpr):
-    mbarrier.expect(k_ready.index(ks), k_desc.block_type.nbytes)
-    async_load(k_desc, [b, hk, j * BLOCK_N, 0], k_ready.index(ks), k_smem.index(ks))
+def _page_offsets(PER_TILE: gl.constexpr):
+    """0 .. PER_TILE - 1, held whole by every thread of the calling warps (the loader warp, or the default warps
+    that issue the first loads), so that picking one out is in-thread."""
+    return gl.arange(0, PER_TILE, layout=gl.BlockedLayout([PER_TILE], [32], [gl.num_warps()], [0]))
 
 
 @gluon.jit
-def _issue_v(v_desc, w_desc, v_smem, w_smem, v_ready, vs, b, hk, j, BLOCK_N: gl.constexpr, SUM_MMA: gl.constexpr):
+def _tile_pages(page_table, table_stride, b, j, capacity, BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr):
+    """Paged: the physical pages of key tile ``j`` of sequence ``b``, read from its row of the page table (rows
+    ``table_stride`` apart, ``capacity // PAGE_SIZE`` columns): a page of at least a tile, its one index; smaller
+    pages, ``[BLOCK_N // PAGE_SIZE]`` indices held whole by every lane. Columns past the table's last read the
+    last: a tile past it (the capacity not a multiple of the tile; or the prefetch past an item's last tile)
+    holds only keys past every length, which the consumers mask (K) and clear (V)."""
+    row = page_table + b * table_stride
+    last = capacity // PAGE_SIZE - 1
+    if PAGE_SIZE >= BLOCK_N:
+        return gl.load(row + gl.minimum((j * BLOCK_N) // PAGE_SIZE, last))
+    else:
+        PER_TILE: gl.constexpr = BLOCK_N // PAGE_SIZE
+        return gl.load(row + gl.minimum(j * PER_TILE + _page_offsets(PER_TILE), last))
+
+
+@gluon.jit
+def _copy_key_tile(desc, slot, bar, b, hk, j, tile_pages, BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr):
+    """Key tile ``j`` (BLOCK_N rows of K/V head ``hk`` of sequence ``b``) into ``slot``, signalling ``bar``.
+
+    Paged (``PAGE_SIZE`` > 0; ``tile_pages``: the tile's pages, from _tile_pages): a page of at least a tile is one
+    copy from inside the page; smaller pages are one copy each, into their rows of the slot (a row slice of the
+    swizzled tile: whole 8-row swizzle atoms, as the page sizes served are multiples of 8)."""
+    if PAGE_SIZE == 0:
+        async_load(desc, [b, hk, j * BLOCK_N, 0], bar, slot)
+    elif PAGE_SIZE >= BLOCK_N:
+        async_load(desc, [tile_pages, hk, (j * BLOCK_N) % PAGE_SIZE, 0], bar, slot)
+    else:
+        PER_TILE: gl.constexpr = BLOCK_N // PAGE_SIZE
+        offs = _page_offsets(PER_TILE)
+        for i in gl.static_range(PER_TILE):
+            page = gl.sum(gl.where(offs == i, tile_pages, 0), axis=0)  # (in-lane: every lane holds all of them)
+            async_load(desc, [page, hk, 0, 0], bar, slot.slice(i * PAGE_SIZE, PAGE_SIZE, dim=2))
+
+
+@gluon.jit
+def _issue_k(k_desc, k_smem, k_ready, ks, b, hk, j, pages, BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr):
+    # a tile's bytes: the descriptor's box is the whole tile, or (paged) one page of it
+    mbarrier.expect(k_ready.index(ks), k_desc.block_type.nbytes * (BLOCK_N // k_desc.block_type.shape[2]))
+    _copy_key_tile(k_desc, k_smem.index(ks), k_ready.index(ks), b, hk, j, pages, BLOCK_N, PAGE_SIZE)
+
+
+@gluon.jit
+def _issue_v(v_desc, w_desc, v_smem, w_smem, v_ready, vs, b, hk, j, pages, BLOCK_N: gl.constexpr,
+             SUM_MMA: gl.constexpr, PAGE_SIZE: gl.constexpr):
     """V tile ``j`` (with SUM_MMA also its key weights) into V slot ``vs``."""
     if SUM_MMA:
         mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes + w_desc.block_type.nbytes)
         async_load(w_desc, [b, 0, j * BLOCK_N], v_ready.index(vs), w_smem.index(vs))
-    else:
-        mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes)
-    async_load(v_desc, [b, hk, j * BLOCK_N, 0], v_ready.index(vs), v_smem.index(vs))
+    else:  # a tile's bytes: the descriptor's box is the whole tile, or (paged) one page of it
+        mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes * (BLOCK_N // v_desc.block_type.shape[2]))
+    _copy_key_tile(v_desc, v_smem.index(vs), v_ready.index(vs), b, hk, j, pages, BLOCK_N, PAGE_SIZE)
+
+
 
 
 @gluon.jit
@@ -100,25 +152,27 @@ def _load_q(q_desc, q_smem, q_ready, q_empty, it, b, h, m0, BLOCK_M: gl.constexp
 
 
 @gluon.jit
-def _load_k(k_desc, k_smem, k_ready, k_empty, c, b, hk, j, BLOCK_N: gl.constexpr, K_STAGES: gl.constexpr):
+def _load_k(k_desc, k_smem, k_ready, k_empty, c, b, hk, j, pages, BLOCK_N: gl.constexpr, K_STAGES: gl.constexpr,
+            PAGE_SIZE: gl.constexpr):
     """The program's ``c``-th K tile (tile ``j`` of its item), once its ring slot is free."""
     ks = c % K_STAGES
     mbarrier.wait(k_empty.index(ks), ((c // K_STAGES) & 1) ^ 1)
-    _issue_k(k_desc, k_smem, k_ready, ks, b, hk, j, BLOCK_N)
+    _issue_k(k_desc, k_smem, k_ready, ks, b, hk, j, pages, BLOCK_N, PAGE_SIZE)
 
 
 @gluon.jit
-def _load_v(v_desc, w_desc, v_smem, w_smem, v_ready, v_empty, c, b, hk, j, BLOCK_N: gl.constexpr,
-            V_STAGES: gl.constexpr, SUM_MMA: gl.constexpr):
+def _load_v(v_desc, w_desc, v_smem, w_smem, v_ready, v_empty, c, b, hk, j, pages, BLOCK_N: gl.constexpr,
+            V_STAGES: gl.constexpr, SUM_MMA: gl.constexpr, PAGE_SIZE: gl.constexpr):
     vs = c % V_STAGES
     mbarrier.wait(v_empty.index(vs), ((c // V_STAGES) & 1) ^ 1)
-    _issue_v(v_desc, w_desc, v_smem, w_smem, v_ready, vs, b, hk, j, BLOCK_N, SUM_MMA)
+    _issue_v(v_desc, w_desc, v_smem, w_smem, v_ready, vs, b, hk, j, pages, BLOCK_N, SUM_MMA, PAGE_SIZE)
 
 
 @gluon.jit
 def _issue_first_loads(q_desc, k_desc, v_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, k_ready, v_ready,
-                       num_heads, group, num_m_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                       NUM_WG: gl.constexpr, CAUSAL: gl.constexpr, PAIRED: gl.constexpr, SUM_MMA: gl.constexpr):
+                       num_heads, group, num_m_tiles, page_table, table_stride, capacity, BLOCK_M: gl.constexpr,
+                       BLOCK_N: gl.constexpr, NUM_WG: gl.constexpr, CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
+                       SUM_MMA: gl.constexpr, PAGE_SIZE: gl.constexpr):
     """EARLY_LOADS: the program's first work item's Q, K_0 and V_0, requested at kernel entry by the
     default warps instead of by the loader once the partitions have started (~1.1 us later: perf-notes
     v16). The first item is unit program_id's half 0, which always exists and has >= 1 key tile; the
@@ -127,8 +181,11 @@ def _issue_first_loads(q_desc, k_desc, v_desc, w_desc, q_smem, k_smem, v_smem, w
     b, h, hk = _head_coords(bh, num_heads, group)
     fence_async_shared()  # the barriers' initialisation, before the copy engine signals them
     _issue_q(q_desc, q_smem, q_ready, 0, b, h, pid_m * NUM_WG * BLOCK_M, BLOCK_M, NUM_WG)
-    _issue_k(k_desc, k_smem, k_ready, 0, b, hk, 0, BLOCK_N)
-    _issue_v(v_desc, w_desc, v_smem, w_smem, v_ready, 0, b, hk, 0, BLOCK_N, SUM_MMA)
+    pages = None
+    if PAGE_SIZE > 0:
+        pages = _tile_pages(page_table, table_stride, b, 0, capacity, BLOCK_N, PAGE_SIZE)
+    _issue_k(k_desc, k_smem, k_ready, 0, b, hk, 0, pages, BLOCK_N, PAGE_SIZE)
+    _issue_v(v_desc, w_desc, v_smem, w_smem, v_ready, 0, b, hk, 0, pages, BLOCK_N, SUM_MMA, PAGE_SIZE)
 
 
 @gluon.jit
@@ -136,12 +193,16 @@ def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem
                k_ready, v_ready, k_empty, v_empty, seqlen_q, seqlen_k, num_heads, group, BLOCK_M: gl.constexpr,
                BLOCK_N: gl.constexpr, K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                NUM_WG: gl.constexpr, SUM_MMA: gl.constexpr, EARLY_LOADS: gl.constexpr, trace_ptr,
-               TRACE: gl.constexpr, KEY_LENS: gl.constexpr):
+               TRACE: gl.constexpr, KEY_LENS: gl.constexpr, page_table, table_stride, PAGE_SIZE: gl.constexpr):
     """The loader's side of one work item: its Q tiles, then its K/V tiles through the rings (with
     SUM_MMA each V tile brings its key weights along). Returns the number of K/V tiles loaded. With
     EARLY_LOADS the program's first Q and K/V tile 0 were requested at kernel entry (_issue_first_loads). With
-    KEY_LENS ``trace_ptr`` holds the key lengths, and the item's tiles stop at its sequence's (as the consumers')."""
+    KEY_LENS ``trace_ptr`` holds the key lengths, and the item's tiles stop at its sequence's (as the consumers').
+    Paged (PAGE_SIZE > 0, with KEY_LENS): the tiles' pages come from the sequence's row of ``page_table``."""
     b, h, hk = _head_coords(bh, num_heads, group)
+    if PAGE_SIZE > 0:  # tile 0's pages; each step then reads the next tile's before it waits for a free slot
+        capacity = seqlen_k
+        next_pages = _tile_pages(page_table, table_stride, b, 0, capacity, BLOCK_N, PAGE_SIZE)
     if KEY_LENS:
         seqlen_k = gl.minimum(gl.maximum(gl.load(trace_ptr + b), 0), seqlen_k)
     m0 = pid_m * NUM_WG * BLOCK_M
@@ -158,11 +219,14 @@ def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem
         # K and V have separate rings: K_j is free once both S_j = Q K_j^T are done (early in step
         # j), V_j only after both P_j V_j (step j+1), so K can run further ahead.
         c = kc + j
+        pages = None
+        if PAGE_SIZE > 0:
+            pages = next_pages
         if EARLY_LOADS:
             if c > 0:
-                _load_k(k_desc, k_smem, k_ready, k_empty, c, b, hk, j, BLOCK_N, K_STAGES)
+                _load_k(k_desc, k_smem, k_ready, k_empty, c, b, hk, j, pages, BLOCK_N, K_STAGES, PAGE_SIZE)
         else:
-            _load_k(k_desc, k_smem, k_ready, k_empty, c, b, hk, j, BLOCK_N, K_STAGES)
+            _load_k(k_desc, k_smem, k_ready, k_empty, c, b, hk, j, pages, BLOCK_N, K_STAGES, PAGE_SIZE)
         if NUM_WG == 1:
             if c == 0:
                 # the program's first tiles: with two programs per SM, letting Q and K_0 land before the rest of
@@ -170,7 +234,14 @@ def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem
                 mbarrier.wait(k_ready.index(0), 0)
         if EARLY_LOADS:
             if c > 0:
-                _load_v(v_desc, w_desc, v_smem, w_smem, v_ready, v_empty, c, b, hk, j, BLOCK_N, V_STAGES, SUM_MMA)
+                _load_v(v_desc, w_desc, v_smem, w_smem, v_ready, v_empty, c, b, hk, j, pages, BLOCK_N, V_STAGES,
+                        SUM_MMA, PAGE_SIZE)
         else:
-            _load_v(v_desc, w_desc, v_smem, w_smem, v_ready, v_empty, c, b, hk, j, BLOCK_N, V_STAGES, SUM_MMA)
+            _load_v(v_desc, w_desc, v_smem, w_smem, v_ready, v_empty, c, b, hk, j, pages, BLOCK_N, V_STAGES, SUM_MMA,
+                    PAGE_SIZE)
+        if PAGE_SIZE > 0:
+            # the next tile's pages, read while this warp waits for its next free slot instead of after it (a
+            # dependent table read per tile cost ~20%, perf-notes v30); after this tile's copies, so that the two
+            # tiles' page indices are never live at once (the loader has 24 registers)
+            next_pages = _tile_pages(page_table, table_stride, b, j + 1, capacity, BLOCK_N, PAGE_SIZE)
     return n_blocks
