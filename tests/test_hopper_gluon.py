@@ -109,7 +109,18 @@ def test_unsupported_gluon_configs_are_refused():
     q64 = _t(2, 4, 256, 64)
     three = sm90_fwd.GluonLaunch(q64, q64, q64, q64, lse, cfg=tables.gluon_ws(64, 4096), **kw).step
     assert three.constexprs["NUM_WG"] == 3 and three.options["maxnreg"] == sm90_fwd.MAXNREG_3WG
-    assert three.scalars[-2] == -(-256 // 192)  # 192-row work items
+    assert three.scalars[-3] == -(-256 // 192)  # 192-row work items (then the units, and the page table's stride)
+    # a paged cache: the fast form with key lengths, a power-of-two page of 8 or more rows, two or three warpgroups
+    kv = dict(kw, key_lens=True, table_stride=4)
+    for bad in (dict(page_size=12), dict(page_size=4), dict(page_size=16, key_lens=False),
+                dict(page_size=16, key_lens=False, secure=True)):
+        with pytest.raises(ValueError, match="paged cache"):
+            sm90_fwd.GluonLaunch(q, q, q, q, lse, cfg=tables.gluon_ws(128), **{**kv, **bad})
+    with pytest.raises(ValueError, match="paged cache"):
+        sm90_fwd.GluonLaunch(q64, q64, q64, q64, lse, cfg=replace(tables.gluon_ws(64), block_m=64), page_size=16, **kv)
+    paged = sm90_fwd.GluonLaunch(q, q, q, q, lse, cfg=tables.gluon_ws(128), page_size=16, **kv).step
+    assert paged.constexprs["PAGE_SIZE"] == 16 and paged.scalars[-1] == 4
+    assert paged.constexprs["LOADER_WG_REGS"] == sm90_fwd.LOADER_REGS_PAGED
 
 
 def test_three_consumer_warpgroups_only_for_long_noncausal_d64():
@@ -254,13 +265,13 @@ def test_grid_is_persistent_with_paired_causal_items(monkeypatch):
     q, lse = _t(2, 16, 4096, 128), torch.empty(2, 16, 4096)
     items = 2 * 16 * (4096 // 128)
     flat = sm90_fwd.GluonLaunch(q, q, q, q, lse, causal=False, **kw).step
-    assert flat.grid == (sm90_fwd.sm_count(q.device), 1) and flat.scalars[-2:] == (4096 // 128, items)
+    assert flat.grid == (sm90_fwd.sm_count(q.device), 1) and flat.scalars[-3:-1] == (4096 // 128, items)
     tri = sm90_fwd.GluonLaunch(q, q, q, q, lse, causal=True, **kw).step
-    assert tri.constexprs["PAIRED"] and tri.scalars[-2:] == (4096 // 128, items // 2)
+    assert tri.constexprs["PAIRED"] and tri.scalars[-3:-1] == (4096 // 128, items // 2)
     assert tri.grid == (sm90_fwd.sm_count(q.device), 1)
     with knobs.override(causal_pairs=False):
         own = sm90_fwd.GluonLaunch(q, q, q, q, lse, causal=True, **kw).step
-    assert own.grid == (items, 1) and own.scalars[-2:] == (4096 // 128, items) and not own.constexprs["PAIRED"]
+    assert own.grid == (items, 1) and own.scalars[-3:-1] == (4096 // 128, items) and not own.constexprs["PAIRED"]
     few = sm90_fwd.GluonLaunch(q[:1, :1, :300], q[:1, :1, :300], q[:1, :1, :300], q[:1, :1, :300], lse,
                                  causal=False, **dict(kw, seqlen_q=300, seqlen_k=300, batch=1, num_heads_q=1,
                                                       num_heads_kv=1)).step
@@ -727,7 +738,7 @@ def test_one_consumer_warpgroup_shares_the_sm_with_a_second_program():
     assert 2 * 8 * 32 * sm90_fwd.MAXNREG_1WG <= 65536  # two programs' registers at launch
     assert 128 * sm90_fwd.CONSUMER_REGS_1WG + 128 * sm90_fwd.LOADER_REGS <= 256 * sm90_fwd.MAXNREG_1WG
     items = 16 * 1024 // 64
-    assert one.grid == (min(items, 2 * sm90_fwd.sm_count(q.device)), 1) and one.scalars[-2:] == (16, items)
+    assert one.grid == (min(items, 2 * sm90_fwd.sm_count(q.device)), 1) and one.scalars[-3:-1] == (16, items)
     big = sm90_fwd.GluonLaunch(*(_t(4, 16, 4096, 64), ) * 4, torch.empty(4, 16, 4096), cfg=tables.Config(
         64, 128, 4, 3, kernel="gluon_ws"), **dict(kw, seqlen_q=4096, seqlen_k=4096, batch=4,
                                                   lse_strides=(16 * 4096, 4096))).step
