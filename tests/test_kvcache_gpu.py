@@ -223,6 +223,29 @@ def _prefill_plan(q, kc, vc, **kw):
     return seen[-1], res
 
 
+def _prefill_matches_the_reference(q, kc, vc, num_heads_kv, append, **kw):
+    """One chunked-prefill call on the Gluon route (``append``: new K/V tokens written first), output and lse poisoned
+    first, against the float64 reference on a copy of the caches: the append wrote what the reference wrote, the
+    output and lse match. Returns (the plan, the output)."""
+    B, Sq, _, D = q.shape
+    kw = dict(kw, return_lse=True)
+    if append:
+        kw.update(k=torch.randn(B, Sq, num_heads_kv, D, device=DEV, dtype=torch.bfloat16),
+                  v=torch.randn(B, Sq, num_heads_kv, D, device=DEV, dtype=torch.bfloat16))
+    kc2, vc2 = kc.clone(), vc.clone()
+    out = torch.full_like(q, float("nan"))
+    plan, (o, lse) = _prefill_plan(q, kc, vc, out=out, **kw)
+    assert plan.prefill is not None and plan.split is None
+    ro, rl = R.attention_with_kvcache(q, kc2, vc2, **kw)
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)  # the append wrote what the reference wrote
+    assert o is out and not torch.isnan(o).any()
+    assert rel_err(o, ro) < 1e-2
+    assert torch.equal(torch.isinf(lse), torch.isinf(rl))
+    fin = torch.isfinite(rl)
+    assert rel_err(lse[fin], rl[fin]) < 1e-4
+    return plan, o
+
+
 @pytest.mark.parametrize("D,heads", [(128, (32, 8)), (64, (16, 16))])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("append", [False, True])
@@ -235,21 +258,7 @@ def test_chunked_prefill_runs_the_gluon_kernel_with_per_sequence_key_lengths(D, 
     B, cap, Sq = 4, 1000, PREFILL_MIN_SEQLEN_Q[D] + 72
     q, kc, vc, _, _, _ = _case(B, heads[0], heads[1], D, cap, 0, Sq=Sq, seed=3)
     lens = torch.tensor([0, 77, 555, cap - (Sq if append else 0)], dtype=torch.int32, device=DEV)
-    kw = dict(cache_seqlens=lens, causal=causal, return_lse=True)
-    if append:
-        kw.update(k=torch.randn(B, Sq, heads[1], D, device=DEV, dtype=torch.bfloat16),
-                  v=torch.randn(B, Sq, heads[1], D, device=DEV, dtype=torch.bfloat16))
-    kc2, vc2 = kc.clone(), vc.clone()
-    out = torch.full_like(q, float("nan"))
-    plan, (o, lse) = _prefill_plan(q, kc, vc, out=out, **kw)
-    assert plan.prefill is not None and plan.split is None
-    ro, rl = R.attention_with_kvcache(q, kc2, vc2, **kw)
-    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)  # the append wrote what the reference wrote
-    assert o is out and not torch.isnan(o).any()
-    assert rel_err(o, ro) < 1e-2
-    assert torch.equal(torch.isinf(lse), torch.isinf(rl))
-    fin = torch.isfinite(rl)
-    assert rel_err(lse[fin], rl[fin]) < 1e-4
+    plan, o = _prefill_matches_the_reference(q, kc, vc, heads[1], append, cache_seqlens=lens, causal=causal)
     if causal and not append:
         assert torch.equal(o[1, :Sq - 77], torch.zeros_like(o[1, :Sq - 77]))  # rows that see no key
 
@@ -335,22 +344,9 @@ def test_paged_chunked_prefill_runs_the_gluon_kernel(page, D, heads, causal, app
     lens = torch.tensor([0, 77, 555, capacity - (Sq if append else 0)], dtype=torch.int32, device=DEV)
     used = (lens + (Sq if append else 0) + page - 1) // page
     table[torch.arange(table.shape[1], device=DEV).view(1, -1) >= used.view(-1, 1)] = -1
-    kw = dict(cache_seqlens=lens, page_table=table, causal=causal, return_lse=True)
-    if append:
-        kw.update(k=torch.randn(B, Sq, heads[1], D, device=DEV, dtype=torch.bfloat16),
-                  v=torch.randn(B, Sq, heads[1], D, device=DEV, dtype=torch.bfloat16))
-    kc2, vc2 = kc.clone(), vc.clone()
-    out = torch.full_like(q, float("nan"))
-    plan, (o, lse) = _prefill_plan(q, kc, vc, out=out, **kw)
-    assert plan.prefill is not None and plan.split is None
+    plan, _ = _prefill_matches_the_reference(q, kc, vc, heads[1], append, cache_seqlens=lens, page_table=table,
+                                             causal=causal)
     assert plan.prefill.step.constexprs["PAGE_SIZE"] == page
-    ro, rl = R.attention_with_kvcache(q, kc2, vc2, **kw)
-    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
-    assert o is out and not torch.isnan(o).any()
-    assert rel_err(o, ro) < 1e-2
-    assert torch.equal(torch.isinf(lse), torch.isinf(rl))
-    fin = torch.isfinite(rl)
-    assert rel_err(lse[fin], rl[fin]) < 1e-4
 
 
 def test_paged_chunked_prefill_cuda_graph_replay_with_new_lengths_and_page_tables():
