@@ -87,16 +87,25 @@ def test_cuda_graph_replay_with_new_lengths_and_page_tables(secure):
                                                 secure=secure)
 
     call()
+    _replay_with_new_lengths_and_tables(call, q, kc, vc, out, lens_buf, table_buf,
+                                        lambda: table[torch.randperm(B, device=DEV)])
+
+
+def _replay_with_new_lengths_and_tables(call, q, kc, vc, out, lens_buf, table_buf, new_table):
+    """Capture ``call`` (it reads ``lens_buf``/``table_buf`` and writes ``out``) once, then replay it three times with
+    new random lengths up to the capacity and a new table (``new_table()``), the output poisoned before each replay,
+    against the float64 reference."""
     graph, _ = capture_cuda_graph(call)
+    cap = table_buf.shape[1] * kc.shape[1]
     for trial in range(3):
-        new_lens = torch.randint(0, cap + 1, (B,), device=DEV).int()
-        new_table = table[torch.randperm(B, device=DEV)]
+        new_lens = torch.randint(0, cap + 1, (q.shape[0],), device=DEV).int()
+        table = new_table()
         lens_buf.copy_(new_lens)
-        table_buf.copy_(new_table)
+        table_buf.copy_(table)
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        ref = R.attention_with_kvcache(q, kc, vc, cache_seqlens=new_lens, page_table=new_table)
+        ref = R.attention_with_kvcache(q, kc, vc, cache_seqlens=new_lens, page_table=table)
         assert rel_err(out, ref) < 1e-2, trial
 
 
@@ -360,17 +369,10 @@ def test_paged_chunked_prefill_cuda_graph_replay_with_new_lengths_and_page_table
         return flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lens_buf, page_table=table_buf, out=out)
 
     assert _prefill_plan(q, kc, vc, cache_seqlens=lens_buf, page_table=table_buf, out=out)[0].prefill is not None
-    graph, _ = capture_cuda_graph(call)
-    for trial in range(3):
-        new_lens = torch.randint(0, cap + 1, (B,), device=DEV).int()
-        new_table = table.flatten()[torch.randperm(table.numel(), device=DEV)].view_as(table)
-        lens_buf.copy_(new_lens)
-        table_buf.copy_(new_table)
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        ref = R.attention_with_kvcache(q, kc, vc, cache_seqlens=new_lens, page_table=new_table)
-        assert rel_err(out, ref) < 1e-2, trial
+    def shuffled_pages():  # every page of the table, in a new order across the sequences
+        return table.flatten()[torch.randperm(table.numel(), device=DEV)].view_as(table)
+
+    _replay_with_new_lengths_and_tables(call, q, kc, vc, out, lens_buf, table_buf, shuffled_pages)
 
 
 def test_chunked_prefill_cuda_graph_replay_with_new_lengths():

@@ -68,7 +68,8 @@ def test_secure_launch_passes_the_lengths_key_weights_and_the_fast_register_spli
     for causal in (False, True):
         launch = sm90_fwd.GluonLaunch(q, q, q, q, None, cfg=tables.gluon_secure(128, 500, causal), causal=causal, **kw)
         step = launch.step
-        assert step.constexprs["SECURE"] and step.n_ptrs == sm90_fwd.PER_CALL_ARGS == 8  # 5 descriptors, lse, lengths, page table
+        # the per-call pointers: five descriptors, lse, the lengths, the page table
+        assert step.constexprs["SECURE"] and step.n_ptrs == sm90_fwd.PER_CALL_ARGS == 8
         assert (step.constexprs["CONSUMER_WG_REGS"], step.constexprs["LOADER_WG_REGS"]) == (
             sm90_fwd.CONSUMER_REGS, sm90_fwd.LOADER_REGS)
         # non-causal: the row sums come from the pre-pass's key weights, [B, 8, Sk rounded up to 8]

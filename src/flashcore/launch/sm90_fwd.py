@@ -73,9 +73,9 @@ class GluonLaunch:
         # a paged cache (k, v: [num_pages, Hkv, page_size, D] views): a box of one page, or of one tile of a larger
         # page, in the tile's layout (the kernel copies each page into its rows of a whole-tile slot)
         if page_size and (not key_lens or secure or page_size % 8 or page_size & (page_size - 1) or num_wg < 2):
-            raise ValueError(f"a paged cache runs the Gluon kernel with per-sequence key lengths (key_lens), fast mode, "
-                             f"two or three consumer warpgroups and a power-of-two page size of at least 8 only (got "
-                             f"page_size={page_size}, {num_wg} consumer warpgroups)")
+            raise ValueError(f"a paged cache runs the Gluon kernel with per-sequence key lengths (key_lens), fast "
+                             f"mode, two or three consumer warpgroups and a power-of-two page size of at least 8 "
+                             f"only (got page_size={page_size}, {num_wg} consumer warpgroups)")
         kv_rows = min(page_size, bn) if page_size else bn
         self.geom = tuple((list(t.shape), list(t.stride()), [1, 1, rows, D], lay)
                           for t, rows, lay in ((q, bm, lay_m), (k, kv_rows, lay_n), (v, kv_rows, lay_n),
@@ -117,7 +117,8 @@ class GluonLaunch:
         if key_lens and secure:
             raise ValueError("per-sequence key lengths (key_lens) are a fast-path form; secure mode has its own")
         constexprs.update(SECURE=bool(secure), SUM_MMA=sum_mma, CONSUMER_WG_REGS=consumer_regs,
-                          LOADER_WG_REGS=LOADER_REGS_PAGED if page_size else LOADER_REGS, TRACE=bool(sw.trace) and not secure and not key_lens,
+                          LOADER_WG_REGS=LOADER_REGS_PAGED if page_size else LOADER_REGS,
+                          TRACE=bool(sw.trace) and not secure and not key_lens,
                           EARLY_LOADS=bool(sw.early_loads) and not secure,
                           STAGGER=0 if secure or D != 64 else int(sw.stagger), KEY_LENS=bool(key_lens),
                           PAGE_SIZE=int(page_size))
