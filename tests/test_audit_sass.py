@@ -696,3 +696,7 @@ def test_tma_copy_reads_exactly_its_coordinate_registers():
     assert _at(_run(_TMA4D.format(reg=13, op="UTMASTG")), 0xB0) == set()
     # a load's vector holds the mbarrier too: its 4th coordinate is UR13
     assert _at(_run(_TMA4D.format(reg=13, op="UTMALDG")), 0xB0) == {"address"}
+    # UR14 is past a plain load's vector (ptxas puts a secret key length there in the instruction before a 4D load
+    # in the secure chunked-prefill kernel); a copy with other modifiers keeps one register of margin
+    assert _at(_run(_TMA4D.format(reg=14, op="UTMALDG")), 0xB0) == set()
+    assert _at(_run(_TMA4D.format(reg=14, op="UTMALDG.MULTICAST")), 0xB0) == {"address"}

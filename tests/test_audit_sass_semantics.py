@@ -236,3 +236,43 @@ def test_generic_store_to_an_unknown_address_may_write_local_memory(data, leaks)
     rep, o = run("MOV R6, R0", "MOV R7, RZ", f"ST.E [R6.64], {data}", "LDL R8, [R1+0x10]",
                  "ISETP.GT.AND P0, PT, R8, RZ, PT", "@P0 BRA `(.L_x_1)", ".L_x_1:", "EXIT")
     assert at(rep, o[5]) == ({"branch"} if leaks else set()), str(rep)
+
+
+# ``@P1 R2UR UR9, R6`` writes UR9 exactly when some active thread has P1, which is when ``VOTEU.ANY UP0, P1`` holds:
+# ptxas issues an elected TMA copy that way (``@P1 R2UR`` of its operands, then ``@UP0 UTMALDG``). UR9 holds the
+# secret before; the guarded write is public.
+_ELECTED = ["R2UR UR9, R4", "ISETP.LT.U32.AND P1, PT, R0, 0x20, PT", "MOV R6, R0", "@P1 R2UR UR9, R6"]
+
+
+@pytest.mark.parametrize("between,vote,use,leak", [
+    ((), "VOTEU.ANY UP0, P1", "@UP0 STS [UR9], R0", False),  # the vote of the write's guard
+    ((), "VOTEU.ANY UP0, P2", "@UP0 STS [UR9], R0", True),  # a vote of another predicate
+    (("ISETP.LT.U32.AND P1, PT, R0, 0x40, PT",), "VOTEU.ANY UP0, P1", "@UP0 STS [UR9], R0", True),  # P1 changed
+    ((), "VOTEU.ANY UP0, P1", "STS [UR9], R0", True),  # unguarded: UR9 may be the old secret
+    ((), "VOTEU.ANY UP0, !P1", "@UP0 STS [UR9], R0", True),  # a vote of the negation
+    ((), "NOP", "@P1 STS [UR9], R0", False),  # a thread that has P1 sees the write
+    ((), "NOP", "@!P1 STS [UR9], R0", True),
+])
+def test_an_elected_uniform_write_is_seen_under_the_vote_of_its_guard(between, vote, use, leak):
+    rep, o = run(*_ELECTED, *between, vote, use, "EXIT")
+    assert at(rep, o[-2]) == ({"address"} if leak else set()), str(rep)
+
+
+@pytest.mark.parametrize("redefine,leak", [
+    ("ISETP.LT.U32.AND P1, PT, R0, 0x40, PT", False),  # the vote's source changes: the vote still says it
+    ("UISETP.NE.AND UP0, UPT, UR5, URZ, UPT", True),  # the vote itself changes
+])
+def test_a_vote_keeps_guarding_the_elected_write_after_its_source_changes(redefine, leak):
+    rep, o = run(*_ELECTED, "VOTEU.ANY UP0, P1", redefine, "@UP0 STS [UR9], R0", "EXIT")
+    assert at(rep, o[-2]) == ({"address"} if leak else set()), str(rep)
+
+
+@pytest.mark.parametrize("second,leak", [
+    ("VOTEU.ANY UP3, P1", False),  # the same vote again: it takes over the guard when UP1 is redefined
+    ("VOTEU.ANY UP3, P2", True),  # another vote: UR9 may still hold the secret under it
+])
+def test_an_equal_vote_takes_over_a_guard_when_the_first_is_redefined(second, leak):
+    rep, o = run("R2UR UR9, R4", "ISETP.LT.U32.AND P1, PT, R0, 0x20, PT", "ISETP.LT.U32.AND P2, PT, R0, 0x40, PT",
+                 "VOTEU.ANY UP1, P1", "@UP1 UMOV UR9, URZ", second, "UISETP.NE.AND UP1, UPT, UR5, URZ, UPT",
+                 "@UP3 STS [UR9], R0", "EXIT")
+    assert at(rep, o[-2]) == ({"address"} if leak else set()), str(rep)

@@ -44,6 +44,9 @@ _AUDIT_ONES_GLUON_S = 64
 # Secure mode's one-warpgroup Gluon layout at D=64 (plan.tables.ONE_WG_WORK, causal and not): (S, Hq, Hkv, return_lse,
 # B), inside both ranges; the second has a partial edge tile and GQA.
 _AUDIT_GLUON_ONE_WG = ((1024, 16, 16, False, 1), (1000, 16, 4, True, 2))
+# Secure chunked prefill on the Gluon kernel (plan.prefill; a contiguous cache): (capacity, Hq, Hkv); the query count
+# is the capacity too, so the tables' forms follow it: two consumer warpgroups, and at 2048 D=64 non-causal three
+_AUDIT_PREFILL = ((1024, 32, 8), (2048, 16, 16))
 
 
 def _spec_from_launch(name, cfg, args, constexprs, secret, fn):
@@ -118,6 +121,10 @@ def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0), full: bool = False
                         cfg = tables.hopper(hd, 2, causal, True, S, S, B * Hq)
                         assert cfg == tables.gluon_one_wg(), cfg  # the list follows the table
                         specs.append(gluon_spec(hd, causal, dtype, S, Hq, Hkv, lse, cfg=cfg, secure=True, B=B))
+                    for S, Hq, Hkv in (_AUDIT_PREFILL if secure else ()):
+                        if S > 1024 and (hd != 64 or causal):  # (the same form as at 1024)
+                            continue
+                        specs.append(gluon_spec(hd, causal, dtype, S, Hq, Hkv, True, secure=True, key_lens=True))
     return specs
 
 
@@ -132,16 +139,16 @@ def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096,
     """The Gluon Hopper kernel as launched for these public facts, as a compile spec like
     :func:`audit_specs`' (plus ``maxnreg``); built from CPU tensors, no GPU needed. ``secure``: the
     constant-time kernel (secret: the data behind the descriptors and the lengths). ``switches``: the
-    kernel's switches (``plan.knobs.GluonSwitches``; default: the current ones). ``key_lens``: the fast form with
-    per-sequence key lengths (``plan.prefill``); ``page_size``: that form reading a paged cache of this page size (``S``
-    keys per sequence, B * S / page_size pages)."""
+    kernel's switches (``plan.knobs.GluonSwitches``; default: the current ones). ``key_lens``: the form with
+    per-sequence key lengths (``plan.prefill``; secret in secure mode); ``page_size``: that form reading a paged cache
+    of this page size (``S`` keys per sequence, B * S / page_size pages)."""
     q, k = torch.empty(B, Hq, S, head_dim, dtype=dtype), torch.empty(B, Hkv, S, head_dim, dtype=dtype)
     table = None
     if page_size:  # [num_pages, Hkv, page_size, D] views of a [num_pages, page_size, Hkv, D] cache, and its table
         k = torch.empty(B * S // page_size, page_size, Hkv, head_dim, dtype=dtype).transpose(1, 2)
         table = torch.zeros(B, S // page_size, dtype=torch.int32)
     lse = torch.empty(B, Hq, S, dtype=torch.float32) if return_lse else None
-    cfg = cfg or (tables.gluon_secure if secure else tables.gluon_ws)(head_dim, S, causal)
+    cfg = cfg or (tables.gluon_secure if secure and not key_lens else tables.gluon_ws)(head_dim, S, causal)
     launch = GluonLaunch(q, k, k, q, lse, scale=head_dim ** -0.5, causal=causal, seqlen_q=S, seqlen_k=S, batch=B,
                          num_heads_q=Hq, num_heads_kv=Hkv, lse_strides=(Hq * S, S), cfg=cfg, secure=secure,
                          switches=switches, key_lens=key_lens, page_size=page_size,
@@ -150,10 +157,11 @@ def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096,
     lens = torch.full((B,), S, dtype=torch.int32)
     w = torch.empty(launch.key_weights_shape, dtype=dtype) if launch.key_weights_shape else None
     args = [*launch.descriptors(q, k, k, q, w), lse if lse is not None else q, lens, table, *step.scalars]
-    # secure: the key weights and the query lengths are secret too (the key lengths enter the pre-pass only)
+    # secure: the key weights and the lengths are secret too (the query lengths; with key_lens the key lengths)
     mode = "secure" if secure else "fast"
+    form = (f"_keylens{f'_page{page_size}' if page_size else ''}") if key_lens else ""
     name = (f"{mode}_gluon_ws_{_ELT[dtype]}_d{head_dim}_{'causal' if causal else 'full'}_s{S}_gqa{Hq // Hkv}"
-            f"{'_lse' if return_lse else ''}{'_b1' if B == 1 else ''}_{cfg.block_m // 64}wg")
+            f"{'_lse' if return_lse else ''}{'_b1' if B == 1 else ''}_{cfg.block_m // 64}wg{form}")
     spec = _spec_from_launch(name, cfg, args, step.constexprs, SM90_FWD.secrets(secure), fn=step.fn)
     spec["num_stages"] = 1
     spec["maxnreg"] = step.options["maxnreg"]

@@ -25,6 +25,9 @@ LOADER_REGS = 24
 # three consumer warpgroups (2 x 128 x 240 + 128 x 32 = 3 x 128 x 160 + 128 x 32 = 65536), not beside one (two
 # programs per SM), which the prefill route never plans
 LOADER_REGS_PAGED = 32
+# Secure mode with key lengths: the loader is a warpgroup that also clears V's rows past the key length in every tile
+# (16-row chunks: 8 registers of data per thread); the same budget as a paged loader's
+LOADER_REGS_SECURE_KEY_LENS = 32
 CONSUMER_REGS = 240
 MAXNREG = 168
 # Three consumer warpgroups (16 warps with the padded loader group): 3 x 128 x 160 + 128 x 24 fits.
@@ -72,10 +75,14 @@ class GluonLaunch:
         lay_n = gl.NVMMASharedLayout.get_default_for([1, 1, bn, D], gdt)
         # a paged cache (k, v: [num_pages, Hkv, page_size, D] views): a box of one page, or of one tile of a larger
         # page, in the tile's layout (the kernel copies each page into its rows of a whole-tile slot)
-        if page_size and (not key_lens or secure or page_size % 8 or page_size & (page_size - 1) or num_wg < 2):
-            raise ValueError(f"a paged cache runs the Gluon kernel with per-sequence key lengths (key_lens), fast "
-                             f"mode, two or three consumer warpgroups and a power-of-two page size of at least 8 "
-                             f"only (got page_size={page_size}, {num_wg} consumer warpgroups)")
+        if page_size and (not key_lens or page_size % 8 or page_size & (page_size - 1) or num_wg < 2):
+            raise ValueError(f"a paged cache runs the Gluon kernel with per-sequence key lengths (key_lens), two or "
+                             f"three consumer warpgroups and a power-of-two page size of at least 8 only (got "
+                             f"page_size={page_size}, {num_wg} consumer warpgroups)")
+        if key_lens and secure and (num_wg < 2 or page_size):
+            raise ValueError(f"secure mode with per-sequence key lengths (key_lens) runs a contiguous cache and two or "
+                             f"three consumer warpgroups only (got page_size={page_size}, {num_wg} consumer "
+                             f"warpgroups)")
         kv_rows = min(page_size, bn) if page_size else bn
         self.geom = tuple((list(t.shape), list(t.stride()), [1, 1, rows, D], lay)
                           for t, rows, lay in ((q, bm, lay_m), (k, kv_rows, lay_n), (v, kv_rows, lay_n),
@@ -83,7 +90,7 @@ class GluonLaunch:
         # the row sums by MMA against key weights: the secure pre-pass's (non-causal: no key mask), or
         # where asked for on the fast path, all ones (masked probabilities are zero there)
         if sum_mma is None:
-            sum_mma = (secure and not causal) or (not secure and sw.fast_sum_mma)
+            sum_mma = (secure and not causal and not key_lens) or (not secure and sw.fast_sum_mma)
         sum_mma = bool(sum_mma) and not page_size  # (the row sums by MMA read key weights per tile, not per page)
         self.key_weights_shape, self.ones = None, None
         if sum_mma:
@@ -114,10 +121,11 @@ class GluonLaunch:
                           V_STAGES=v_depth, CAUSAL=bool(causal),
                           RETURN_LSE=lse is not None, NUM_WG=num_wg, PAIRED=paired)
         consumer_regs, maxnreg = REGISTERS[num_wg]
+        loader_regs = LOADER_REGS_PAGED if page_size else LOADER_REGS
         if key_lens and secure:
-            raise ValueError("per-sequence key lengths (key_lens) are a fast-path form; secure mode has its own")
+            loader_regs = LOADER_REGS_SECURE_KEY_LENS
         constexprs.update(SECURE=bool(secure), SUM_MMA=sum_mma, CONSUMER_WG_REGS=consumer_regs,
-                          LOADER_WG_REGS=LOADER_REGS_PAGED if page_size else LOADER_REGS,
+                          LOADER_WG_REGS=loader_regs,
                           TRACE=bool(sw.trace) and not secure and not key_lens,
                           EARLY_LOADS=bool(sw.early_loads) and not secure,
                           STAGGER=0 if secure or D != 64 else int(sw.stagger), KEY_LENS=bool(key_lens),

@@ -12,8 +12,15 @@ The route needs what the Gluon kernel needs (an sm_90 GPU, bf16/fp16, head dim 6
 can address), enough queries per sequence to fill its 128-row items (``PREFILL_MIN_SEQLEN_Q``), and a cache the
 kernel can read by TMA: contiguous with one cache row per sequence (no ``cache_batch_idx``), or paged with a page
 size the copy engine can take page by page (``PAGE_SIZES``: one copy per page, into its rows of a key tile); no
-``cache_leftpad``, no packed queries, no FP8; fast mode only, with the split count left to the planner (an explicit
-``num_splits`` asks for the decode kernel)."""
+``cache_leftpad``, no packed queries, no FP8, with the split count left to the planner (an explicit ``num_splits``
+asks for the decode kernel).
+
+Secure mode takes the same route with a contiguous cache (perf-notes v31): the key lengths are secret, so every item
+visits the tiles of the whole cache (the capacity, public), masks every tile by select, and the kernel's loader
+warpgroup clears V's rows past each length in every tile (``kernels/sm90/pipeline._sanitise_v``). The decode
+kernel's secure form ran this shape at 0.25x of the fast path (H200, 2026-11-27). A secure paged cache keeps the
+decode kernel: the static gate does not pass the paged loader's secure form yet (its TMA copies' operands share
+registers with secret values on paths the gate cannot tell apart)."""
 from __future__ import annotations
 
 import torch
@@ -40,9 +47,10 @@ def bhsd(t: torch.Tensor) -> torch.Tensor:
 
 def prefill_serves(shape, num_splits: int, q, k_cache, v_cache, out) -> bool:
     """Whether the KV-cache call (``shape``: ``launch.triton_decode.DecodeShape``) runs on the Gluon kernel."""
-    if shape.secure or shape.packed or shape.fp8 or shape.fp32 or shape.has_batch_idx:
+    if shape.packed or shape.fp8 or shape.fp32 or shape.has_batch_idx:
         return False
-    if shape.paged and shape.page_size not in PAGE_SIZES:
+    if shape.paged and (shape.page_size not in PAGE_SIZES or shape.secure):
+        # (a secure paged cache keeps the decode kernel: the secure Gluon form is audited for contiguous caches only)
         return False
     if shape.has_leftpad or num_splits != 0 or shape.head_dim not in PREFILL_MIN_SEQLEN_Q:
         return False
@@ -65,7 +73,8 @@ def prefill_launch(shape, q, k_cache, v_cache, out, lse, table_stride: int = 0) 
                        seqlen_q=shape.seqlen_q, seqlen_k=shape.capacity, batch=shape.batch,
                        num_heads_q=shape.num_heads_q, num_heads_kv=shape.num_heads_kv, lse_strides=lse_strides,
                        cfg=gluon_ws(shape.head_dim, shape.seqlen_q, shape.causal), key_lens=True,
-                       page_size=shape.page_size if shape.paged else 0, table_stride=table_stride)
+                       page_size=shape.page_size if shape.paged else 0, table_stride=table_stride,
+                       secure=shape.secure)
 
 
 def run_prefill(launch: GluonLaunch, shape, q, k_cache, v_cache, out, lse, cache_seqlens, device,

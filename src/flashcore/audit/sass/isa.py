@@ -541,10 +541,11 @@ def decode(ins: Instr) -> Sem:
             # first operand: a register vector; second: the descriptor's address. A load's vector is {shared address,
             # mbarrier, ndim coordinates}, a plain store's or reduction's {shared address, ndim coordinates} (read off
             # ptxas's output: the secure Gluon kernel's O store sets exactly those, and keeps an unrelated value in
-            # the register after them). Loads, and copies with other modifiers (im2col, multicast, a reduction op)
-            # keep one register of margin.
+            # the register after them; its secure chunked-prefill form computes a key length into the register after
+            # a plain 4D load's vector in the instruction before the load, 2026-11-27). Copies with other modifiers
+            # (im2col, multicast, a reduction op) keep one register of margin.
             plain = all(re.fullmatch(r"[1-5]D", m) for m in mods)
-            width = 1 + ndim if base != "UTMALDG" and plain else 2 + ndim + 1
+            width = (2 if base == "UTMALDG" else 1) + ndim + (0 if plain else 1)
             vec = _inner_of(mem_ops[0], width) if mem_ops else []
             desc = _inner_of(mem_ops[1], 2) if len(mem_ops) > 1 else []
             addr = vec + desc + other_regs

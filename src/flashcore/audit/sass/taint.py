@@ -293,6 +293,21 @@ def _lop3_bit(lut: int, states: tuple, alias: int | None) -> tuple[bool, bool]:
     return depends, may_change
 
 
+_ANY = "any:"  # guard key prefix: "some active thread has this predicate" (_State._guarded)
+
+
+def _any_vote_source(sig: tuple) -> str | None:
+    """The thread predicate that a ``VOTEU.ANY UPx, Py`` definition (``sig``: its opcode and source operands) votes
+    on, when it is one plain (not negated) thread predicate register; else None."""
+    opcode, srcs = sig
+    if not opcode.startswith("VOTEU.ANY") or len(srcs) != 1:
+        return None
+    src = srcs[0].strip()
+    if not src.startswith("P") or src == "PT":
+        return None
+    return src
+
+
 class _State:
     """Flow-sensitive abstract state.
 
@@ -307,7 +322,7 @@ class _State:
     feeds the explanatory traces of violations.
     """
 
-    __slots__ = ("T", "P", "G", "W", "key", "pc", "D", "C")
+    __slots__ = ("T", "P", "G", "W", "key", "pc", "D", "C", "V")
 
     def __init__(self, T=None, P=None, G=None, W=None):
         self.T: dict = T if T is not None else {}
@@ -324,12 +339,17 @@ class _State:
         # on which threads are active, which only a branch changes.
         self.D: dict = {}
         self.C: dict = {}
+        # ``V``: uniform predicate -> the thread predicate it is the ``VOTEU.ANY`` of, in this block (see _guarded)
+        self.V: dict = {}
 
     def canon(self, pred: str) -> str:
         return self.C.get(pred, pred)
 
     def kill(self, loc: str) -> None:
         """``loc`` is written: aliases that read it or name it are no longer valid."""
+        if self.V:
+            for k in [k for k, v in self.V.items() if k == loc or v == loc]:
+                del self.V[k]
         if self.D:
             for k in [k for k, (_, regs) in self.D.items() if k == loc or loc in regs]:
                 del self.D[k]
@@ -343,14 +363,39 @@ class _State:
                 self.C[pred] = self.C.get(other, other)
                 break
         self.D[pred] = (sig, regs)
+        vote = _any_vote_source(sig)
+        if vote is not None and vote != pred:
+            self.V[pred] = vote
 
     def copy(self) -> "_State":
         return _State(dict(self.T), dict(self.P), dict(self.G), dict(self.W))
 
+    def _guarded(self, r: str):
+        """The guarded value of ``r`` that the current guard sees, or None. Besides a write under the same guard:
+        ``@P3 R2UR UR22, R4`` (keyed ``any_key(P3)``) writes UR22 exactly when some active thread has P3, which is
+        when a thread with P3 runs, and when ``UP0`` of ``VOTEU.ANY UP0, P3`` (same block, neither redefined since)
+        holds; ptxas issues an elected TMA copy that way (``@P3 R2UR`` of its operands, then ``@UP0 UTMALDG``)."""
+        e = self.G.get(r)
+        if e is None:
+            return None
+        k = self.key
+        if e[0] == k:
+            return e
+        if k[1] or e[0][1]:
+            return None
+        if k[0].startswith(_ANY):  # ``@P3 R2UR`` reads its source in the threads that have P3
+            return e if e[0][0] == k[0][len(_ANY):] else None
+        if not e[0][0].startswith(_ANY):
+            return None
+        pred = e[0][0][len(_ANY):]
+        if k[0] == pred or self.V.get(k[0]) == pred:
+            return e
+        return None
+
     def m(self, r: str) -> int:
         if self.key is not None and self.G:
-            e = self.G.get(r)
-            if e is not None and e[0] == self.key:
+            e = self._guarded(r)
+            if e is not None:
                 return e[1]
         return self.T.get(r, 0)
 
@@ -359,8 +404,8 @@ class _State:
 
     def p(self, r: str) -> frozenset:
         if self.key is not None and self.G:
-            e = self.G.get(r)
-            if e is not None and e[0] == self.key:
+            e = self._guarded(r)
+            if e is not None:
                 return e[2]
         return self.P.get(r, _EMPTY)
 
@@ -384,6 +429,8 @@ class _State:
     def set(self, loc: str, mask: int, p: frozenset, guard_key, extra: int = 0) -> None:
         """Write ``loc``: value taint ``mask``; ``extra`` = bits tainted only through a tainted guard."""
         T, P, G = self.T, self.P, self.G
+        if G and (loc[0] == "P" or loc.startswith("UP")):
+            self._hand_over(loc)
         self.kill(loc)
         total = mask | extra
         if total:
@@ -406,9 +453,32 @@ class _State:
                 P[loc] = P.get(loc, _EMPTY) | p
             G[loc] = (guard_key, mask, p)
         if G and (loc[0] == "P" or loc.startswith("UP")):
-            dead = [k for k, e in G.items() if e[0][0] == loc]
+            dead = [k for k, e in G.items() if e[0][0] in (loc, _ANY + loc)]
             for k in dead:
                 del G[k]
+
+    def _hand_over(self, pred: str) -> None:
+        """Predicate ``pred`` is about to be redefined: values guarded by it stay guarded by a predicate that still
+        holds the same value. An alias (``C``: defined by the same instruction from the same, unchanged sources:
+        ``VOTEU.ANY UP1, P0`` ... ``VOTEU.ANY UP3, P0``) takes over its guards; and a value written under
+        ``any_key(pred)`` (``@pred R2UR``) becomes guarded by a uniform predicate voted from ``pred`` (``V``:
+        ``VOTEU.ANY UPx, pred``, neither changed since), which holds exactly when that write happened."""
+        G = self.G
+        heirs = sorted(k for k, v in self.C.items() if v == pred and k != pred)
+        if heirs:
+            heir = heirs[0]
+            for k in heirs[1:]:
+                self.C[k] = heir
+            del self.C[heir]
+            for k, e in list(G.items()):
+                if e[0][0] == pred:
+                    G[k] = ((heir, e[0][1]), e[1], e[2])
+        ups = sorted(u for u, v in self.V.items() if v == pred)
+        if ups:
+            old = (_ANY + pred, False)
+            for k, e in list(G.items()):
+                if e[0] == old:
+                    G[k] = ((ups[0], False), e[1], e[2])
 
     def weak(self, loc: str, mask: int, p: frozenset) -> None:
         self.kill(loc)
@@ -562,6 +632,8 @@ class _Analyzer:
         s = self.sems[i]
         env = self.env
         key = (S.canon(x.guard), x.guard_neg) if x.guard is not None else None
+        if key is not None and not x.guard_neg and x.base == "R2UR" and x.guard.startswith("P"):
+            key = (_ANY + key[0], False)  # a uniform register, written when some active thread has the guard
         S.pc = x.offset
         S.key = None
         gt = x.guard is not None and S.t(x.guard)

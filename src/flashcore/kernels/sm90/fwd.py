@@ -40,6 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..capabilities import Capabilities
+from .clear_rows import _zero_rows_past
 from .gluon_compat import async_store, thread_barrier
 from .partition import Form, Shared
 from .pipeline import _issue_first_loads, _loader
@@ -200,12 +201,19 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
+    # SECURE with KEY_LENS (chunked prefill in secure mode): the key lengths are secret. The item visits the tiles of
+    # the whole cache (seqlen_k, the capacity: public), and its key length enters the masks only (every tile masked,
+    # by select); the loader warpgroup has cleared V's rows past the length in every tile (pipeline._sanitise_v)
+    SECRET_KEY_LENS: gl.constexpr = SECURE and KEY_LENS
     m_wg = pid_m * NUM_WG * BLOCK_M + WG * BLOCK_M
     row = m_wg + gl.arange(0, BLOCK_M, layout=row_layout)
-    if KEY_LENS:  # clamped into the cache (an unchecked length under CUDA-graph replay reads nothing outside it)
+    if SECRET_KEY_LENS:  # clamped into the cache arithmetically
+        len_k = gl.minimum(gl.maximum(gl.load(seqlens_q_ptr + b), 0), seqlen_k)
+        diag_k = len_k - seqlen_q
+    elif KEY_LENS:  # clamped into the cache (an unchecked length under CUDA-graph replay reads nothing outside it)
         seqlen_k = gl.minimum(gl.maximum(gl.load(seqlens_q_ptr + b), 0), seqlen_k)
     diag = seqlen_k - seqlen_q
-    if SECURE:  # secret: clamped arithmetically into [0, padded length]
+    if SECURE and not KEY_LENS:  # secret: clamped arithmetically into [0, padded length]
         len_q = gl.minimum(gl.maximum(gl.load(seqlens_q_ptr + b), 0), seqlen_q)
 
     n_blocks = _kv_blocks(pid_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, NUM_WG)
@@ -243,7 +251,10 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
     _stamp(seqlens_q_ptr, tb + 1, TRACE, WG, NUM_WG)
     mbarrier.arrive(k_empty.index(ks0), count=1)
     _stagger_arrive(stagger, it, 1, STAGGER, WG, NUM_WG)
-    if n_full > 0:
+    if SECRET_KEY_LENS:
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, len_k, diag_k, qk_scale, True, CAUSAL, not SUM_MMA,
+                                           BLOCK_N, s_layout)
+    elif n_full > 0:
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, seqlen_k, diag, qk_scale, False, False, not SUM_MMA,
                                            BLOCK_N, s_layout)
     else:
@@ -273,7 +284,10 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
             s = warpgroup_mma_wait(1, deps=(s_tok, ))
         _stamp_step(seqlens_q_ptr, tb, j, 0, TRACE, WG, NUM_WG)
         mbarrier.arrive(k_empty.index(ks), count=1)
-        if j < n_full:
+        if SECRET_KEY_LENS:
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, len_k, diag_k, qk_scale, True, CAUSAL,
+                                               not SUM_MMA, BLOCK_N, s_layout)
+        elif j < n_full:
             p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, seqlen_k, diag, qk_scale, False, False,
                                                not SUM_MMA, BLOCK_N, s_layout)
         else:
@@ -291,7 +305,7 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
     last = cl % V_STAGES
     mbarrier.wait(v_ready.index(last), (cl // V_STAGES) & 1)
     vl = v_smem.index(last).reshape([BLOCK_N, HEAD_DIM])
-    if KEY_LENS:
+    if KEY_LENS and not SECURE:
         _clear_rows_past_length(vl, v_clean, it, seqlen_k - (n_blocks - 1) * BLOCK_N, BLOCK_N, HEAD_DIM, NUM_WG, WG)
     if SUM_MMA:
         wl = w_smem.index(last).reshape([W_ROWS, BLOCK_N]).permute((1, 0))
@@ -310,12 +324,12 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
     # 32 accumulators per thread made the epilogue 248 instructions instead of 74 (perf-notes v15.1)
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)
     o = acc * gl.expand_dims(gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, o_layout)), 1)
-    if SECURE:  # rows past the true length output exact zeros, whatever their padding held
+    if SECURE and not KEY_LENS:  # rows past the true length output exact zeros, whatever their padding held
         row_o = m_wg + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
         o = gl.where(gl.expand_dims(row_o < len_q, 1), o, 0.0)
     if RETURN_LSE:
         lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
-        if SECURE:
+        if SECURE and not KEY_LENS:
             lse = gl.where(row < len_q, lse, float("-inf"))
         gl.store(lse_ptr + b * lse_stride_b + h * lse_stride_h + row, lse, mask=row < seqlen_q)
     # Q is dead: its slot stages the output tile for the TMA store (which clips rows >= Sq). On the fast path the
@@ -342,14 +356,7 @@ def _clear_rows_past_length(v_tile, v_clean, it, valid_rows, BLOCK_N: gl.constex
     all meet at ``v_clean`` (one phase per item, count NUM_WG: none can start the next item's phase before all have
     arrived for this one) before any of them multiplies the tile. Every item, whether its last tile is partial or
     not (so the phases count items): one read and write of a tile per item, against its dozens of key tiles."""
-    ROWS: gl.constexpr = 32
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    for c in gl.static_range(BLOCK_N // ROWS):
-        if c % NUM_WG == WG:
-            part = v_tile.slice(c * ROWS, ROWS, dim=0)
-            x = part.load(layout)
-            rows = c * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
-            part.store(gl.where(gl.expand_dims(rows < valid_rows, 1), x, gl.zeros_like(x)))
+    _zero_rows_past(v_tile, valid_rows, 32, WG, NUM_WG, BLOCK_N)
     fence_async_shared()  # these generic-proxy writes, before the wgmma (async proxy) reads them
     thread_barrier()  # every warp of this warpgroup has written its rows
     if NUM_WG > 1:
@@ -410,10 +417,16 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
         stagger = q_ready
     # KEY_LENS: the consumer warpgroups clear the last V tile's rows past the key length, each its share, and
     # meet here before any of them multiplies it (_clear_rows_past_length)
-    if KEY_LENS:
+    if KEY_LENS and not SECURE:
         v_clean = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     else:  # unused (None: an alias of another barrier would be one more value the partitions capture)
         v_clean = None
+    # SECURE with KEY_LENS: a V tile's copy lands on v_landed; the loader warpgroup clears its rows past the key length
+    # and then arrives on v_ready, which the consumers wait for as always (pipeline._sanitise_v)
+    if SECURE and KEY_LENS:
+        v_landed = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
+    else:  # unused
+        v_landed = None
     for i in gl.static_range(2):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=NUM_WG)  # one arrival per consumer warpgroup
@@ -426,8 +439,11 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
     if STAGGER > 0:
         for i in gl.static_range(NUM_WG):
             mbarrier.init(stagger.index(i), count=1)
-    if KEY_LENS:
+    if KEY_LENS and not SECURE:
         mbarrier.init(v_clean.index(0), count=NUM_WG)
+    if SECURE and KEY_LENS:
+        for i in gl.static_range(V_STAGES):
+            mbarrier.init(v_landed.index(i), count=1)
     if EARLY_LOADS:
         _issue_first_loads(q_desc, k_desc, v_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, k_ready, v_ready,
                            num_heads, group, num_m_tiles, page_table, table_stride, seqlen_k, BLOCK_M, BLOCK_N, NUM_WG,
@@ -442,8 +458,23 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
                 TRACE, EARLY_LOADS, STAGGER, KEY_LENS, PAGE_SIZE)
     shared = Shared(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready,
                     v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads,
-                    group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, v_clean, page_table, table_stride)
-    if NUM_WG == 3:
+                    group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, v_clean, page_table, table_stride,
+                    v_landed)
+    if SECURE and KEY_LENS:  # the loader is a warpgroup: its four warps clear V's rows past the key length
+        if NUM_WG == 3:
+            gl.warp_specialize([
+                (_consumer, (shared, form, 0)),
+                (_consumer, (shared, form, 1)),
+                (_consumer, (shared, form, 2)),
+                (_loader, (shared, form, 0)),
+            ], [4, 4, 4], [CONSUMER_WG_REGS, CONSUMER_WG_REGS, LOADER_WG_REGS])
+        else:
+            gl.warp_specialize([
+                (_consumer, (shared, form, 0)),
+                (_consumer, (shared, form, 1)),
+                (_loader, (shared, form, 0)),
+            ], [4, 4], [CONSUMER_WG_REGS, LOADER_WG_REGS])
+    elif NUM_WG == 3:
         gl.warp_specialize([
             (_consumer, (shared, form, 0)),
             (_consumer, (shared, form, 1)),

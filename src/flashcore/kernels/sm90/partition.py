@@ -54,12 +54,13 @@ class Shared:
     v_clean: base_value
     page_table: base_value
     table_stride: base_value
+    v_landed: base_value
 
     @constexpr_function
     def __init__(self, q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                  k_ready, v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                  num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, v_clean, page_table,
-                 table_stride):
+                 table_stride, v_landed):
         self.q_desc, self.k_desc, self.v_desc = _value(q_desc), _value(k_desc), _value(v_desc)
         self.o_desc, self.w_desc = _value(o_desc), _value(w_desc)
         self.q_smem, self.k_smem = _value(q_smem), _value(k_smem)
@@ -74,6 +75,7 @@ class Shared:
         self.lse_stride_b, self.lse_stride_h = _value(lse_stride_b), _value(lse_stride_h)
         self.num_m_tiles, self.num_tiles = _value(num_m_tiles), _value(num_tiles)
         self.v_clean, self.page_table, self.table_stride = _value(v_clean), _value(page_table), _value(table_stride)
+        self.v_landed = _value(v_landed)
 
 
 @aggregate

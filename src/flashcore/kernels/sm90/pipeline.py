@@ -13,15 +13,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier,
 )
 
-from .gluon_compat import async_load
-
+from .clear_rows import _zero_rows_past
+from .gluon_compat import async_load, thread_barrier
 from .tile_scheduler import _head_coords, _kv_blocks, _tile_coords
 from .trace import _stamp
 
 
 @gluon.jit
 def _loader(shared, form, WG: gl.constexpr):
-    """The loader partition (one warp): Q and the K/V tiles of this program's work items, through the rings."""
+    """The loader partition (one warp; a warpgroup in secure mode with key lengths, which also clears V's rows past
+    the key length: _sanitise_v): Q and the K/V tiles of this program's work items, through the rings."""
     BLOCK_M: gl.constexpr = form.BLOCK_M
     BLOCK_N: gl.constexpr = form.BLOCK_N
     K_STAGES: gl.constexpr = form.K_STAGES
@@ -34,6 +35,7 @@ def _loader(shared, form, WG: gl.constexpr):
     EARLY_LOADS: gl.constexpr = form.EARLY_LOADS
     KEY_LENS: gl.constexpr = form.KEY_LENS
     PAGE_SIZE: gl.constexpr = form.PAGE_SIZE
+    SECURE: gl.constexpr = form.SECURE
     q_desc = shared.q_desc
     k_desc = shared.k_desc
     v_desc = shared.v_desc
@@ -66,7 +68,7 @@ def _loader(shared, form, WG: gl.constexpr):
                                q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, seqlen_q, seqlen_k, num_heads,
                                group, BLOCK_M, BLOCK_N, K_STAGES, V_STAGES, CAUSAL, NUM_WG, SUM_MMA,
                                EARLY_LOADS, seqlens_q_ptr, TRACE, KEY_LENS, shared.page_table, shared.table_stride,
-                               PAGE_SIZE)
+                               PAGE_SIZE, SECURE, shared.v_landed, form.HEAD_DIM)
                 kc += n
                 it += 1
 
@@ -169,6 +171,22 @@ def _load_v(v_desc, w_desc, v_smem, w_smem, v_ready, v_empty, c, b, hk, j, pages
 
 
 @gluon.jit
+def _sanitise_v(v_smem, v_landed, v_ready, c, valid_rows, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                V_STAGES: gl.constexpr):
+    """Secure mode with key lengths: the program's ``c``-th V tile, once landed (``v_landed``), with its rows at or
+    past ``valid_rows`` (secret) zeroed, then handed to the consumers (``v_ready``). Every tile, every row read and
+    written (a select): the work and the addresses follow the public shape only. The consumers mask those keys'
+    scores (K needs nothing: a masked score is a select), but their probabilities of 0 times a NaN or Inf that a
+    stale cache slot may hold would still reach P V."""
+    vs = c % V_STAGES
+    mbarrier.wait(v_landed.index(vs), (c // V_STAGES) & 1)
+    _zero_rows_past(v_smem.index(vs).reshape([BLOCK_N, HEAD_DIM]), valid_rows, 16, 0, 1, BLOCK_N)
+    fence_async_shared()  # these generic-proxy writes, before the consumers' wgmma (async proxy) reads them
+    thread_barrier()  # every warp of this warpgroup has written its rows
+    mbarrier.arrive(v_ready.index(vs), count=1)
+
+
+@gluon.jit
 def _issue_first_loads(q_desc, k_desc, v_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, k_ready, v_ready,
                        num_heads, group, num_m_tiles, page_table, table_stride, capacity, BLOCK_M: gl.constexpr,
                        BLOCK_N: gl.constexpr, NUM_WG: gl.constexpr, CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
@@ -193,17 +211,27 @@ def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem
                k_ready, v_ready, k_empty, v_empty, seqlen_q, seqlen_k, num_heads, group, BLOCK_M: gl.constexpr,
                BLOCK_N: gl.constexpr, K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                NUM_WG: gl.constexpr, SUM_MMA: gl.constexpr, EARLY_LOADS: gl.constexpr, trace_ptr,
-               TRACE: gl.constexpr, KEY_LENS: gl.constexpr, page_table, table_stride, PAGE_SIZE: gl.constexpr):
+               TRACE: gl.constexpr, KEY_LENS: gl.constexpr, page_table, table_stride, PAGE_SIZE: gl.constexpr,
+               SECURE: gl.constexpr, v_landed, HEAD_DIM: gl.constexpr):
     """The loader's side of one work item: its Q tiles, then its K/V tiles through the rings (with
     SUM_MMA each V tile brings its key weights along). Returns the number of K/V tiles loaded. With
     EARLY_LOADS the program's first Q and K/V tile 0 were requested at kernel entry (_issue_first_loads). With
     KEY_LENS ``trace_ptr`` holds the key lengths, and the item's tiles stop at its sequence's (as the consumers').
-    Paged (PAGE_SIZE > 0, with KEY_LENS): the tiles' pages come from the sequence's row of ``page_table``."""
+    Paged (PAGE_SIZE > 0, with KEY_LENS): the tiles' pages come from the sequence's row of ``page_table``.
+    SECURE with KEY_LENS: the lengths are secret; the item's tiles are those of the whole cache (public), each V tile
+    landing on ``v_landed`` and cleared here past the key length before the consumers see it: tile j - 1 between the
+    copies of K_j and V_j (perf-notes v31: cleared after V_j's copy, each clear waited for the consumers' P V of
+    tile j - 2, which freed V_j's slot, and the consumers then waited for the clear: 25% of the time at D=128)."""
+    SECRET_KEY_LENS: gl.constexpr = SECURE and KEY_LENS
     b, h, hk = _head_coords(bh, num_heads, group)
     if PAGE_SIZE > 0:  # tile 0's pages; each step then reads the next tile's before it waits for a free slot
         capacity = seqlen_k
         next_pages = _tile_pages(page_table, table_stride, b, 0, capacity, BLOCK_N, PAGE_SIZE)
-    if KEY_LENS:
+    v_bar = v_ready
+    if SECRET_KEY_LENS:  # secret: clamped into the cache arithmetically, and used by the selects only
+        len_k = gl.minimum(gl.maximum(gl.load(trace_ptr + b), 0), seqlen_k)
+        v_bar = v_landed
+    elif KEY_LENS:
         seqlen_k = gl.minimum(gl.maximum(gl.load(trace_ptr + b), 0), seqlen_k)
     m0 = pid_m * NUM_WG * BLOCK_M
     if EARLY_LOADS:  # (constexpr branches: without EARLY_LOADS the code is the form the secure gate passed)
@@ -232,16 +260,24 @@ def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem
                 # the program's first tiles: with two programs per SM, letting Q and K_0 land before the rest of
                 # the rings are requested starts the first S earlier (perf-notes v15.3: +1-2% at 1-2 x 16 x 1024 x 64)
                 mbarrier.wait(k_ready.index(0), 0)
+        if SECRET_KEY_LENS:
+            # the previous V tile, before this one's copy: that copy waits for a slot that the consumers free only
+            # after their P V of the tile before, and they need the previous tile cleared for their next P V
+            if j > 0:
+                _sanitise_v(v_smem, v_landed, v_ready, c - 1, len_k - (j - 1) * BLOCK_N, BLOCK_N, HEAD_DIM, V_STAGES)
         if EARLY_LOADS:
             if c > 0:
-                _load_v(v_desc, w_desc, v_smem, w_smem, v_ready, v_empty, c, b, hk, j, pages, BLOCK_N, V_STAGES,
+                _load_v(v_desc, w_desc, v_smem, w_smem, v_bar, v_empty, c, b, hk, j, pages, BLOCK_N, V_STAGES,
                         SUM_MMA, PAGE_SIZE)
         else:
-            _load_v(v_desc, w_desc, v_smem, w_smem, v_ready, v_empty, c, b, hk, j, pages, BLOCK_N, V_STAGES, SUM_MMA,
+            _load_v(v_desc, w_desc, v_smem, w_smem, v_bar, v_empty, c, b, hk, j, pages, BLOCK_N, V_STAGES, SUM_MMA,
                     PAGE_SIZE)
         if PAGE_SIZE > 0:
             # the next tile's pages, read while this warp waits for its next free slot instead of after it (a
             # dependent table read per tile cost ~20%, perf-notes v30); after this tile's copies, so that the two
             # tiles' page indices are never live at once (the loader has 24 registers)
             next_pages = _tile_pages(page_table, table_stride, b, j + 1, capacity, BLOCK_N, PAGE_SIZE)
+    if SECRET_KEY_LENS:  # the item's last V tile
+        _sanitise_v(v_smem, v_landed, v_ready, kc + n_blocks - 1, len_k - (n_blocks - 1) * BLOCK_N, BLOCK_N, HEAD_DIM,
+                    V_STAGES)
     return n_blocks
