@@ -48,8 +48,8 @@ ENCODED_SETS = 16  # encoded descriptor sets kept per plan
 
 class GluonLaunch:
     """A planned launch of :func:`attn_fwd_hopper_kernel`; ``run`` takes (q, k, v, o, lse, ...)
-    in [B, H, S, D] views with the planned shapes/strides and builds the four TMA descriptors (five in
-    secure non-causal form: also the pre-pass's key weights, ``[B, 8, w_len]``).
+    in [B, H, S, D] views with the planned shapes/strides and builds the TMA descriptors of q, k, v and o (and of
+    the key weights, ``[B, 8, w_len]``, where the plan has them: the secure pre-pass's, non-causal).
 
     Host cost: the descriptors depend on the plan (fixed) and the four data pointers, so once the
     kernel is compiled the encoded descriptors are kept per pointer set (``ENCODED_SETS`` of them, the

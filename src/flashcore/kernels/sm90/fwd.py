@@ -184,9 +184,12 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
     row i < len sees keys j <= i < len only. Either way the loop is the fast kernel's, and the true query
     length enters only the epilogue's selects: rows at or past it output zeros.
 
-    KEY_LENS (fast path only; chunked prefill against a KV cache, ``plan.prefill``): the pointer argument holds
-    each sequence's key length, and keys at or past it are what keys past ``seqlen_k`` are otherwise: never
-    visited beyond the last tile, masked within it; causal stays bottom-right, per sequence. Unlike rows past
+    KEY_LENS (chunked prefill against a KV cache, ``plan.prefill``): the pointer argument holds each sequence's key
+    length, and keys at or past it are what keys past ``seqlen_k`` are otherwise: never visited beyond the last
+    tile, masked within it; causal stays bottom-right, per sequence. With SECURE the lengths are secret: the item
+    visits the tiles up to the public capacity's diagonal, every tile is masked by select with the secret length
+    and diagonal, the queries are all real (no query lengths), and the loader warpgroup has cleared V's rows past
+    the length in every tile (``pipeline._sanitise_v``). Unlike rows past
     ``seqlen_k``, which the copy engine fills with zeros, the last tile's rows past a key length are cache memory
     that may hold anything (NaN in a stale or never-written slot, and 0 * NaN = NaN in P V), so the consumers clear
     those rows of V before the last P V (_clear_rows_past_length)."""
@@ -385,7 +388,7 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
     register reallocation at partition entry (``USETMAXREG.TRY_ALLOC`` + branch). Gate 2 checks every
     other instruction's count per address (``flashcore audit counters --per-pc``).
 
-    KEY_LENS (fast path): ``seqlens_q_ptr`` holds int32 key lengths per sequence (see _consume_tile).
+    KEY_LENS: ``seqlens_q_ptr`` holds int32 key lengths per sequence (secret with SECURE; see _consume_tile).
     PAGE_SIZE > 0 (with KEY_LENS): K and V are a paged cache, ``[num_pages, Hkv, PAGE_SIZE, D]`` descriptors whose
     box is one page (or one tile of a larger page), read through ``page_table`` (int32 ``[B, table_stride]``
     rows of physical page indices; ``seqlen_k`` is the capacity, the table's width times PAGE_SIZE). Otherwise
@@ -498,5 +501,6 @@ CAPABILITIES = Capabilities(
     name="sm90_fwd", module=__name__,
     role="forward, Hopper: warp-specialised (TMA loader warp, wgmma consumer warpgroups), persistent",
     dtypes=("fp16", "bf16"), head_dims=(64, 128), archs=(9,),
-    features=("causal", "gqa", "secure", "lse", "secure_causal_public_diagonal_only"), needs=("tma",),
+    features=("causal", "gqa", "secure", "lse", "secure_causal_public_diagonal_only", "secure_key_lens_contiguous"),
+    needs=("tma",),
     secret=("q_desc", "k_desc", "v_desc"), secret_secure=("w_desc", "seqlens_q_ptr"))
