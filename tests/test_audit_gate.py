@@ -40,8 +40,10 @@ SECURE_SUBSET = (
     "secure_fill_rows_fp32_d256_s4096_h8",
     "secure_gluon_ws_bf16_d128_causal_s1000_gqa4_lse_",
     "secure_gluon_ws_fp16_d64_full_s4096_gqa1_",
-    # secure chunked prefill (plan.prefill): secret key lengths, V cleared by the loader warpgroup
-    "secure_gluon_ws_bf16_d128_causal_s1024_gqa4_lse_2wg_keylens",
+    # secure chunked prefill (plan.prefill): secret key lengths, V cleared by the loader warpgroup; the paged form (a
+    # TMA copy per page, page indices read by the loader, its elected copies' operands in registers that hold secret
+    # lengths on other paths: the form that needed the gate's guarded copies, 2026-11-27)
+    "secure_gluon_ws_bf16_d128_causal_s1024_gqa4_lse_2wg_keylens_page16",
     # the KV-cache kernels: a paged cache (the form the gate once flagged through the pipeliner's shared-memory copy
     # of the page index), FP8 with fp16 q, a left-padded contiguous cache in fp32, and the combine step
     "secure_decode_bf16_qbf16_d128_paged16_sq1_causal_splits7_",
@@ -129,20 +131,23 @@ def test_every_page_size_secure_mode_accepts_is_in_the_gates_list():
 
 def test_every_secure_chunked_prefill_form_is_in_the_gates_list():
     """Secure chunked prefill on the Gluon kernel (plan.prefill) launches the tables' layout for its query count
-    (two consumer warpgroups, three at D=64 non-causal from 2048 queries): every such form, in both dtypes, is one
-    the gate compiles."""
+    (two consumer warpgroups, three at D=64 non-causal from 2048 queries): every such form, in both dtypes, with a
+    contiguous cache and with each page size secure mode takes, is one the gate compiles."""
+    from flashcore._checks import SECURE_PAGE_SIZES
     from flashcore.audit.specs import audit_specs
     from flashcore.plan import tables
     from flashcore.plan.prefill import PREFILL_MIN_SEQLEN_Q
 
-    listed = {s["name"] for s in audit_specs(secure=True) if s["name"].endswith("_keylens")}
+    listed = {s["name"] for s in audit_specs(secure=True) if "_keylens" in s["name"]}
     for elt in ("bf16", "fp16"):
         for hd, least in PREFILL_MIN_SEQLEN_Q.items():
             for causal in (False, True):
                 for sq in (least, 512, 2048, 8192):
                     wg = tables.gluon_ws(hd, sq, causal).block_m // 64
                     form = f"secure_gluon_ws_{elt}_d{hd}_{'causal' if causal else 'full'}_"
-                    assert any(n.startswith(form) and n.endswith(f"_{wg}wg_keylens") for n in listed), (form, sq, wg)
+                    for cache in ("", *(f"_page{p}" for p in SECURE_PAGE_SIZES)):  # contiguous, then each page size
+                        end = f"_{wg}wg_keylens{cache}"
+                        assert any(n.startswith(form) and n.endswith(end) for n in listed), (form, sq, end)
 
 
 @pytest.mark.parametrize("dtype_name", ["bfloat16", "float16", "float32"])

@@ -276,3 +276,81 @@ def test_an_equal_vote_takes_over_a_guard_when_the_first_is_redefined(second, le
                  "VOTEU.ANY UP1, P1", "@UP1 UMOV UR9, URZ", second, "UISETP.NE.AND UP1, UPT, UR5, URZ, UPT",
                  "@UP3 STS [UR9], R0", "EXIT")
     assert at(rep, o[-2]) == ({"address"} if leak else set()), str(rep)
+
+
+@pytest.mark.parametrize("copy,use,final,leak", [
+    ("IMAD.U32 R5, RZ, RZ, UR9", "@P1 R2UR UR11, R5", "@UP0 STS", False),  # a copy keeps the elected write's guard
+    ("MOV R5, UR9", "@P1 R2UR UR11, R5", "@UP0 STS", False),
+    ("IMAD.U32 R5, RZ, RZ, UR9", "R2UR UR11, R5", "@UP0 STS", False),  # and so does a copy of the copy
+    ("IMAD.U32 R5, RZ, RZ, UR9", "R2UR UR11, R5", "STS", True),  # read unguarded: the old secret may be there
+    ("IMAD.U32 R5, RZ, RZ, UR8", "@P1 R2UR UR11, R5", "@UP0 STS", True),  # a copy of another register
+])
+def test_a_copy_keeps_what_is_known_under_a_guard(copy, use, final, leak):
+    """ptxas moves an elected TMA copy's operands through unguarded copies: ``@P1 R2UR UR9``, ``IMAD.U32 R5, RZ, RZ,
+    UR9``, ``@P1 R2UR UR11, R5``, ``@UP0 UTMALDG`` (UP0 the vote of P1). Whenever P1's vote holds, R5 is UR9's
+    guarded (public) value, not the secret UR9 held before."""
+    rep, o = run(*_ELECTED, "R2UR UR8, R4", copy, use, "VOTEU.ANY UP0, P1", f"{final} [UR11], R0", "EXIT")
+    assert at(rep, o[-2]) == ({"address"} if leak else set()), str(rep)
+
+
+def test_a_copy_into_a_uniform_register_drops_a_threads_guard():
+    """``@P1 MOV R9, R0`` makes R9 public in the threads that have P1 only; ``R2UR UR9, R9`` may take R9 from a thread
+    without it, so an ``@P1`` read of UR9 may see the secret."""
+    rep, o = run("MOV R9, R4", "ISETP.LT.U32.AND P1, PT, R0, 0x20, PT", "@P1 MOV R9, R0", "R2UR UR9, R9",
+                 "@P1 STS [UR9], R0", "EXIT")
+    assert at(rep, o[-2]) == {"address"}, str(rep)
+    rep, o = run("MOV R9, R4", "ISETP.LT.U32.AND P1, PT, R0, 0x20, PT", "@P1 MOV R9, R0", "MOV R10, R9",
+                 "@P1 STS [R10], R0", "EXIT")  # a thread's own copy keeps it
+    assert at(rep, o[-2]) == set(), str(rep)
+
+
+@pytest.mark.parametrize("between,leak", [
+    ((), False),  # UP0's guard outlives UP0 as "some thread has P1", which UP1 says again
+    (("ISETP.LT.U32.AND P1, PT, R0, 0x40, PT",), True),  # P1 changed before the second vote
+])
+def test_a_votes_guard_outlives_the_vote_while_its_source_stands(between, leak):
+    """``VOTEU.ANY UP0, P1``; ``@UP0 UMOV UR9, URZ``; UP0 redefined; ``VOTEU.ANY UP1, P1``; ``@UP1`` reads UR9: the
+    public value (ptxas's elected TMA copies in the secure paged chunked-prefill loader)."""
+    rep, o = run("R2UR UR9, R4", "ISETP.LT.U32.AND P1, PT, R0, 0x20, PT", "ISETP.LT.U32.AND P2, PT, R0, 0x40, PT",
+                 "VOTEU.ANY UP0, P1", "@UP0 UMOV UR9, URZ", "VOTEU.ANY UP0, P2", *between, "VOTEU.ANY UP1, P1",
+                 "@UP1 STS [UR9], R0", "EXIT")
+    assert at(rep, o[-2]) == ({"address"} if leak else set()), str(rep)
+
+
+@pytest.mark.parametrize("redefined,leak", [
+    ("UP0", False),  # the guard went to UP1, which UP0 aliases: UP0's redefinition leaves it
+    ("UP1", True),  # the vote read is the one redefined: UR9 may hold the secret under it
+])
+def test_an_elected_write_passes_to_the_earliest_equal_vote(redefined, leak):
+    """An elected write (``@P1 R2UR UR9``) outlives P1's redefinition under a vote of P1; of two equal votes, under the
+    one that the other aliases, so that redefining the other (UP0) does not drop the guard."""
+    rep, o = run(*_ELECTED, "VOTEU.ANY UP1, P1", "VOTEU.ANY UP0, P1", "ISETP.LT.U32.AND P1, PT, R0, 0x60, PT",
+                 f"UISETP.NE.AND {redefined}, UPT, UR5, URZ, UPT", "@UP1 STS [UR9], R0", "EXIT")
+    assert at(rep, o[-2]) == ({"address"} if leak else set()), str(rep)
+
+
+# X secret; Od a host tensor descriptor (its generic address: the parameter space's base, c[0x0][0x198], plus its
+# offset); T a public pointer (a page table, say)
+PARAMS_HOST_DESC = [
+    ParamInfo(0, "X", 0x210, 8, "pointer", True),
+    ParamInfo(1, "Od", 0x218, 128, "tensordesc", False),
+    ParamInfo(2, "T", 0x298, 8, "pointer", False),
+]
+
+
+@pytest.mark.parametrize("guard,leak", [("@UP0 ", False), ("", True)])
+def test_a_guarded_tma_store_through_a_host_descriptor_writes_its_tensor(guard, leak):
+    """``@UP0 UTMASTG [UR8], [UR6]`` where UR6:UR7 is the host descriptor's address under UP0 and T's pointer otherwise
+    (ptxas shares the registers): the secret tile lands in Od's tensor, so a later read of T (a page index, used as an
+    address) is public. Unguarded, the store could go through T's pointer as a descriptor: anywhere."""
+    body = ["LDC.64 R2, c[0x0][0x210]", "ULDC.64 UR4, c[0x0][0x208]", "LDG.E R4, desc[UR4][R2.64]",
+            "S2R R0, SR_TID.X", "STS [0x100], R4", "ISETP.LT.U32.AND P0, PT, R0, 0x20, PT",
+            "LDC.64 R8, c[0x0][0x298]", "R2UR UR6, R8", "R2UR UR7, R9", "ULDC.64 UR20, c[0x0][0x198]",
+            "UIADD3 UR20, UR20, 0x80, URZ", "IMAD.U32 R66, RZ, RZ, UR20", "IMAD.U32 R67, RZ, RZ, UR21",
+            "@P0 R2UR UR6, R66", "@P0 R2UR UR7, R67", "VOTEU.ANY UP0, P0", "UMOV UR8, 0x100", "UMOV UR9, URZ",
+            "UMOV UR10, URZ", f"{guard}UTMASTG.2D [UR8], [UR6]", "LDC.64 R12, c[0x0][0x298]",
+            "LDG.E R14, desc[UR4][R12.64]", "STS [R14], R0", "EXIT"]
+    lines = [f"        /*{i * 16:04x}*/                   {ins} ;" for i, ins in enumerate(body)]
+    rep = analyze_listing(parse_nvdisasm("k:\n" + "\n".join(lines)), PARAMS_HOST_DESC, "k")
+    assert not rep.unknown_opcodes, rep.unknown_opcodes
+    assert at(rep, 16 * (len(body) - 2)) == ({"address"} if leak else set()), str(rep)

@@ -121,13 +121,17 @@ def test_unsupported_gluon_configs_are_refused():
     paged = sm90_fwd.GluonLaunch(q, q, q, q, lse, cfg=tables.gluon_ws(128), page_size=16, **kv).step
     assert paged.constexprs["PAGE_SIZE"] == 16 and paged.scalars[-1] == 4
     assert paged.constexprs["LOADER_WG_REGS"] == sm90_fwd.LOADER_REGS_PAGED
-    # secure mode with key lengths (chunked prefill): a contiguous cache and two or three warpgroups; no key weights
-    # (every tile masked), and a loader warpgroup that clears V's rows past the lengths
+    # secure mode with key lengths (chunked prefill): a contiguous cache or secure mode's page sizes, and two or three
+    # warpgroups; no key weights (every tile masked), and a loader warpgroup that clears V's rows past the lengths
     sec = sm90_fwd.GluonLaunch(q, q, q, q, lse, cfg=tables.gluon_ws(128), secure=True, **kv).step
     assert sec.constexprs["SECURE"] and sec.constexprs["KEY_LENS"] and not sec.constexprs["SUM_MMA"]
     assert sec.constexprs["LOADER_WG_REGS"] == sm90_fwd.LOADER_REGS_SECURE_KEY_LENS
     assert not sec.constexprs["EARLY_LOADS"] and not sec.constexprs["TRACE"] and sec.constexprs["STAGGER"] == 0
-    for bad, cfg in ((dict(page_size=16), tables.gluon_ws(128)), ({}, replace(tables.gluon_ws(64), block_m=64))):
+    sec_paged = sm90_fwd.GluonLaunch(q, q, q, q, lse, cfg=tables.gluon_ws(128), secure=True, page_size=16, **kv).step
+    assert sec_paged.constexprs["SECURE"] and sec_paged.constexprs["PAGE_SIZE"] == 16
+    assert sec_paged.constexprs["LOADER_WG_REGS"] == sm90_fwd.LOADER_REGS_SECURE_KEY_LENS
+    for bad, cfg in ((dict(page_size=8), tables.gluon_ws(128)), (dict(page_size=512), tables.gluon_ws(128)),
+                     ({}, replace(tables.gluon_ws(64), block_m=64))):
         x = q if cfg.block_m > 64 else q64
         with pytest.raises(ValueError, match="secure mode with per-sequence key lengths"):
             sm90_fwd.GluonLaunch(x, x, x, x, lse, cfg=cfg, secure=True, **{**kv, **bad})

@@ -274,41 +274,46 @@ def test_chunked_prefill_runs_the_gluon_kernel_with_per_sequence_key_lengths(D, 
 
 @pytest.mark.parametrize("D,heads", [(128, (32, 8)), (64, (16, 16))])
 @pytest.mark.parametrize("causal", [True, False])
-def test_secure_chunked_prefill_runs_the_secure_gluon_kernel(D, heads, causal):
-    """Secure mode, Sq >= the threshold, a contiguous cache: the Gluon kernel's secure form (every tile of the cache
-    visited and masked by the secret lengths), against the float64 reference: lengths 0, shorter than the queries,
-    not a multiple of the key tile, and full; output and lse poisoned first. (Secure mode does not append: the
-    write position is secret; _checks refuses it.)"""
+@pytest.mark.parametrize("page", [0, 16, 128])
+def test_secure_chunked_prefill_runs_the_secure_gluon_kernel(D, heads, causal, page):
+    """Secure mode, Sq >= the threshold, a contiguous cache or a paged one (pages smaller than a key tile, and one
+    tile's size; shuffled): the Gluon kernel's secure form (every tile of the cache visited and masked by the secret
+    lengths), against the float64 reference: lengths 0, shorter than the queries, not a multiple of the key tile, and
+    full; output and lse poisoned first. (Secure mode does not append: the write position is secret; _checks refuses
+    it.)"""
     from flashcore.plan.prefill import PREFILL_MIN_SEQLEN_Q
 
     B, cap, Sq = 4, 1000, PREFILL_MIN_SEQLEN_Q[D] + 72
-    q, kc, vc, _, _, _ = _case(B, heads[0], heads[1], D, cap, 0, Sq=Sq, seed=13)
+    q, kc, vc, table, _, _ = _case(B, heads[0], heads[1], D, cap, page, Sq=Sq, seed=13)
     lens = torch.tensor([0, 77, 555, cap], dtype=torch.int32, device=DEV)
     plan, o = _prefill_matches_the_reference(q, kc, vc, heads[1], False, cache_seqlens=lens, causal=causal,
-                                             secure=True)
+                                             secure=True, page_table=table)
     assert plan.prefill.step.constexprs["SECURE"] and plan.prefill.step.constexprs["KEY_LENS"]
+    assert plan.prefill.step.constexprs["PAGE_SIZE"] == page
     if causal:
         assert torch.equal(o[1, :Sq - 77], torch.zeros_like(o[1, :Sq - 77]))  # rows that see no key
 
 
 @pytest.mark.parametrize("causal", [True, False])
-def test_secure_chunked_prefill_output_keeps_every_bit_for_any_stale_cache_contents(causal):
+@pytest.mark.parametrize("page", [0, 16])
+def test_secure_chunked_prefill_output_keeps_every_bit_for_any_stale_cache_contents(causal, page):
     """Secure mode's contract on the Gluon route: what the cache holds past each length (random values, zeros, NaN,
-    +-Inf) changes no bit of the output or lse."""
+    +-Inf; in a paged cache, in the rest of the sequence's pages) changes no bit of the output or lse."""
     B, cap, Sq = 3, 1000, 200
-    q, kc, vc, _, _, _ = _case(B, 16, 4, 128, cap, 0, Sq=Sq, seed=17)
+    q, kc, vc, table, _, _ = _case(B, 16, 4, 128, cap, page, Sq=Sq, seed=17)
     lens = torch.tensor([0, 333, 901], dtype=torch.int32, device=DEV)
     results = []
     for fill in ([1.0, -2.0, 3.5], [0.0], [float("nan"), float("inf"), float("-inf")], None):
         k2, v2 = kc.clone(), vc.clone()
         if fill is None:  # fresh random values
-            _stale(k2, None, lens, 0, torch.randn(7).tolist())
-            _stale(v2, None, lens, 0, torch.randn(5).tolist())
+            _stale(k2, table, lens, page, torch.randn(7).tolist())
+            _stale(v2, table, lens, page, torch.randn(5).tolist())
         else:
-            _stale(k2, None, lens, 0, fill)
-            _stale(v2, None, lens, 0, fill)
-        plan, (o, lse) = _prefill_plan(q, k2, v2, cache_seqlens=lens, causal=causal, secure=True, return_lse=True)
-        assert plan.prefill is not None
+            _stale(k2, table, lens, page, fill)
+            _stale(v2, table, lens, page, fill)
+        plan, (o, lse) = _prefill_plan(q, k2, v2, cache_seqlens=lens, causal=causal, secure=True, return_lse=True,
+                                       page_table=table)
+        assert plan.prefill is not None and plan.prefill.step.constexprs["PAGE_SIZE"] == page
         results.append((o, lse))
     for o, lse in results[1:]:
         assert torch.equal(o, results[0][0]) and torch.equal(lse, results[0][1])
@@ -333,11 +338,6 @@ def test_chunked_prefill_keeps_the_decode_kernel_where_the_gluon_kernel_cannot_r
     plan, o = _prefill_plan(q, kc, vc, cache_seqlens=lens)
     assert plan.prefill is not None
     assert rel_err(o, R.attention_with_kvcache(q, kc, vc, cache_seqlens=lens)) < 1e-2
-    # secure mode with a paged cache: the decode kernel's secure form (the Gluon form is gated for contiguous caches)
-    q, kc, vc, table, lens, _ = _case(2, 16, 4, 128, 700, 16, Sq=least)
-    plan, o = _prefill_plan(q, kc, vc, cache_seqlens=lens, page_table=table, secure=True)
-    assert plan.prefill is None
-    assert rel_err(o, R.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table)) < 1e-2
 
 
 def _stale(cache, table, lens, page, values):
@@ -360,7 +360,7 @@ def _stale(cache, table, lens, page, values):
             cache[pages[ok]] = rows.view(-1, page, *cache.shape[2:])[ok]
 
 
-@pytest.mark.parametrize("page,secure", [(0, False), (16, False), (128, False), (0, True)])
+@pytest.mark.parametrize("page,secure", [(0, False), (16, False), (128, False), (0, True), (16, True)])
 def test_chunked_prefill_nan_and_inf_past_the_key_lengths_stay_out(page, secure):
     """Slots past a sequence's key length may hold NaN or Inf (never written, or stale). The Gluon kernel reads the
     last key tile whole (secure mode: every tile of the cache), and its probabilities there are 0, but 0 * NaN = NaN:
@@ -407,17 +407,20 @@ def test_paged_chunked_prefill_runs_the_gluon_kernel(page, D, heads, causal, app
     assert plan.prefill.step.constexprs["PAGE_SIZE"] == page
 
 
-def test_paged_chunked_prefill_cuda_graph_replay_with_new_lengths_and_page_tables():
+@pytest.mark.parametrize("secure", [False, True])
+def test_paged_chunked_prefill_cuda_graph_replay_with_new_lengths_and_page_tables(secure):
     from flashcore.plan.prefill import PREFILL_MIN_SEQLEN_Q
 
     B, cap, Sq = 3, 2048, PREFILL_MIN_SEQLEN_Q[128]
-    q, kc, vc, table, lens, _ = _case(B, 32, 8, 128, cap, 16, Sq=Sq, seed=6)
+    q, kc, vc, table, lens, _ = _case(B, 32, 8, 128, cap, 16, Sq=Sq, seed=16 if secure else 6)
     out, lens_buf, table_buf = torch.empty_like(q), lens.clone(), table.clone()
 
     def call():
-        return flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lens_buf, page_table=table_buf, out=out)
+        return flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lens_buf, page_table=table_buf, out=out,
+                                                secure=secure)
 
-    assert _prefill_plan(q, kc, vc, cache_seqlens=lens_buf, page_table=table_buf, out=out)[0].prefill is not None
+    plan = _prefill_plan(q, kc, vc, cache_seqlens=lens_buf, page_table=table_buf, out=out, secure=secure)[0]
+    assert plan.prefill is not None and plan.prefill.step.constexprs["SECURE"] == secure
     def shuffled_pages():  # every page of the table, in a new order across the sequences
         return table.flatten()[torch.randperm(table.numel(), device=DEV)].view_as(table)
 

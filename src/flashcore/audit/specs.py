@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import torch
 
+from .._checks import SECURE_PAGE_SIZES
 from ..kernels import KERNELS, SM90_BWD, SM90_FWD, TRITON_DECODE, TRITON_DECODE_COMBINE, TRITON_FWD
 from ..kernels.secure.prepass import (attn_secure_fill_rows_kernel, attn_secure_sanitize_kv_kernel,
                                       attn_secure_zero_v_padding_kernel)
@@ -124,7 +125,9 @@ def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0), full: bool = False
                     for S, Hq, Hkv in (_AUDIT_PREFILL if secure else ()):
                         if S > 1024 and (hd != 64 or causal):  # (the same form as at 1024)
                             continue
-                        specs.append(gluon_spec(hd, causal, dtype, S, Hq, Hkv, True, secure=True, key_lens=True))
+                        for page in (0, *SECURE_PAGE_SIZES):  # a contiguous cache, then each paged form
+                            specs.append(gluon_spec(hd, causal, dtype, S, Hq, Hkv, True, secure=True, key_lens=True,
+                                                    page_size=page))
     return specs
 
 

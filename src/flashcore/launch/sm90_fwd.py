@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from triton.experimental.gluon import language as gl
 
+from .._checks import SECURE_PAGE_SIZES
 from ..kernels.secure.prepass import W_ROWS
 from ..kernels.sm90.fwd import attn_fwd_hopper_kernel
 from ..kernels.sm90.trace import TRACE_SLOTS
@@ -79,10 +80,14 @@ class GluonLaunch:
             raise ValueError(f"a paged cache runs the Gluon kernel with per-sequence key lengths (key_lens), two or "
                              f"three consumer warpgroups and a power-of-two page size of at least 8 only (got "
                              f"page_size={page_size}, {num_wg} consumer warpgroups)")
-        if key_lens and secure and (num_wg < 2 or page_size):
-            raise ValueError(f"secure mode with per-sequence key lengths (key_lens) runs a contiguous cache and two or "
-                             f"three consumer warpgroups only (got page_size={page_size}, {num_wg} consumer "
-                             f"warpgroups)")
+        # (secure paged: the page sizes secure mode takes, each a binary of its own that the static gate lists; page 8,
+        # which the fast form takes, is not one: its loader's 16 copies per key tile keep TMA operands in uniform
+        # registers behind guards held in predicate words, which the gate cannot follow: 5 findings, 2026-11-27)
+        if key_lens and secure and (num_wg < 2 or (page_size and page_size not in SECURE_PAGE_SIZES)):
+            sizes = ", ".join(map(str, SECURE_PAGE_SIZES))
+            raise ValueError(f"secure mode with per-sequence key lengths (key_lens) runs two or three consumer "
+                             f"warpgroups and a contiguous cache or a page size of {sizes} only (got "
+                             f"page_size={page_size}, {num_wg} consumer warpgroups)")
         kv_rows = min(page_size, bn) if page_size else bn
         self.geom = tuple((list(t.shape), list(t.stride()), [1, 1, rows, D], lay)
                           for t, rows, lay in ((q, bm, lay_m), (k, kv_rows, lay_n), (v, kv_rows, lay_n),

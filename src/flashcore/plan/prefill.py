@@ -15,16 +15,16 @@ size the copy engine can take page by page (``PAGE_SIZES``: one copy per page, i
 ``cache_leftpad``, no packed queries, no FP8, with the split count left to the planner (an explicit ``num_splits``
 asks for the decode kernel).
 
-Secure mode takes the same route with a contiguous cache (perf-notes v31): the key lengths are secret, so every item
-visits the tiles of the whole cache (the capacity, public), masks every tile by select, and the kernel's loader
-warpgroup clears V's rows past each length in every tile (``kernels/sm90/pipeline._sanitise_v``). The decode
-kernel's secure form ran this shape at 0.25x of the fast path (H200, 2026-11-27). A secure paged cache keeps the
-decode kernel: the static gate does not pass the paged loader's secure form yet (its TMA copies' operands share
-registers with secret values on paths the gate cannot tell apart)."""
+Secure mode takes the same route (perf-notes v31, v32): the key lengths are secret, so every item visits the tiles of
+the whole cache (the capacity, public), masks every tile by select, and the kernel's loader warpgroup clears V's rows
+past each length in every tile (``kernels/sm90/pipeline._sanitise_v``). The decode kernel's secure form ran this shape
+at 0.25x of the fast path (H200, 2026-11-27). A paged cache in secure mode has one of the page sizes that secure mode
+accepts (``_checks.SECURE_PAGE_SIZES``), each a binary of the kernel that the static gate lists."""
 from __future__ import annotations
 
 import torch
 
+from .._checks import SECURE_PAGE_SIZES
 from ..launch.sm90_fwd import GluonLaunch
 from .tables import gluon_ws
 from ..runtime import device_arch
@@ -49,8 +49,7 @@ def prefill_serves(shape, num_splits: int, q, k_cache, v_cache, out) -> bool:
     """Whether the KV-cache call (``shape``: ``launch.triton_decode.DecodeShape``) runs on the Gluon kernel."""
     if shape.packed or shape.fp8 or shape.fp32 or shape.has_batch_idx:
         return False
-    if shape.paged and (shape.page_size not in PAGE_SIZES or shape.secure):
-        # (a secure paged cache keeps the decode kernel: the secure Gluon form is audited for contiguous caches only)
+    if shape.paged and shape.page_size not in (SECURE_PAGE_SIZES if shape.secure else PAGE_SIZES):
         return False
     if shape.has_leftpad or num_splits != 0 or shape.head_dim not in PREFILL_MIN_SEQLEN_Q:
         return False

@@ -473,12 +473,23 @@ class _State:
             for k, e in list(G.items()):
                 if e[0][0] == pred:
                     G[k] = ((heir, e[0][1]), e[1], e[2])
+        elif pred in self.V:
+            # ``pred`` is ``VOTEU.ANY pred, Py`` (this block, neither changed since): "pred holds" is "some active
+            # thread has Py", which outlives pred's redefinition until Py's own (``@UP0 UMOV UR27, URZ``, then
+            # ``VOTEU.ANY UP0, P3``, then ``VOTEU.ANY UP1, P1`` and ``@UP1 UTMALDG`` reading UR27, UP0 the vote of P1)
+            voted = (_ANY + self.V[pred], False)
+            for k, e in list(G.items()):
+                if e[0] == (pred, False):
+                    G[k] = (voted, e[1], e[2])
         ups = sorted(u for u, v in self.V.items() if v == pred)
         if ups:
+            # (equal votes are aliases: the earliest, which the others name in ``C``, so that redefining a later one
+            # leaves the guard with it: ``VOTEU.ANY UP1, P1``, ``VOTEU.ANY UP0, P1``, P1 and then UP0 redefined)
             old = (_ANY + pred, False)
+            heir = self.canon(ups[0])
             for k, e in list(G.items()):
                 if e[0] == old:
-                    G[k] = ((ups[0], False), e[1], e[2])
+                    G[k] = ((heir, False), e[1], e[2])
 
     def weak(self, loc: str, mask: int, p: frozenset) -> None:
         self.kill(loc)
@@ -600,6 +611,11 @@ class _Analyzer:
                     S.set(f"L:{s}", FULL if t else 0, p, guard_key)
         elif kind == "TMA":
             prov = S.prov(spec[1])
+            if prov == {PARAM_SPACE} and env.host_descs:
+                # a host descriptor: the tile lands in its tensor's memory, as a load through one reads it (_read);
+                # the regions of every host descriptor's tensor, as the analysis cannot tell which one it is
+                env.write_global(env.host_descs, t, p, False)
+                return
             if env.global_regions(prov) is None:
                 dp = frozenset({_UNKNOWN})
             else:
@@ -689,8 +705,13 @@ class _Analyzer:
         extra = FULL if gt else 0
         for d in s.dests:
             S.set(d, mask, _EMPTY if (d[0] == "P" or d.startswith("UP")) else dp, key, extra)
+        # where a predicated write goes: its address operands as they are whenever it runs (under its guard, as the
+        # address checks read them), so ``@UP0 UTMASTG [UR8], [UR6]`` whose UR6 is a host descriptor's address under
+        # UP0 and another pointer otherwise writes that descriptor's tensor
+        S.key = key
         for spec in writes:
             self._write(spec, S, wt, vp, key)
+        S.key = None
 
     def _local(self, s: Sem, S: _State, key, gt: bool, at: bool) -> None:
         """LDL/STL with known [R1+imm] slots: per-slot, bit-precise (predicate words get spilled)."""
@@ -812,6 +833,27 @@ class _Analyzer:
                 S.set(d, FULL if t else 0, _EMPTY, key, FULL if gt else 0)
             else:
                 S.set(d, mask, prov, key, change if gt else 0)
+        if kind == "copy" and key is None:
+            self._copy_guarded(S, bop[1], bop[2])
+
+    @staticmethod
+    def _copy_guarded(S: _State, dest: str, op: tuple) -> None:
+        """An unguarded copy ``dest = src`` (MOV, IMAD.U32 from RZ, RZ, UMOV, R2UR) also copies what is known of
+        ``src`` under a guard: whenever that guard holds, ``dest`` equals ``src``'s guarded value. ptxas moves an
+        elected TMA copy's operands through such copies (``@P4 R2UR UR9, R24``; ``IMAD.U32 R5, RZ, RZ, UR9``;
+        ``@P4 R2UR UR23, R5``; ``@UP4 UTMALDG``), and a copy that forgets the guard joins in the value the register
+        held before (a secret, where ptxas shares it). Not from a thread's guard into a uniform register (R2UR):
+        the uniform value may come from a thread where that guard does not hold."""
+        if op[0] != "r" or op[1] == dest or dest is None:
+            return
+        e = S.G.get(op[1])
+        if e is None:
+            return
+        pred = e[0][0]
+        per_thread_guard = not pred.startswith(_ANY) and not pred.startswith("UP")
+        if per_thread_guard and dest.startswith("UR") and not op[1].startswith("UR"):
+            return
+        S.G[dest] = e
 
     def _record_why(self, x: Instr, s: Sem, S: _State, gt: bool, at_regs: list[str]) -> None:
         """Final pass only: remember why this instruction's results are tainted (for traces)."""

@@ -276,6 +276,14 @@ CONFIG_CASES = {
     # v25.9: FP8 page 64 with splits is a gather at 128-key tiles too (one slot at 2 stages)
     "fp8_b1_64k_p64_v25": ((1, 32, 8, 128, 65536, 1, 64, True), [CFG(16, 128, 4, 5, 33), CFG(16, 64, 4, 4, 33)]),
     "fp8_b1_64k_p128_v25": ((1, 32, 8, 128, 65536, 1, 128, True), []),
+    # v32: secure chunked prefill from a paged cache on the Gluon kernel's secure form (the planner's choice) against
+    # the secure decode kernel that ran it before (its configuration, forced); the fast path and the contiguous cache
+    # beside them
+    "v32_fast_prefill512_8k_p16": ((4, 32, 8, 128, 8192, 512, 16, False), []),
+    "v32_secure_prefill512_8k_p16": ((4, 32, 8, 128, 8192, 512, 16, False, True), [CFG(64, 128, 8, 3, 1)]),
+    "v32_secure_prefill512_8k_p64": ((4, 32, 8, 128, 8192, 512, 64, False, True), [CFG(64, 128, 8, 3, 1)]),
+    "v32_fast_prefill512_8k": ((4, 32, 8, 128, 8192, 512, 0, False), []),
+    "v32_secure_prefill512_8k": ((4, 32, 8, 128, 8192, 512, 0, False, True), []),
     "b1_4k": ((1, 32, 8, 128, 4096, 1, 0, False),
               [CFG(16, 128, 8, 3, 8), CFG(16, 64, 4, 3, 16), CFG(16, 64, 4, 2, 32), CFG(16, 128, 4, 2, 16),
                CFG(16, 32, 4, 2, 32), CFG(16, 64, 8, 3, 16), CFG(16, 128, 8, 3, 4)]),
