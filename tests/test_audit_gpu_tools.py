@@ -555,3 +555,39 @@ def test_decode_kind_on_pages_is_the_same_attention():
             slot["q"].transpose(1, 2), slot["k"][:, :32].transpose(1, 2).repeat_interleave(2, 1),
             slot["v"][:, :32].transpose(1, 2).repeat_interleave(2, 1)).transpose(1, 2)
         assert torch.allclose(out, ref, atol=1e-5)
+
+
+def test_prefill_kind_is_the_secure_kvcache_call_with_a_chunk_of_queries():
+    """The gates' chunked-prefill input (``secure_prefill``): q's first PREFILL_QUERIES rows as the chunk, the case's
+    k and v as the cache (contiguous or paged), the key lengths as cache_seqlens, causal bottom-right: the padding
+    family's outputs agree bit for bit and an empty cache outputs zeros in every row (here on the CPU reference); the
+    timing slots hold the same chunk."""
+    import warnings
+
+    from flashcore import reference as R
+    from flashcore.audit import _inputs as I
+    from flashcore.audit import repro
+
+    assert "secure_prefill" in I.SECURE_KINDS and "secure_prefill" in repro.MODES and "secure_prefill" in T.SECURE_KERNELS
+    S, sq = I.PREFILL_QUERIES + 64, I.PREFILL_QUERIES
+    cases = {c: I.build_case(c, B=2, H=4, Hkv=2, S=S, D=16, dtype=torch.float32, seed=3)
+             for c in ("len_half", "nan_pad", "inf_pad", "empty_keys")}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        outs = {c: I.make_call("secure_prefill", case, causal=True, backend="reference")() for c, case in cases.items()}
+        paged = I.make_call("secure_prefill", cases["nan_pad"], causal=True, backend="reference", page_size=16)()
+        c = cases["len_half"]
+        q, k, v = (t.transpose(1, 2) for t in (I.prefill_queries(c.q), c.k, c.v))
+        ref = R.attention_with_kvcache(q.double(), k.double(), v.double(), cache_seqlens=c.seqlens_k, causal=True)
+    assert outs["len_half"].shape == (2, sq, 4, 16)
+    assert torch.allclose(outs["len_half"].double(), ref, atol=1e-5)
+    assert torch.equal(paged, outs["nan_pad"])
+    chk = C._decode_output_checks(cases, outs)
+    assert chk["pass"] and chk["padding_invariance"]["identical"] and chk["zero_rows"]["empty_keys"]
+    assert bool((outs["empty_keys"][0] == 0).all()) and not bool((outs["empty_keys"][1] == 0).all())
+    a, b = T.class_specs("short_vs_long", 64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        slots = T.Slots("secure_prefill", a, b, P=1, B=2, H=4, Hkv=2, S_max=64, D=16, dtype=torch.float32,
+                        causal=True, backend="reference", seed=0, device="cpu")
+        assert slots.slots[0]["q"].shape == (2, sq, 4, 16) and slots.eager[0]().shape == (2, sq, 4, 16)

@@ -218,9 +218,12 @@ def pack_varlen(case: Case):
 # ----------------------------------------------------------------------------------------------
 # Kernel calls (the thing under audit), shared by the gates.
 
-KERNELS = ("secure", "secure_decode", "fast_varlen", "fast_dense")
-# The secure kernels among them: dense attention, and the KV-cache decode step
-SECURE_KINDS = ("secure", "secure_decode")
+KERNELS = ("secure", "secure_decode", "secure_prefill", "fast_varlen", "fast_dense")
+# The secure kernels among them: dense attention, the KV-cache decode step, and KV-cache chunked prefill
+SECURE_KINDS = ("secure", "secure_decode", "secure_prefill")
+# secure_prefill's queries per sequence: enough for the Gluon kernel's route at D 64 and 128 (plan.prefill), one
+# 128-row work item per query head
+PREFILL_QUERIES = 128
 
 
 def paged_cache(t: Tensor, page_size: int, seed: int = 12345) -> tuple:
@@ -236,6 +239,15 @@ def paged_cache(t: Tensor, page_size: int, seed: int = 12345) -> tuple:
     return pages, perm.view(B, n).to(torch.int32)
 
 
+def prefill_queries(q: Tensor, n: int = PREFILL_QUERIES) -> Tensor:
+    """``[B, H, n, D]`` chunked-prefill queries from a case's ``q``: its row 0 (valid in every class), the D values
+    rotated by each row's index. Every query is a real one (the secret in a KV-cache call is the cache's length, not
+    the queries'), and the padding family's classes, which share their valid rows, get the same chunk."""
+    D = q.shape[-1]
+    idx = (torch.arange(D, device=q.device)[None, :] + torch.arange(n, device=q.device)[:, None]) % D
+    return q[:, :, 0, :][:, :, idx]
+
+
 def make_call(kind: str, case: Case, *, causal: bool, lens_mode: str = "cross", backend: str = "auto",
               page_size: int = 0):
     """Return a zero-argument callable running kernel ``kind`` on ``case`` (inputs bound now).
@@ -248,6 +260,8 @@ def make_call(kind: str, case: Case, *, causal: bool, lens_mode: str = "cross", 
     every class) against contiguous caches ``[B, S_max, Hkv, D]`` holding k and v, ``cache_seqlens`` = the key
     lengths (secret); the class's padding is the cache past them. ``page_size`` > 0: the caches as pages in a
     public shuffled order with their page table (:func:`paged_cache`).
+    secure_prefill: the same call with ``PREFILL_QUERIES`` query tokens per sequence (:func:`prefill_queries`:
+    chunked prefill, the Gluon kernel's secure form on Hopper; causal bottom-right against each secret key length).
     """
     import flashcore
 
@@ -263,8 +277,8 @@ def make_call(kind: str, case: Case, *, causal: bool, lens_mode: str = "cross", 
         def call():
             return flashcore.attention(q, k, v, causal=causal, seqlens_q=sq, seqlens_k=sk, secure=True, backend=backend)
         return call
-    if kind == "secure_decode":
-        qd = case.q[:, :, :1, :].transpose(1, 2).contiguous()
+    if kind in ("secure_decode", "secure_prefill"):
+        qd = (case.q[:, :, :1, :] if kind == "secure_decode" else prefill_queries(case.q)).transpose(1, 2).contiguous()
         kc, vc = (t.transpose(1, 2).contiguous() for t in (case.k, case.v))
         sk, table = case.seqlens_k, None
         if page_size:

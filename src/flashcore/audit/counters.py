@@ -449,7 +449,7 @@ def child_main(argv=None) -> int:
             try:
                 fn = I.make_call(cfg["kernel"], cases[cname], causal=cfg["causal"],
                                  lens_mode=cfg["lens_mode"] if cfg["kernel"] == "secure" else "cross", backend=a.backend,
-                                 page_size=a.page_size if cfg["kernel"] == "secure_decode" else 0)
+                                 page_size=a.page_size if cfg["kernel"] in ("secure_decode", "secure_prefill") else 0)
                 out = fn()
                 for _ in range(max(0, a.warmup - 1)):
                     out = fn()
@@ -461,7 +461,7 @@ def child_main(argv=None) -> int:
             outs[cname] = out
         if cfg["kernel"] == "secure":
             checks[key] = _output_checks(cases, outs)
-        elif cfg["kernel"] == "secure_decode":
+        elif cfg["kernel"] in ("secure_decode", "secure_prefill"):
             checks[key] = _decode_output_checks(cases, outs)
     launches = []
     for rep in range(a.reps):
@@ -504,7 +504,8 @@ def _output_checks(cases: dict, outs: dict) -> dict:
 
 
 def _decode_output_checks(cases: dict, outs: dict) -> dict:
-    """The secure decode step's (:func:`_checks`): a sequence whose cache is empty outputs exact zeros."""
+    """The secure KV-cache calls' (:func:`_checks`): a sequence whose cache is empty outputs exact zeros (every query
+    row: decode's one, and chunked prefill's, whose causal diagonal puts every key before them)."""
     def zero_rows_ok(c, out):
         return all(bool((out[b] == 0).all()) for b, n in enumerate(cases[c].lens_k) if n == 0)
     return _checks(outs, zero_rows_ok)
@@ -525,7 +526,7 @@ def _add_shape_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", default="auto")
     p.add_argument("--page-size", type=int, default=0,
-                   help="--secure-kernel decode: the caches as pages of this many positions (0: contiguous)")
+                   help="--secure-kernel decode or prefill: the caches as pages of this many positions (0: contiguous)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -533,9 +534,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernel-regex", default=None,
                    help="ncu --kernel-name regex selecting flashcore's kernels (default: attn, and with --secure-kernel "
                         "decode attn|decode_)")
-    p.add_argument("--secure-kernel", choices=("dense", "decode"), default="dense",
-                   help="the secure kernel audited: dense attention, or the KV-cache decode step (one query token per "
-                        "sequence against a contiguous cache; secure_decode)")
+    p.add_argument("--secure-kernel", choices=("dense", "decode", "prefill"), default="dense",
+                   help="the secure kernel audited: dense attention, the KV-cache decode step (one query token per "
+                        "sequence against a contiguous cache; secure_decode), or KV-cache chunked prefill (128 query "
+                        "tokens per sequence: the Gluon kernel's secure form on Hopper; secure_prefill)")
     p.add_argument("--contrast", default="fast_varlen",
                    help="comma list of contrast kernels (fast_varlen, fast_dense) or 'none'")
     p.add_argument("--contrast-reps", type=int, default=2)
@@ -725,7 +727,7 @@ def run(a) -> int:
         print("flashcore audit counters: Nsight Compute (ncu) not found on PATH, in /usr/local/cuda/bin or "
               "/opt/nvidia/nsight-compute/*/; pass --ncu PATH. Nothing was run.", file=sys.stderr)
         return 2
-    secure_kind = "secure_decode" if a.secure_kernel == "decode" else "secure"
+    secure_kind = {"decode": "secure_decode", "prefill": "secure_prefill"}.get(a.secure_kernel, "secure")
     if a.kernel_regex is None:
         a.kernel_regex = "attn|decode_" if secure_kind == "secure_decode" else "attn"
     report = {"gate": "counters", "ncu": {"path": ncu, "version": _ncu_version(ncu), "flags": NCU_FLAGS,

@@ -3,7 +3,8 @@ bytes, and fresh processes (same seed, shifted allocations) reproduce the same b
 
 Modes: ``secure`` (attention(..., secure=True), query lengths = key lengths), ``secure_causal``,
 ``secure_cross`` (explicit seqlens_q), ``secure_decode`` (attention_with_kvcache(..., secure=True): one query
-token per sequence against the key lengths' cache), ``fast_dense`` (secure=False on the padded tensors) and
+token per sequence against the key lengths' cache), ``secure_prefill`` (the same with 128 query tokens: chunked
+prefill), ``fast_dense`` (secure=False on the padded tensors) and
 ``fast_varlen`` (attention_varlen on the packed true lengths). Each output is compared bitwise on the
 GPU with the first one (integer views, so NaN payloads and signed zeros count) and hashed with
 sha256 on the host. Exit code: 0 identical everywhere, 1 a difference (or a mode that raised), 2 no GPU.
@@ -18,7 +19,7 @@ import time
 
 from . import _inputs as I
 
-MODES = ("secure", "secure_causal", "secure_cross", "secure_decode", "fast_dense", "fast_varlen")
+MODES = ("secure", "secure_causal", "secure_cross", "secure_decode", "secure_prefill", "fast_dense", "fast_varlen")
 _MARK = "FLASHCORE_REPRO_RESULT "
 
 
@@ -39,8 +40,8 @@ def _mode_call(mode: str, case, backend: str):
         return I.make_call("secure", case, causal=True, lens_mode="self", backend=backend)
     if mode == "secure_cross":
         return I.make_call("secure", case, causal=False, lens_mode="cross", backend=backend)
-    if mode == "secure_decode":
-        return I.make_call("secure_decode", case, causal=True, backend=backend)
+    if mode in ("secure_decode", "secure_prefill"):
+        return I.make_call(mode, case, causal=True, backend=backend)
     if mode == "fast_dense":
         return I.make_call("fast_dense", case, causal=False, backend=backend)
     if mode == "fast_varlen":

@@ -57,9 +57,11 @@ from . import _inputs as I
 from . import stats as S
 
 SECURE_TESTS = ("fixed_vs_random", "short_vs_long", "pad_zeros_vs_random", "values_zeros_vs_random")
-# The secure kernels the gate times: dense attention (``attention(..., secure=True)``) and the KV-cache decode
-# step (``attention_with_kvcache(..., secure=True)``: one query token per sequence, the cache's length secret)
-SECURE_KERNELS = ("secure", "secure_decode")
+# The secure kernels the gate times: dense attention (``attention(..., secure=True)``), the KV-cache decode step
+# (``attention_with_kvcache(..., secure=True)``: one query token per sequence, the cache's length secret) and KV-cache
+# chunked prefill (the same call with ``_inputs.PREFILL_QUERIES`` query tokens per sequence)
+SECURE_KERNELS = ("secure", "secure_decode", "secure_prefill")
+KV_KERNELS = ("secure_decode", "secure_prefill")
 POWER_TESTS = ("values_zeros_vs_random",)
 CONTRAST_TESTS = ("short_vs_long", "fixed_vs_random")
 CONTROL_TESTS = ("values_zeros_vs_random", "short_vs_long")
@@ -114,7 +116,7 @@ class Slots:
         import torch
 
         self.secure_mode = secure  # the secure kernel's ``secure=`` value: True, or "strict"
-        self.page_size = page_size  # secure_decode: pages of this many positions, in order (0: a contiguous cache)
+        self.page_size = page_size  # KV-cache kernels: pages of this many positions, in order (0: a contiguous cache)
 
         if kernel not in (*SECURE_KERNELS, "fast_varlen", "gemm_control"):
             raise ValueError(f"timing supports kernels {', '.join(SECURE_KERNELS)}, fast_varlen and gemm_control, "
@@ -153,8 +155,9 @@ class Slots:
         if self.kernel == "secure":
             return ((self.B, self.H, self.S_max, self.D), (self.B, self.Hkv, self.S_max, self.D),
                     (self.B, self.Hkv, self.S_max, self.D))
-        if self.kernel == "secure_decode":  # q [B, 1, H, D]; contiguous caches [B, S_max, Hkv, D]
-            return ((self.B, 1, self.H, self.D), (self.B, self.S_max, self.Hkv, self.D),
+        if self.kernel in KV_KERNELS:  # q [B, 1 or PREFILL_QUERIES, H, D]; contiguous caches [B, S_max, Hkv, D]
+            sq = 1 if self.kernel == "secure_decode" else I.PREFILL_QUERIES
+            return ((self.B, sq, self.H, self.D), (self.B, self.S_max, self.Hkv, self.D),
                     (self.B, self.S_max, self.Hkv, self.D))
         L = spec.length
         return ((self.B * L, self.H, self.D), (self.B * L, self.Hkv, self.D), (self.B * L, self.Hkv, self.D))
@@ -178,7 +181,7 @@ class Slots:
             def fn(q=q, k=k, v=v, sk=sk):
                 return flashcore.attention(q, k, v, causal=causal, seqlens_k=sk, secure=self.secure_mode,
                                            backend=backend)
-        elif self.kernel == "secure_decode":
+        elif self.kernel in KV_KERNELS:
             sk = torch.full((self.B,), spec.length, dtype=torch.int32, device=self.dev)
             slot["sk"] = sk
 
@@ -220,7 +223,7 @@ class Slots:
                 for t in (slot["q"], slot["k"], slot["v"]):
                     t[:, :, L:, :] = 0
             slot["sk"].fill_(spec.length)
-        if self.kernel == "secure_decode":  # the cache's positions past its length are the padding
+        if self.kernel in KV_KERNELS:  # the cache's positions past its length are the padding
             if spec.pad == "zeros":
                 for t in (slot["k"], slot["v"]):
                     t[:, spec.length:] = 0
@@ -439,11 +442,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-save-samples", dest="save_samples", action="store_false")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", default="auto")
-    p.add_argument("--kernel", choices=("dense", "decode"), default="dense",
-                   help="the secure kernel timed: dense attention, or the KV-cache decode step (one query token per "
-                   "sequence against a contiguous cache of S_max positions whose length cache_seqlens is secret)")
+    p.add_argument("--kernel", choices=("dense", "decode", "prefill"), default="dense",
+                   help="the secure kernel timed: dense attention, the KV-cache decode step (one query token per "
+                   "sequence against a contiguous cache of S_max positions whose length cache_seqlens is secret), or "
+                   "KV-cache chunked prefill (the same with 128 query tokens per sequence)")
     p.add_argument("--page-size", type=int, default=0,
-                   help="--kernel decode: the cache as pages of this many positions, in order (0: contiguous)")
+                   help="--kernel decode or prefill: the cache as pages of this many positions, in order (0: "
+                   "contiguous)")
     p.add_argument("--strict", action="store_true", help="time secure=\"strict\" (q's and k's padding replaced "
                    "before the kernels) instead of secure=True")
     p.add_argument("--threshold", type=float, default=S.T_THRESHOLD)
@@ -458,10 +463,10 @@ def run(a) -> int:
     dtype = I.parse_dtype(a.dtype)
     Hkv = a.kv_heads or a.heads
     causals = [x.strip() in ("1", "true", "causal") for x in a.causal.split(",") if x.strip()]
-    if a.kernel == "decode" and a.strict:
+    if a.kernel != "dense" and a.strict:
         print("[timing] --strict is for the dense kernel: the KV-cache path has no strict form", file=sys.stderr)
         return 2
-    secure_kernel = "secure_decode" if a.kernel == "decode" else "secure"
+    secure_kernel = {"decode": "secure_decode", "prefill": "secure_prefill"}.get(a.kernel, "secure")
     plan = [(secure_kernel, t, c) for c in causals for t in a.tests.split(",") if t.strip()]
     if a.contrast and a.contrast != "none":
         plan += [(a.contrast, t, c) for c in causals[:1] for t in CONTRAST_TESTS]
