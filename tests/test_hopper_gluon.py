@@ -129,7 +129,8 @@ def test_unsupported_gluon_configs_are_refused():
     assert not sec.constexprs["EARLY_LOADS"] and not sec.constexprs["TRACE"] and sec.constexprs["STAGGER"] == 0
     sec_paged = sm90_fwd.GluonLaunch(q, q, q, q, lse, cfg=tables.gluon_ws(128), secure=True, page_size=16, **kv).step
     assert sec_paged.constexprs["SECURE"] and sec_paged.constexprs["PAGE_SIZE"] == 16
-    assert sec_paged.constexprs["LOADER_WG_REGS"] == sm90_fwd.LOADER_REGS_SECURE_KEY_LENS
+    assert sec_paged.constexprs["LOADER_WG_REGS"] == sm90_fwd.LOADER_REGS_SECURE_PAGED  # (the register file holds it)
+    assert 2 * 128 * sec_paged.constexprs["CONSUMER_WG_REGS"] + 128 * sm90_fwd.LOADER_REGS_SECURE_PAGED <= 65536
     for bad, cfg in ((dict(page_size=8), tables.gluon_ws(128)), (dict(page_size=512), tables.gluon_ws(128)),
                      ({}, replace(tables.gluon_ws(64), block_m=64))):
         x = q if cfg.block_m > 64 else q64
