@@ -54,6 +54,9 @@ def test_required_shapes_are_in_the_suite_and_run_first():
     must = {_spec(c) for c in D.MUST}
     assert all(r in must for r in REQUIRED)
     assert D.DECODE_SUITES["decode-must"] == D.MUST and D.DECODE_SUITES["decode"] == D.DECODE
+    # the chunked-prefill rows alone: MUST's cases with many queries, contiguous and paged
+    assert D.DECODE_SUITES["decode-prefill"] and set(D.DECODE_SUITES["decode-prefill"]) <= set(D.MUST)
+    assert all(c.Sq == 512 for c in D.PREFILL) and {c.page_size for c in D.PREFILL} == {0, 16}
 
 
 def test_every_axis_is_covered_around_the_base():

@@ -42,8 +42,9 @@ def _register_bench(sub) -> None:
                        description="Check every available attention backend against the float64 reference, "
                                    "then time it (median of CUDA events, cold L2). Writes one JSON file per run.")
     p.add_argument("--suite", default="seed", metavar="SUITE",
-                   help="seed | large | all | decode | decode-must | path of a JSON suite file (default: seed); "
-                        "decode: the KV-cache decode suite (attention_with_kvcache against its peers)")
+                   help="seed | large | all | decode | decode-must | decode-prefill | path of a JSON suite file (default: "
+                        "seed); decode: the KV-cache decode suite (attention_with_kvcache against its peers); "
+                        "decode-prefill: its chunked-prefill rows")
     p.add_argument("--backends", nargs="+", metavar="NAME",
                    help="backends to run (default: all): flashcore flashcore-secure sdpa-default sdpa-cudnn "
                         "sdpa-flash sdpa-efficient sdpa-math flex fa4 unfused; decode suite: flashcore "

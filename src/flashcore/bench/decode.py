@@ -177,7 +177,9 @@ MAIN: tuple = (
     case(1, 64 * K, Sq=4),
 )
 DECODE: tuple = MUST + tuple(c for c in MAIN if c not in MUST)
-DECODE_SUITES: dict = {"decode": DECODE, "decode-must": MUST}
+# The chunked-prefill rows of MUST alone (a short run when only the prefill route changed)
+PREFILL: tuple = tuple(c for c in MUST if c.Sq > 16)
+DECODE_SUITES: dict = {"decode": DECODE, "decode-must": MUST, "decode-prefill": PREFILL}
 
 
 def is_decode_suite(name: str) -> bool:

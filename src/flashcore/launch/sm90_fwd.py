@@ -89,7 +89,7 @@ class GluonLaunch:
                              f"page_size={page_size}, {num_wg} consumer warpgroups)")
         # (secure paged: the page sizes secure mode takes, each a binary of its own that the static gate lists; page 8,
         # which the fast form takes, is not one: its loader's 16 copies per key tile keep TMA operands in uniform
-        # registers behind guards held in predicate words, which the gate cannot follow: 5 findings, 2026-11-27)
+        # registers behind guards held in predicate words, which the gate cannot follow: 5-9 findings per form, 2026-11-27)
         if key_lens and secure and (num_wg < 2 or (page_size and page_size not in SECURE_PAGE_SIZES)):
             sizes = ", ".join(map(str, SECURE_PAGE_SIZES))
             raise ValueError(f"secure mode with per-sequence key lengths (key_lens) runs two or three consumer "

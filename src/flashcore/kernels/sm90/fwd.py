@@ -501,6 +501,7 @@ CAPABILITIES = Capabilities(
     name="sm90_fwd", module=__name__,
     role="forward, Hopper: warp-specialised (TMA loader warp, wgmma consumer warpgroups), persistent",
     dtypes=("fp16", "bf16"), head_dims=(64, 128), archs=(9,),
-    features=("causal", "gqa", "secure", "lse", "secure_causal_public_diagonal_only", "secure_key_lens_contiguous"),
+    features=("causal", "gqa", "secure", "lse", "secure_causal_public_diagonal_only", "key_lens", "paged",
+              "secure_key_lens"),
     needs=("tma",),
     secret=("q_desc", "k_desc", "v_desc"), secret_secure=("w_desc", "seqlens_q_ptr"))

@@ -1,8 +1,8 @@
 """The loader side of the sm_90 forward kernel's pipeline: TMA copies of Q and of the K/V tiles into
 shared-memory rings, each slot guarded by a ready/empty mbarrier pair. Device code only.
 
-A paged KV cache (``PAGE_SIZE`` > 0, fast path with per-sequence key lengths: ``plan.prefill``) is read through
-the page table: K/V descriptors over ``[num_pages, Hkv, page_size, D]`` whose box is one page (at most one key
+A paged KV cache (``PAGE_SIZE`` > 0, with per-sequence key lengths: ``plan.prefill``; in secure mode too, at secure
+mode's page sizes) is read through the page table: K/V descriptors over ``[num_pages, Hkv, page_size, D]`` whose box is one page (at most one key
 tile), one copy per page of a key tile, each into its rows of the tile's slot (``_copy_key_tile``)."""
 from __future__ import annotations
 
