@@ -120,7 +120,11 @@ def test_unsupported_gluon_configs_are_refused():
         sm90_fwd.GluonLaunch(q64, q64, q64, q64, lse, cfg=replace(tables.gluon_ws(64), block_m=64), page_size=16, **kv)
     paged = sm90_fwd.GluonLaunch(q, q, q, q, lse, cfg=tables.gluon_ws(128), page_size=16, **kv).step
     assert paged.constexprs["PAGE_SIZE"] == 16 and paged.scalars[-1] == 4
-    assert paged.constexprs["LOADER_WG_REGS"] == sm90_fwd.LOADER_REGS_PAGED
+    assert paged.constexprs["LOADER_WG_REGS"] == sm90_fwd.LOADER_REGS_PAGED_2WG  # two consumer warpgroups
+    assert paged.constexprs["CONSUMER_WG_REGS"] == sm90_fwd.CONSUMER_REGS_PAGED_2WG
+    paged3 = sm90_fwd.GluonLaunch(q64, q64, q64, q64, lse, cfg=tables.gluon_ws(64, 4096), page_size=16, **kv).step
+    assert paged3.constexprs["NUM_WG"] == 3 and paged3.constexprs["LOADER_WG_REGS"] == sm90_fwd.LOADER_REGS_PAGED
+    assert paged3.constexprs["CONSUMER_WG_REGS"] == sm90_fwd.CONSUMER_REGS_3WG  # (no room for more beside three)
     # secure mode with key lengths (chunked prefill): a contiguous cache or secure mode's page sizes, and two or three
     # warpgroups; no key weights (every tile masked), and a loader warpgroup that clears V's rows past the lengths
     sec = sm90_fwd.GluonLaunch(q, q, q, q, lse, cfg=tables.gluon_ws(128), secure=True, **kv).step
@@ -129,8 +133,8 @@ def test_unsupported_gluon_configs_are_refused():
     assert not sec.constexprs["EARLY_LOADS"] and not sec.constexprs["TRACE"] and sec.constexprs["STAGGER"] == 0
     sec_paged = sm90_fwd.GluonLaunch(q, q, q, q, lse, cfg=tables.gluon_ws(128), secure=True, page_size=16, **kv).step
     assert sec_paged.constexprs["SECURE"] and sec_paged.constexprs["PAGE_SIZE"] == 16
-    assert sec_paged.constexprs["LOADER_WG_REGS"] == sm90_fwd.LOADER_REGS_SECURE_PAGED  # (the register file holds it)
-    assert 2 * 128 * sec_paged.constexprs["CONSUMER_WG_REGS"] + 128 * sm90_fwd.LOADER_REGS_SECURE_PAGED <= 65536
+    assert sec_paged.constexprs["LOADER_WG_REGS"] == sm90_fwd.LOADER_REGS_PAGED_2WG  # (the register file holds it)
+    assert 2 * 128 * sec_paged.constexprs["CONSUMER_WG_REGS"] + 128 * sm90_fwd.LOADER_REGS_PAGED_2WG <= 65536
     for bad, cfg in ((dict(page_size=8), tables.gluon_ws(128)), (dict(page_size=512), tables.gluon_ws(128)),
                      ({}, replace(tables.gluon_ws(64), block_m=64))):
         x = q if cfg.block_m > 64 else q64

@@ -22,20 +22,22 @@ from ..runtime.tma import EncodedDescriptors, make_descriptors, unwrap_tensordes
 # Register budgets per partition (setmaxnreg): the loader needs almost nothing, the consumers get
 # the rest. 12 warps x MAXNREG must fit the 64K-register file.
 LOADER_REGS = 24
-# A paged cache's loader (page indices per key tile, one copy per page) spills at 24; 32 still fits beside two or
-# three consumer warpgroups (2 x 128 x 240 + 128 x 32 = 3 x 128 x 160 + 128 x 32 = 65536), not beside one (two
-# programs per SM), which the prefill route never plans
+# A paged cache's loader (page indices per key tile, one copy per page) spills at 24; 32 fits beside three consumer
+# warpgroups (3 x 128 x 160 + 128 x 32 = 65536; beside two it gets 48: LOADER_REGS_PAGED_2WG below), not beside one
+# (two programs per SM), which the prefill route never plans
 LOADER_REGS_PAGED = 32
 # Secure mode with key lengths: the loader is a warpgroup that also clears V's rows past the key length in every tile
 # (16-row chunks: 8 registers of data per thread); the same budget as a paged loader's
 LOADER_REGS_SECURE_KEY_LENS = 32
-# ... and reading a paged cache too (each tile's page indices and the next tile's, the clearing's 8 data registers): 48
-# beside two consumer warpgroups of 232 (2 x 128 x 232 + 128 x 48 = 65536). The loader spills less (sm_90a SASS, D 128
-# causal page 16: 15 STL / 25 LDL against 27 / 39 at 32) and secure chunked prefill runs 1.6-4% faster (H200, graph
-# replays, two rounds, 4x32/8 heads, Sq 512 against 8k, D 128 causal: page 16 707 against 719-723 us, page 64 606-610
-# against 632-636; perf-notes v32). Three consumer warpgroups leave no room: they keep 160 and 32
-LOADER_REGS_SECURE_PAGED = 48
-CONSUMER_REGS_SECURE_PAGED = 232
+# A paged cache's loader beside two consumer warpgroups (each tile's page indices and the next tile's; in secure mode
+# also the clearing's 8 data registers): 48, the consumers 232 (2 x 128 x 232 + 128 x 48 = 65536). The loader spills
+# less (sm_90a SASS, D 128 causal page 16: secure 15 STL / 25 LDL against 27 / 39 at 32, fast 13 / 21 against 23 / 31),
+# and chunked prefill runs faster (H200, CUDA-graph replays, two interleaved rounds each, 4x32/8 heads, Sq 512 against
+# 8k, D 128 causal; perf-notes v32): secure page 16 707 against 719-723 us, page 64 606-610 against 632-636; fast page
+# 16 477.5-478.0 against 484.8-484.9 (contiguous, not affected: 441-446 either way). Three consumer warpgroups leave no
+# room: they keep 160 and 32
+LOADER_REGS_PAGED_2WG = 48
+CONSUMER_REGS_PAGED_2WG = 232
 CONSUMER_REGS = 240
 MAXNREG = 168
 # Three consumer warpgroups (16 warps with the padded loader group): 3 x 128 x 160 + 128 x 24 fits.
@@ -136,8 +138,8 @@ class GluonLaunch:
         loader_regs = LOADER_REGS_PAGED if page_size else LOADER_REGS
         if key_lens and secure:
             loader_regs = LOADER_REGS_SECURE_KEY_LENS
-            if page_size and num_wg == 2:
-                consumer_regs, loader_regs = CONSUMER_REGS_SECURE_PAGED, LOADER_REGS_SECURE_PAGED
+        if page_size and num_wg == 2:
+            consumer_regs, loader_regs = CONSUMER_REGS_PAGED_2WG, LOADER_REGS_PAGED_2WG
         constexprs.update(SECURE=bool(secure), SUM_MMA=sum_mma, CONSUMER_WG_REGS=consumer_regs,
                           LOADER_WG_REGS=loader_regs,
                           TRACE=bool(sw.trace) and not secure and not key_lens,
