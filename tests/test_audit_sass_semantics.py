@@ -354,3 +354,44 @@ def test_a_guarded_tma_store_through_a_host_descriptor_writes_its_tensor(guard, 
     rep = analyze_listing(parse_nvdisasm("k:\n" + "\n".join(lines)), PARAMS_HOST_DESC, "k")
     assert not rep.unknown_opcodes, rep.unknown_opcodes
     assert at(rep, 16 * (len(body) - 2)) == ({"address"} if leak else set()), str(rep)
+
+
+# Two divergent paths (threads below 16 take .L_x_1, the rest fall through) that both end with the same guarded
+# write, then join: the write's guard spoke of the threads active on each path, and after the join a thread from the
+# other path may read the value under a guard that holds for the whole warp. (Found by a review of the rules above.)
+_JOIN = "BRA `(.L_x_2)"
+
+
+def _divergent(path: list, use: list) -> tuple:
+    return ("ISETP.LT.U32.AND P1, PT, R0, 0x10, PT", "BSSY B0, `(.L_x_2)", "@P1 BRA `(.L_x_1)", *path, _JOIN,
+            ".L_x_1:", *path, ".L_x_2:", "BSYNC B0", *use, "EXIT")
+
+
+@pytest.mark.parametrize("before,path,use,leak", [
+    # a thread register written under a vote on each path: threads 16+ (no P1) skip the write on theirs, and after the
+    # join a vote of P1 holds (threads 0-15 have it), so they store to the secret address
+    (["MOV R5, R4"], ["VOTEU.ANY UP0, P1", "@UP0 MOV R5, R0", "UISETP.NE.AND UP0, UPT, UR5, URZ, UPT"],
+     ["VOTEU.ANY UP1, P1", "@UP1 STS [R5], R0"], True),
+    # the same vote still defined at the join: it may be either path's
+    (["MOV R5, R4"], ["VOTEU.ANY UP0, P1", "@UP0 MOV R5, R0"], ["@UP0 STS [R5], R0"], True),
+    # a copy of an elected uniform write: on the path without P1 the write did not happen
+    (["R2UR UR9, R4", "MOV R6, R0"], ["@P1 R2UR UR9, R6", "MOV R5, UR9"], ["VOTEU.ANY UP1, P1", "@UP1 STS [R5], R0"],
+     True),
+    # the elected uniform write itself: the path that runs last decides UR9
+    (["R2UR UR9, R4", "MOV R6, R0"], ["@P1 R2UR UR9, R6"], ["VOTEU.ANY UP1, P1", "@UP1 STS [UR9], R0"], True),
+    # a thread's own guard: each thread with P1 wrote R5 on its path
+    (["MOV R5, R4"], ["@P1 MOV R5, R0"], ["@P1 STS [R5], R0"], False),
+])
+def test_guards_that_speak_of_the_active_threads_end_where_paths_join(before, path, use, leak):
+    rep, o = run(*before, *_divergent(path, use))
+    assert at(rep, o[-2]) == ({"address"} if leak else set()), str(rep)
+
+
+@pytest.mark.parametrize("guard", ["", "@P0 "])
+def test_a_write_goes_where_its_address_pointed_before_it_returns_a_value(guard):
+    """``ATOMG ... R8, [R8.64], R4`` writes the secret where R8:R9 pointed (into Y, which held X's pointer), then returns
+    the old value (X's pointer) into R8:R9: a later read of Y sees the secret."""
+    rep, o = run("LDC.64 R8, c[0x0][0x218]", "STG.E.64 desc[UR4][R8.64], R2", "ISETP.LT.U32.AND P0, PT, R0, 0x20, PT",
+                 f"{guard}ATOMG.E.EXCH.64.STRONG.GPU PT, R8, desc[UR4][R8.64], R4", "LDC.64 R12, c[0x0][0x218]",
+                 "LDG.E R14, desc[UR4][R12.64]", "STS [R14], R0", "EXIT")
+    assert at(rep, o[-2]) == {"address"}, str(rep)

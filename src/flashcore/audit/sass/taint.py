@@ -501,6 +501,19 @@ class _State:
         if self.G:
             self.G.pop(loc, None)
 
+    def drop_thread_set_guards(self) -> None:
+        """Entering a block where paths join: drop the guarded values whose guard speaks of the threads that were
+        active where it was taken, which differ between the joining paths (divergent threads run them one after the
+        other). "Some thread has P" (``any:``) held for the threads of one path; and a value written under a vote
+        (``@UP0 MOV R5, ...``) holds in the threads that ran that write: in a thread register, after the join, a thread
+        from the other path may read it under a vote taken on either path. A uniform register or predicate under a
+        uniform guard keeps its entry: it belongs to the warp, and the last path to write it wrote it under the value
+        of the guard that the join sees."""
+        G = self.G
+        for loc in [k for k, e in G.items()
+                    if e[0][0].startswith(_ANY) or (e[0][0].startswith("UP") and not k.startswith(("UR", "UP")))]:
+            del G[loc]
+
     def join_into(self, other: "_State") -> bool:
         """other := other |_| self; returns True if other changed."""
         changed = False
@@ -699,19 +712,17 @@ class _Analyzer:
             # a barrier operation writes its word from its operands (counts, parity); the word's own value stays
             # where it is, so what it read is not written back (into every area an unresolved address may be)
             wt = S.any_t(s.srcs) or gt or at
-        writes = s.writes
+        # where a write goes: its address operands as the instruction reads them, before its destinations change
+        # (``ATOMG ... R8, [R8.64], R4`` writes where R8 pointed, not where the value it returns points), and under its
+        # guard, as the address checks read them (``@UP0 UTMASTG [UR8], [UR6]`` whose UR6 is a host descriptor's address
+        # under UP0 and another pointer otherwise writes that descriptor's tensor)
+        for spec in s.writes:
+            self._write(spec, S, wt, vp, key)
         S.key = None
         mask = FULL if (dt and not s.public_dests) else 0
         extra = FULL if gt else 0
         for d in s.dests:
             S.set(d, mask, _EMPTY if (d[0] == "P" or d.startswith("UP")) else dp, key, extra)
-        # where a predicated write goes: its address operands as they are whenever it runs (under its guard, as the
-        # address checks read them), so ``@UP0 UTMASTG [UR8], [UR6]`` whose UR6 is a host descriptor's address under
-        # UP0 and another pointer otherwise writes that descriptor's tensor
-        S.key = key
-        for spec in writes:
-            self._write(spec, S, wt, vp, key)
-        S.key = None
 
     def _local(self, s: Sem, S: _State, key, gt: bool, at: bool) -> None:
         """LDL/STL with known [R1+imm] slots: per-slot, bit-precise (predicate words get spilled)."""
@@ -1014,6 +1025,12 @@ class _Analyzer:
         nb = len(blocks)
         ins_state: list[_State | None] = [None] * nb
         ins_state[self.entry] = _State()
+        # blocks where paths join (the entry counts its own start): _State.drop_thread_set_guards on the way in
+        joins = [0] * nb
+        joins[self.entry] = 1
+        for blk in blocks:
+            for sb in blk.succs:
+                joins[sb] += 1
         visits = 0
         limit = 500 * max(nb, 1) + 10000
         while True:
@@ -1032,11 +1049,15 @@ class _Analyzer:
                 for i in range(blk.start, blk.end):
                     self._step(i, S, None)
                 for sb in blk.succs:
+                    out = S
+                    if joins[sb] > 1 and S.G:
+                        out = S.copy()
+                        out.drop_thread_set_guards()
                     if ins_state[sb] is None:
-                        ins_state[sb] = S.copy()
+                        ins_state[sb] = out.copy()
                         changed = True
                     else:
-                        changed = S.join_into(ins_state[sb])
+                        changed = out.join_into(ins_state[sb])
                     if changed and sb not in queued:
                         heapq.heappush(heap, sb)
                         queued.add(sb)
