@@ -395,3 +395,62 @@ def test_a_write_goes_where_its_address_pointed_before_it_returns_a_value(guard)
                  f"{guard}ATOMG.E.EXCH.64.STRONG.GPU PT, R8, desc[UR4][R8.64], R4", "LDC.64 R12, c[0x0][0x218]",
                  "LDG.E R14, desc[UR4][R12.64]", "STS [R14], R0", "EXIT")
     assert at(rep, o[-2]) == {"address"}, str(rep)
+
+
+# Leaks a second review found (2026-11-27), most of them in nvcc -O3 output for sm_90a: each listing leaks, and the
+# analysis reported it clean; the public control beside each must stay clean.
+_BRANCH_ON = lambda r: [f"ISETP.GT.AND P6, PT, {r}, RZ, PT", "@P6 BRA `(.L_x_9)", ".L_x_9:", "EXIT"]  # noqa: E731
+
+
+@pytest.mark.parametrize("body,leak", [
+    # __syncthreads_count: the count of threads whose (secret) predicate holds, used as an address
+    (["ISETP.GT.AND P0, PT, R4, RZ, PT", "BAR.RED.POPC.DEFER_BLOCKING 0x0, P0", "B2R.RESULT R7", *_BRANCH_ON("R7")],
+     True),
+    (["ISETP.GT.AND P0, PT, R0, RZ, PT", "BAR.RED.POPC.DEFER_BLOCKING 0x0, P0", "B2R.RESULT R7", *_BRANCH_ON("R7")],
+     False),
+    # __syncthreads_or: the reduction lands in a predicate
+    (["ISETP.NE.AND P0, PT, R4, 0x2a, PT", "BAR.RED.OR.DEFER_BLOCKING 0x0, !P0", "B2R.RESULT RZ, P0", "@!P0 BRA "
+      "`(.L_x_9)", ".L_x_9:", "EXIT"], True),
+    # R2P's byte selector on its operand, as ptxas writes it: bits 8-14 (secret here) into P0-P6
+    (["SHF.L.U32 R7, R4, 0x8, RZ", "LOP3.LUT R7, R7, R0, RZ, 0x3c, !PT", "R2P PR, R7.B1, 0x7f", "@P0 BRA `(.L_x_9)",
+      ".L_x_9:", "EXIT"], True),
+    (["LOP3.LUT R7, R4, 0xff, RZ, 0xc0, !PT", "R2P PR, R7.B1, 0x7f", "@P0 BRA `(.L_x_9)", ".L_x_9:", "EXIT"], False),
+    # a spill read back at another width or offset
+    (["STL [R1+0x4], R4", "LDL.U8 R9, [R1+0x5]", *_BRANCH_ON("R9")], True),
+    (["STL.U16 [R1+0x6], R4", "LDL R9, [R1+0x4]", *_BRANCH_ON("R9")], True),
+    (["STL [R1+0x4], R4", "STL [R1+0x8], R0", "LDL R9, [R1+0x8]", *_BRANCH_ON("R9")], False),
+    # the stack pointer moved: a slot stored before is read at another offset
+    (["STL [R1+0x8], R4", "IADD3 R1, R1, 0x8, RZ", "LDL R9, [R1]", *_BRANCH_ON("R9")], True),
+    # a generic pointer that is shared memory on one path and Y on the other: the load may read the secret tile
+    (["STS [R0], R4", "LDC.64 R10, c[0x0][0x218]", "S2R R7, SR_SWINHI", "LDC R12, c[0x0][0x220]",
+      "ISETP.GT.AND P0, PT, R12, RZ, PT", "@P0 MOV R10, R0", "@P0 MOV R11, R7", "LD.E R14, desc[UR4][R10.64]",
+      *_BRANCH_ON("R14")], True),
+    # texture fetches: a secret coordinate picks the texels (an address); the fetched value is written
+    (["LOP3.LUT R6, R4, 0x3ff, RZ, 0xc0, !PT", "TLD.LZ RZ, R7, R6, UR6, 0x0, 1D, 0x1", "EXIT"], True),
+    # the high word of a funnel shift by 0 is its second operand
+    (["SHF.L.U64.HI R8, R0, 0x0, R4", *_BRANCH_ON("R8")], True),
+    (["SHF.L.U64.HI R8, R4, 0x0, R0", *_BRANCH_ON("R8")], False),
+    # a convergence barrier's thread mask from a secret
+    (["BMOV.32 B0, R4", "BSYNC B0", "EXIT"], True),
+])
+def test_leaks_a_review_of_compiled_code_found(body, leak):
+    rep, o = run(*body)
+    assert (not rep.ok) == leak, str(rep)
+
+
+def test_each_function_of_a_cubin_keeps_its_own_offsets():
+    """nvdisasm starts every function's section at offset 0; the kernel's own instructions are analysed, not the last
+    function's at the same offsets."""
+    body = """leaky:
+        /*0000*/ LDC.64 R2, c[0x0][0x210] ;
+        /*0010*/ ULDC.64 UR4, c[0x0][0x208] ;
+        /*0020*/ LDG.E R4, desc[UR4][R2.64] ;
+        /*0030*/ ISETP.GT.AND P0, PT, R4, RZ, PT ;
+        /*0040*/ @P0 EXIT ;
+        /*0050*/ EXIT ;
+other:
+        /*0000*/ EXIT ;
+"""
+    rep = analyze_listing(parse_nvdisasm(body), PARAMS, "leaky")
+    assert rep.n_instructions == 6 and not rep.ok, str(rep)
+    assert analyze_listing(parse_nvdisasm(body), PARAMS, "other").ok

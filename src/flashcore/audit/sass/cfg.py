@@ -66,7 +66,7 @@ def _build_cfg(listing: Listing, entry_off: int, notes: list[str],
             if not ts and b in ("BRA", "JMP"):
                 for o in x.operands:  # "BRA 0x1f0" style
                     if re.fullmatch(r"0x[0-9a-fA-F]+", o.strip()):
-                        t = pos.get(int(o, 16))
+                        t = pos.get(x.section_base + int(o, 16))  # (an offset inside this function's section)
                         if t is not None:
                             ts.append(t)
             targets[i] = ts

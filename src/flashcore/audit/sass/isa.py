@@ -36,6 +36,7 @@ class Instr:
     operands: list[str]
     targets: list[str]  # label names referenced with `(label)`
     text: str  # instruction text as printed by nvdisasm, without the offset comment
+    section_base: int = 0  # added to nvdisasm's offsets of this function's section (see parse_nvdisasm)
 
     @property
     def base(self) -> str:
@@ -76,10 +77,18 @@ def parse_nvdisasm(text: str) -> Listing:
     labels: dict[str, int] = {}
     pending: list[str] = []
     functions: list[str] = []
+    # nvdisasm starts every function's section at offset 0: a cubin with several functions (a kernel and the device
+    # functions it calls) would have instructions at the same offsets, and the control-flow graph would mix them up.
+    # Each section whose offsets start again is placed after the previous one (section_base)
+    base, prev_raw, last = 0, -1, -0x10
     for line in text.splitlines():
         m = _INSTR_RE.match(line)
         if m:
-            off = int(m.group(1), 16)
+            raw = int(m.group(1), 16)
+            if raw <= prev_raw:
+                base = last + 0x10 - raw
+            prev_raw = raw
+            off = last = base + raw
             for lab in pending:
                 labels[lab] = off
             pending = []
@@ -104,7 +113,7 @@ def parse_nvdisasm(text: str) -> Listing:
             operands = split_operands(opstr)
             if guard in ("PT", "UPT") and not neg:
                 guard = None
-            instrs.append(Instr(off, guard, neg, opcode, operands, targets, body))
+            instrs.append(Instr(off, guard, neg, opcode, operands, targets, body, base))
             continue
         m = _LABEL_RE.match(line)
         if m:
@@ -242,6 +251,12 @@ TIMING = {
 NOPS = {"NOP"}
 SYNC_MEM = {"SYNCS", "ARRIVES"}  # mbarrier operations
 ADDR_ONLY = {"CCTL", "UTMACCTL", "UTMAPF", "UBLKPF", "CCTLT"}
+# special registers holding the shared-memory window's base (generic addresses of shared memory)
+WINDOW_REGS = ("SR_SWINHI", "SR_SWINLO")
+# the location a block-wide predicate reduction (BAR.RED) leaves its result in, for B2R.RESULT
+BARRIER_RESULT = "BRES"
+# texture and surface instructions (their coordinates are plain register operands)
+TEXTURE = ("TEX", "TLD", "TLD4", "TXD", "TMML", "TXQ", "SULD", "SUST")
 LOADS = {"LDG": "G", "LD": "GEN", "LDS": "S", "LDL": "L", "LDSM": "S", "SULD": "GEN", "TEX": "GEN", "TLD": "GEN",
          "TLD4": "GEN", "TXD": "GEN", "TXQ": "GEN", "TMML": "GEN", "LDTRAM": "GEN"}
 STORES = {"STG": "G", "ST": "GEN", "STS": "S", "STL": "L", "STSM": "S", "RED": "GEN", "REDG": "G", "SUST": "GEN",
@@ -404,10 +419,39 @@ def decode(ins: Instr) -> Sem:
     if base in NOPS:
         return Sem("nop")
 
+    if base == "BMOV" and ops and ops[0].kind == "reg" and (ops[0].reg or "").startswith("B"):
+        # a convergence barrier's thread mask set from a register (BSYNC/BREAK then wait for those threads): a mask that
+        # follows a secret decides which threads wait, a timing operand
+        regs = [r for op in ops[1:] if op.kind in ("reg", "pred") for r in _regs_of(op) if not r.startswith("B")]
+        return Sem("timing", timing_srcs=regs)
+
+    if base in ("S2R", "S2UR") and len(ops) == 2 and ops[1].text.split(".")[0] in WINDOW_REGS:
+        # the shared-memory window's base: read as a location, so that an address built from it carries the
+        # provenance the analysis gives it (no pointer argument: a generic access may reach shared or local memory)
+        return Sem("data", dests=_regs_of(ops[0]), srcs=[ops[1].text.split(".")[0]])
+
+    if base == "B2R" and "RESULT" in mods:  # the last BAR.RED's result: its count, or its OR/AND into a predicate
+        dests = [r for op in ops if op.kind in ("reg", "pred") for r in _regs_of(op) if r not in ("RZ", "PT")]
+        return Sem("data", dests=dests, srcs=[BARRIER_RESULT])
+
+    if base in TEXTURE:
+        # texture and surface accesses name their coordinates and handles as plain registers: each is an address
+        # operand (a secret coordinate picks the texels fetched: cache timing), and a fetch may write any register
+        # it names (the destination vector's first register is not always the first operand: ``TLD.LZ RZ, R7, R6``)
+        regs = [r for op in ops if op.kind == "reg" for r in _regs_of(op) + _inner_of(op) if r not in ("RZ", "URZ")]
+        mem_preds = [r for op in ops if op.kind == "pred" for r in _regs_of(op)]
+        loads = base not in STORES
+        dests = [r for op in ops if op.kind == "reg" for r in _regs_of(op, 4) if r not in ("RZ", "URZ")] if loads \
+            else []
+        return Sem("load" if loads else "store", dests=dests, srcs=regs, addr=regs, reads=[("GEN", tuple(regs))],
+                   writes=[] if loads else [("GEN", tuple(regs))], mem_preds=mem_preds, is_memory=True)
+
     # ---------------- barriers / waits / fences ----------------
     if base in TIMING:
         if base == "BAR" and "RED" in mods:
-            dests, srcs, timing = [], [], []
+            # a block-wide reduction of each thread's predicate (__syncthreads_count/_or/_and): its result, read later
+            # by ``B2R.RESULT``, follows every thread's predicate (BARRIER_RESULT), and so may its destination operand
+            dests, srcs, timing = [BARRIER_RESULT], [], []
             for i, op in enumerate(ops):
                 if i == 0 and op.kind == "reg":
                     dests += _regs_of(op)
@@ -722,6 +766,12 @@ def _bit_operand(op: Opnd):
     return None
 
 
+def _operand_suffixes(op: Opnd) -> list[str]:
+    """The dotted suffixes of a register operand (``R7.B1`` -> ["B1"])."""
+    m = _REG_RE.search(op.text)
+    return [x for x in m.group(2).split(".") if x] if m else []
+
+
 def _bitop(base: str, mods: list[str], ops: list[Opnd], didx: list[int]):
     """Describe a bit-precise op, or None (then any tainted source taints every destination bit)."""
     reg_dests = [i for i in didx if ops[i].kind == "reg"]
@@ -729,7 +779,8 @@ def _bitop(base: str, mods: list[str], ops: list[Opnd], didx: list[int]):
         if base in ("R2P", "UR2UP") and len(ops) >= 3 and ops[2].kind == "imm" and _is_int(ops[2].text):
             src = _bit_operand(ops[1])
             shift = 0
-            for m in mods:
+            # the byte selector: on the opcode (R2P.B1) or, as ptxas writes it, on the operand (R2P PR, R7.B1, 0x7f)
+            for m in mods + _operand_suffixes(ops[1]):
                 if m in ("B1", "B2", "B3"):
                     shift = 8 * int(m[1])
             return ("r2p", src, int(ops[2].text, 0), shift) if src else None

@@ -9,7 +9,7 @@ from collections import Counter
 from typing import Iterable
 
 from .cfg import _build_cfg
-from .isa import Instr, Listing, Sem, _inner_regs, decode, parse_operand
+from .isa import WINDOW_REGS, Instr, Listing, Sem, _inner_regs, decode, parse_operand
 from .report import ParamInfo, Report, Violation
 
 _EMPTY: frozenset = frozenset()
@@ -291,6 +291,18 @@ def _lop3_bit(lut: int, states: tuple, alias: int | None) -> tuple[bool, bool]:
             depends = True
     _LOP3_CACHE[key] = (depends, may_change)
     return depends, may_change
+
+
+def _local_overlaps(S, off: int) -> list:
+    """Local slots (``L:<offset>``, 4 bytes from their offset) other than ``off`` that share bytes with it: a spill
+    read back at another width or offset (``STL [R1+0x4]``, then ``LDL.U8 [R1+0x5]``)."""
+    out = []
+    for k in set(S.T) | set(S.P):
+        if k.startswith("L:") and k != f"L:{off}":
+            o = int(k[2:])
+            if o < off + 4 and off < o + 4:
+                out.append(k)
+    return out
 
 
 _ANY = "any:"  # guard key prefix: "some active thread has this predicate" (_State._guarded)
@@ -587,9 +599,9 @@ class _Analyzer:
                         p = p | v
             else:
                 for s in slots:
-                    key = f"L:{s}"
-                    t = t or S.t(key)
-                    p = p | S.p(key)
+                    for key in (f"L:{s}", *_local_overlaps(S, s)):
+                        t = t or S.t(key)
+                        p = p | S.p(key)
             return t, p
         if kind == "TMA":
             prov = S.prov(spec[1])
@@ -622,6 +634,8 @@ class _Analyzer:
             else:
                 for s in slots:
                     S.set(f"L:{s}", FULL if t else 0, p, guard_key)
+                    for other in _local_overlaps(S, s):
+                        S.weak(other, FULL if t else 0, p)
         elif kind == "TMA":
             prov = S.prov(spec[1])
             if prov == {PARAM_SPACE} and env.host_descs:
@@ -652,6 +666,15 @@ class _Analyzer:
     def _step(self, i: int, S: _State, sink: list | None) -> None:
         self.env.epoch = self.epochs[i]
         self._step_effects(i, S, sink)
+        if "R1" in self.sems[i].dests:
+            # the stack pointer moved (a callee's frame, or the prologue's MOV R1, c[0x0][0x28]): [R1+imm] no longer
+            # names the bytes it named, so every slot stored so far may be read back at any offset (L*)
+            m, p = 0, _EMPTY
+            for k in [k for k in (set(S.T) | set(S.P)) if k.startswith("L:")]:
+                m |= FULL if S.T.get(k) else 0
+                p = p | S.P.get(k, _EMPTY)
+            if m or p:
+                S.weak("L*", m, p)
         d = self.pred_defs[i]
         if d is not None:
             S.define_pred(*d)
@@ -734,15 +757,22 @@ class _Analyzer:
             for off, r in zip(slots, regs):
                 loc = f"L:{off}"
                 m = S.m(loc) | star_m | (FULL if at else 0)
-                vals.append((r, m, S.p(loc) | star_p))
+                p = S.p(loc) | star_p
+                for other in _local_overlaps(S, off):  # a slot stored at another offset that shares bytes with it
+                    if S.T.get(other):
+                        m = FULL
+                    p = p | S.P.get(other, _EMPTY)
+                vals.append((r, m, p))
             S.key = None
             for r, m, p in vals:
                 S.set(r, m, p, key, extra)
         else:
             vals = [(f"L:{off}", S.m(r) | (FULL if at else 0), S.p(r)) for off, r in zip(slots, regs)]
             S.key = None
-            for loc, m, p in vals:
+            for (loc, m, p), off in zip(vals, slots):
                 S.set(loc, m, p, key, extra)
+                for other in _local_overlaps(S, off):  # bytes of a slot stored at another offset: joined
+                    S.weak(other, FULL if (m or extra) else 0, p)
 
     def _opmask(self, S: _State, op: tuple) -> tuple[int, int | None]:
         kind = op[0]
@@ -784,8 +814,8 @@ class _Analyzer:
         elif kind == "shf":
             _, dest, a, b, sh, left, hi, signed = bop
             ma, mb = self._opmask(S, a)[0], self._opmask(S, b)[0]
-            if sh == 0:
-                mask = mb if (hi and not left) else ma
+            if sh == 0:  # the high word of {b:a} is b, the low word a, shifted left or right
+                mask = mb if hi else ma
             elif sh >= 32:
                 mask = FULL if (ma or mb) else 0
             elif left and not hi:
@@ -1024,7 +1054,9 @@ class _Analyzer:
         blocks = self.blocks
         nb = len(blocks)
         ins_state: list[_State | None] = [None] * nb
-        ins_state[self.entry] = _State()
+        # the shared-memory window's base (generic addresses of shared memory: ``S2R R7, SR_SWINHI``) is no pointer
+        # argument: a generic access through an address built from it may touch shared or local memory
+        ins_state[self.entry] = _State(P={r: frozenset({_UNKNOWN}) for r in WINDOW_REGS})
         # blocks where paths join (the entry counts its own start): _State.drop_thread_set_guards on the way in
         joins = [0] * nb
         joins[self.entry] = 1
