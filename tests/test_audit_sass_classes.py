@@ -73,6 +73,35 @@ def test_secret_float_scalar_is_not_specialised():
     assert sass_taint(k_add_scalar, sig, {"BLOCK": 128}, {"n"}).ok
 
 
+def _heuristic_and_autotuned_kernels():
+    def body(X, Y, n, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        if EVEN:
+            tl.store(Y + offs, tl.load(X + offs))
+        else:
+            tl.store(Y + offs, tl.load(X + offs, mask=offs < n))
+
+    kj = triton.jit(body, do_not_specialize=["n"])
+    by_n = triton.heuristics({"EVEN": lambda a: a["n"] % a["BLOCK"] == 0})(kj)
+    by_block = triton.heuristics({"EVEN": lambda a: a["BLOCK"] > 64})(kj)
+    tuned = triton.autotune(configs=[triton.Config({}, num_warps=4), triton.Config({}, num_warps=8)], key=["n"])(kj)
+    return by_n, by_block, tuned
+
+
+def test_a_heuristic_or_autotune_key_that_reads_a_secret_chooses_the_binary():
+    """triton.heuristics computes constexprs from the arguments, triton.autotune picks a configuration per value of its
+    key: either reading a secret scalar chooses the machine code (found by a review, 2026-11-27: the wrappers were
+    stripped unread)."""
+    by_n, by_block, tuned = _heuristic_and_autotuned_kernels()
+    sig = {"X": "*i32", "Y": "*i32", "n": "i32", "BLOCK": "constexpr", "EVEN": "constexpr"}
+    ce = {"BLOCK": 128, "EVEN": True}
+    for fn in (by_n, tuned):
+        rep = sass_taint(fn, sig, ce, {"n"})
+        assert kinds(rep) == {"specialisation"}, str(rep)
+    assert sass_taint(by_block, sig, ce, {"n"}).ok  # a heuristic of public facts only
+    assert sass_taint(by_n, sig, ce, {"X"}).ok  # n public
+
+
 def test_secret_constexpr_selects_the_binary():
     rep = sass_taint(k_add_scalar, SIG_ADD, {"BLOCK": 128}, {"BLOCK"})
     assert kinds(rep) == {"specialisation"}, str(rep)
@@ -99,14 +128,23 @@ def _barrier_kernel():
         def as_words(bar):
             return bar._reinterpret(gl.int32, [2], gl.SwizzledSharedLayout(1, 1, 1, [0]))
 
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+
+    # cp.async into shared memory: ``async_copy_global_to_shared`` up to triton 3.8, ``async_load`` in 3.9
+    cp_async = async_copy.async_load if hasattr(async_copy, "async_load") else async_copy.async_copy_global_to_shared
+
     @gluon.jit
     def k_barrier_word(X, Y, POISON: gl.constexpr):
         bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(bar, count=1)
         offs = gl.arange(0, 2, layout=gl.BlockedLayout([1], [32], [4], [0]))
         x = gl.load(X + offs)
-        if POISON:  # the barrier's memory, seen as two int32 words, receives the loaded values
+        if POISON == 1:  # the barrier's memory, seen as two int32 words, receives the loaded values
             as_words(bar).store(x)
+        if POISON == 2:  # the same by cp.async, straight from global memory
+            cp_async(as_words(bar), X + offs)
+            async_copy.commit_group()
+            async_copy.wait_group(0)
         mbarrier.wait(bar, 0)
         gl.store(Y + offs, x)
 
@@ -121,6 +159,16 @@ def test_secret_stored_into_an_mbarrier_word_makes_its_wait_loop_leak():
     assert any(v.opcode == "BRA" and any("SYNCS" in t for t in v.trace) for v in bad.violations), str(bad)
     assert sass_taint(fn, sig, {"POISON": 1}, set()).ok
     assert sass_taint(fn, sig, {"POISON": 0}, {"X"}).ok  # the same wait, the barrier left alone
+
+
+def test_secret_copied_into_an_mbarrier_word_by_cp_async_makes_its_wait_loop_leak():
+    """cp.async (LDGSTS) writes at its destination's resolved offset: into the control area here (found by a review,
+    2026-11-27: the copy was placed in the data area whatever its address)."""
+    fn = _barrier_kernel()
+    sig = {"X": "*i32", "Y": "*i32", "POISON": "constexpr"}
+    bad = sass_taint(fn, sig, {"POISON": 2}, {"X"})
+    assert "branch" in kinds(bad), str(bad)
+    assert sass_taint(fn, sig, {"POISON": 2}, set()).ok
 
 
 PARAMS = [

@@ -66,13 +66,14 @@ def sass_taint(fn, signature: dict, constexprs: dict | None, secret: Iterable[st
     (scalars) is secret.  Returns a :class:`Report`; ``report.ok`` means no violation.
     """
     secret = set(secret or ())
+    wrapper_violations = launcher_choice_violations(fn, secret)
     jfn = _unwrap_jit(fn)
     check_secret_names(jfn, signature, secret)
     comp = compile_cubin(jfn, signature, constexprs, target, num_warps, num_stages, attrs, maxnreg)
     expected = _expand_params(jfn, signature, comp.constant_keys, comp.tensordesc_meta)
     layout = comp.smem
     rep = analyze_cubin(comp.cubin, comp.kernel, expected, secret, layout.split if layout else None)
-    rep.violations[:0] = specialisation_violations(jfn, signature, constexprs or {}, secret)
+    rep.violations[:0] = wrapper_violations + specialisation_violations(jfn, signature, constexprs or {}, secret)
     if layout is not None and (layout.control_from is not None or layout.control):
         rep.notes.append(layout.describe())  # the split in use, or why a kernel with barriers has none
     cap = target if isinstance(target, int) else int(target[0]) * 10 + int(target[1])
@@ -102,6 +103,45 @@ def check_secret_names(jfn, signature: dict, secret: set[str]) -> None:
     if bad:
         raise ValueError(f"secret names are not arguments of {jfn.__name__} (or fields D.shape, D.shape<k>, "
                          f"D.strides, D.stride<k>, D.desc of a tensor-descriptor argument D): {sorted(bad)}")
+
+
+def _code_names(code) -> set[str]:
+    """Every string constant and name a function's code (and the code nested in it) mentions."""
+    out = set(code.co_names) | set(code.co_varnames)
+    for c in code.co_consts:
+        if isinstance(c, str):
+            out.add(c)
+        elif hasattr(c, "co_consts"):
+            out |= _code_names(c)
+    return out
+
+
+def launcher_choice_violations(fn, secret: set[str]) -> list[Violation]:
+    """Wrappers that choose the binary from the call's arguments, outside the kernel: ``triton.heuristics`` computes
+    constexprs from them (a heuristic that reads a secret makes the secret choose the machine code), and
+    ``triton.autotune`` benchmarks and picks a configuration per value of its ``key`` arguments (a secret key: the
+    binary, and a benchmarking run at each new value). A heuristic whose code cannot be read counts as reading every
+    argument."""
+    out, seen = [], 0
+    while seen < 8 and type(fn).__name__ in ("Heuristics", "Autotuner"):
+        kind = type(fn).__name__
+        if kind == "Heuristics":
+            for name, rule in getattr(fn, "values", {}).items():
+                code = getattr(rule, "__code__", None)
+                read = (_code_names(code) & secret) if code is not None else set(secret)
+                if read:
+                    out.append(Violation(-1, "LAUNCH", "specialisation", f"heuristic {name}: reads {sorted(read)}",
+                                         "triton.heuristics computes this constexpr from the arguments: a secret "
+                                         "argument chooses the binary that runs"))
+        elif kind == "Autotuner":
+            keys = set(getattr(fn, "keys", None) or getattr(fn, "key", None) or ())
+            if keys & secret:
+                out.append(Violation(-1, "LAUNCH", "specialisation", f"autotune key {sorted(keys & secret)}",
+                                     "triton.autotune picks (and benchmarks) a configuration per value of its key "
+                                     "arguments: a secret key chooses the binary"))
+        fn = getattr(fn, "fn", None)
+        seen += 1
+    return out
 
 
 def specialisation_violations(jfn, signature: dict, constexprs: dict, secret: set[str]) -> list[Violation]:

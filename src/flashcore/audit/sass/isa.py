@@ -574,8 +574,10 @@ def decode(ins: Instr) -> Sem:
         if base == "LDGSTS":
             dst = _inner_of(mem_ops[0]) if mem_ops else []
             src = _inner_of(mem_ops[1]) if len(mem_ops) > 1 else []
-            return Sem("copy", srcs=[], addr=dst + src + other_regs, reads=[("G", tuple(src))], writes=[("S",)],
-                       mem_preds=mem_preds, is_memory=True)
+            # (the destination's immediate, so that an address resolved to the barriers' range lands in the control
+            # area: _resolve_shared_offsets; a cp.async into an mbarrier word makes its waits follow the data)
+            return Sem("copy", srcs=[], addr=dst + src + other_regs, reads=[("G", tuple(src))],
+                       writes=[("S", mem_ops[0].imm if mem_ops else 0)], mem_preds=mem_preds, is_memory=True)
         ndim = 5
         for m in mods:
             mm = re.fullmatch(r"([1-5])D", m)
@@ -593,9 +595,10 @@ def decode(ins: Instr) -> Sem:
             vec = _inner_of(mem_ops[0], width) if mem_ops else []
             desc = _inner_of(mem_ops[1], 2) if len(mem_ops) > 1 else []
             addr = vec + desc + other_regs
-            if base == "UTMALDG":
-                return Sem("copy", addr=addr, reads=[("TMA", tuple(desc))], writes=[("S",)], mem_preds=mem_preds,
-                           is_memory=True, desc=tuple(desc))
+            if base == "UTMALDG":  # (the destination's immediate: as LDGSTS's)
+                dst_imm = mem_ops[0].imm if mem_ops else 0
+                return Sem("copy", addr=addr, reads=[("TMA", tuple(desc))], writes=[("S", dst_imm)],
+                           mem_preds=mem_preds, is_memory=True, desc=tuple(desc))
             return Sem("copy", addr=addr, reads=[("S",)], writes=[("TMA", tuple(desc))], mem_preds=mem_preds,
                        is_memory=True, desc=tuple(desc))
         # UBLKCP.S.G [smem], [global], size  /  UBLKCP.G.S [global], [smem], size  /  UBLKRED.G.S ...
@@ -604,8 +607,8 @@ def decode(ins: Instr) -> Sem:
         addr = a0 + a1 + other_regs
         to_shared = len(mods) >= 2 and mods[0] == "S"
         if base == "UBLKCP" and to_shared:
-            return Sem("copy", addr=addr, reads=[("G", tuple(a1))], writes=[("S",)], mem_preds=mem_preds,
-                       is_memory=True)
+            return Sem("copy", addr=addr, reads=[("G", tuple(a1))], writes=[("S", mem_ops[0].imm if mem_ops else 0)],
+                       mem_preds=mem_preds, is_memory=True)
         return Sem("copy", addr=addr, reads=[("S",)], writes=[("G", tuple(a0))], mem_preds=mem_preds,
                    is_memory=True)
 
