@@ -510,8 +510,6 @@ def decode(ins: Instr) -> Sem:
         space = LOADS.get(base) or STORES.get(base) or ATOMICS.get(base)
         if base in ("LDSM", "STSM"):
             w = _ldsm_width(mods)
-        elif base in ("TEX", "TLD", "TLD4", "TXD", "SULD", "SUST", "TMML", "TXQ"):
-            w = 4
         else:
             w = _mem_width(mods)
         mem_ops = [op for op in ops if op.kind == "mem"]
