@@ -221,6 +221,8 @@ def pack_varlen(case: Case):
 KERNELS = ("secure", "secure_decode", "secure_prefill", "fast_varlen", "fast_dense")
 # The secure kernels among them: dense attention, the KV-cache decode step, and KV-cache chunked prefill
 SECURE_KINDS = ("secure", "secure_decode", "secure_prefill")
+# the KV-cache calls among them: their padding is the cache past the lengths, and they take a page size
+KV_KINDS = ("secure_decode", "secure_prefill")
 # secure_prefill's queries per sequence: enough for the Gluon kernel's route at D 64 and 128 (plan.prefill), one
 # 128-row work item per query head
 PREFILL_QUERIES = 128
@@ -277,7 +279,7 @@ def make_call(kind: str, case: Case, *, causal: bool, lens_mode: str = "cross", 
         def call():
             return flashcore.attention(q, k, v, causal=causal, seqlens_q=sq, seqlens_k=sk, secure=True, backend=backend)
         return call
-    if kind in ("secure_decode", "secure_prefill"):
+    if kind in KV_KINDS:
         qd = (case.q[:, :, :1, :] if kind == "secure_decode" else prefill_queries(case.q)).transpose(1, 2).contiguous()
         kc, vc = (t.transpose(1, 2).contiguous() for t in (case.k, case.v))
         sk, table = case.seqlens_k, None

@@ -449,7 +449,7 @@ def child_main(argv=None) -> int:
             try:
                 fn = I.make_call(cfg["kernel"], cases[cname], causal=cfg["causal"],
                                  lens_mode=cfg["lens_mode"] if cfg["kernel"] == "secure" else "cross", backend=a.backend,
-                                 page_size=a.page_size if cfg["kernel"] in ("secure_decode", "secure_prefill") else 0)
+                                 page_size=a.page_size if cfg["kernel"] in I.KV_KINDS else 0)
                 out = fn()
                 for _ in range(max(0, a.warmup - 1)):
                     out = fn()
@@ -461,7 +461,7 @@ def child_main(argv=None) -> int:
             outs[cname] = out
         if cfg["kernel"] == "secure":
             checks[key] = _output_checks(cases, outs)
-        elif cfg["kernel"] in ("secure_decode", "secure_prefill"):
+        elif cfg["kernel"] in I.KV_KINDS:
             checks[key] = _decode_output_checks(cases, outs)
     launches = []
     for rep in range(a.reps):

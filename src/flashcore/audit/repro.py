@@ -40,7 +40,7 @@ def _mode_call(mode: str, case, backend: str):
         return I.make_call("secure", case, causal=True, lens_mode="self", backend=backend)
     if mode == "secure_cross":
         return I.make_call("secure", case, causal=False, lens_mode="cross", backend=backend)
-    if mode in ("secure_decode", "secure_prefill"):
+    if mode in I.KV_KINDS:
         return I.make_call(mode, case, causal=True, backend=backend)
     if mode == "fast_dense":
         return I.make_call("fast_dense", case, causal=False, backend=backend)

@@ -61,7 +61,6 @@ SECURE_TESTS = ("fixed_vs_random", "short_vs_long", "pad_zeros_vs_random", "valu
 # (``attention_with_kvcache(..., secure=True)``: one query token per sequence, the cache's length secret) and KV-cache
 # chunked prefill (the same call with ``_inputs.PREFILL_QUERIES`` query tokens per sequence)
 SECURE_KERNELS = ("secure", "secure_decode", "secure_prefill")
-KV_KERNELS = ("secure_decode", "secure_prefill")
 POWER_TESTS = ("values_zeros_vs_random",)
 CONTRAST_TESTS = ("short_vs_long", "fixed_vs_random")
 CONTROL_TESTS = ("values_zeros_vs_random", "short_vs_long")
@@ -155,7 +154,7 @@ class Slots:
         if self.kernel == "secure":
             return ((self.B, self.H, self.S_max, self.D), (self.B, self.Hkv, self.S_max, self.D),
                     (self.B, self.Hkv, self.S_max, self.D))
-        if self.kernel in KV_KERNELS:  # q [B, 1 or PREFILL_QUERIES, H, D]; contiguous caches [B, S_max, Hkv, D]
+        if self.kernel in I.KV_KINDS:  # q [B, 1 or PREFILL_QUERIES, H, D]; contiguous caches [B, S_max, Hkv, D]
             sq = 1 if self.kernel == "secure_decode" else I.PREFILL_QUERIES
             return ((self.B, sq, self.H, self.D), (self.B, self.S_max, self.Hkv, self.D),
                     (self.B, self.S_max, self.Hkv, self.D))
@@ -181,7 +180,7 @@ class Slots:
             def fn(q=q, k=k, v=v, sk=sk):
                 return flashcore.attention(q, k, v, causal=causal, seqlens_k=sk, secure=self.secure_mode,
                                            backend=backend)
-        elif self.kernel in KV_KERNELS:
+        elif self.kernel in I.KV_KINDS:
             sk = torch.full((self.B,), spec.length, dtype=torch.int32, device=self.dev)
             slot["sk"] = sk
 
@@ -223,7 +222,7 @@ class Slots:
                 for t in (slot["q"], slot["k"], slot["v"]):
                     t[:, :, L:, :] = 0
             slot["sk"].fill_(spec.length)
-        if self.kernel in KV_KERNELS:  # the cache's positions past its length are the padding
+        if self.kernel in I.KV_KINDS:  # the cache's positions past its length are the padding
             if spec.pad == "zeros":
                 for t in (slot["k"], slot["v"]):
                     t[:, spec.length:] = 0

@@ -296,13 +296,12 @@ def _lop3_bit(lut: int, states: tuple, alias: int | None) -> tuple[bool, bool]:
 def _local_overlaps(S, off: int) -> list:
     """Local slots (``L:<offset>``, 4 bytes from their offset) other than ``off`` that share bytes with it: a spill
     read back at another width or offset (``STL [R1+0x4]``, then ``LDL.U8 [R1+0x5]``)."""
-    out = []
-    for k in set(S.T) | set(S.P):
-        if k.startswith("L:") and k != f"L:{off}":
-            o = int(k[2:])
-            if o < off + 4 and off < o + 4:
-                out.append(k)
-    return out
+    return [k for k in _local_slots(S) if k != f"L:{off}" and int(k[2:]) < off + 4 and off < int(k[2:]) + 4]
+
+
+def _local_slots(S) -> list:
+    """The local-memory slots (``L:<offset>``) that hold a value in state ``S``."""
+    return [k for k in set(S.T) | set(S.P) if k.startswith("L:")]
 
 
 _ANY = "any:"  # guard key prefix: "some active thread has this predicate" (_State._guarded)
@@ -670,7 +669,7 @@ class _Analyzer:
             # the stack pointer moved (a callee's frame, or the prologue's MOV R1, c[0x0][0x28]): [R1+imm] no longer
             # names the bytes it named, so every slot stored so far may be read back at any offset (L*)
             m, p = 0, _EMPTY
-            for k in [k for k in (set(S.T) | set(S.P)) if k.startswith("L:")]:
+            for k in _local_slots(S):
                 m |= FULL if S.T.get(k) else 0
                 p = p | S.P.get(k, _EMPTY)
             if m or p:
