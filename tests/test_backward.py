@@ -269,6 +269,54 @@ def test_config_names_round_trip_and_deterministic_never_uses_atomics():
                 assert not cfg.atomic_dq
 
 
+def test_the_hopper_table_adds_dq_inside_the_gluon_kernel_at_d128_without_gqa():
+    """v33's rows: dQ inside the Gluon dK/dV kernel at D=128 with one query head per K/V head, bf16 and fp16;
+    GQA, D=64, D=256, fp32 and deterministic=True keep the dQ kernel."""
+    def fused(**kw):
+        args = dict(head_dim=128, dtype_name="bf16", causal=True, deterministic=False, group=1) | kw
+        return backward_config((9, 0), **args).atomic_dq
+
+    assert fused() and fused(causal=False) and fused(dtype_name="fp16")
+    assert not fused(group=2) and not fused(group=8)
+    assert not fused(head_dim=64) and not fused(head_dim=256) and not fused(dtype_name="fp32")
+    assert not fused(deterministic=True)
+    assert not backward_config(None, head_dim=128, dtype_name="fp32", causal=True, deterministic=False).atomic_dq
+
+
+@interp
+def test_a_gluon_form_that_cannot_serve_runs_the_dq_kernel_not_triton_atomics():
+    """A configuration with a Gluon form and dQ inside it, on views the Gluon kernel cannot take (varlen here):
+    the Triton dK/dV kernel runs with the dQ kernel after it (its per-thread atomics lost everywhere, v19), and the
+    gradients match the reference."""
+    from flashcore.launch.triton_bwd import BackwardLaunch
+
+    built = []
+    real_init = BackwardLaunch.__init__
+
+    def spy(self, *a, **kw):
+        real_init(self, *a, **kw)
+        built.append(self)
+
+    g = torch.Generator().manual_seed(9)
+    cq = torch.tensor([0, 17, 57], dtype=torch.int32)
+    ck = torch.tensor([0, 33, 54], dtype=torch.int32)
+    q, do = (torch.randn(57, 2, 32, generator=g) for _ in range(2))
+    k, v = (torch.randn(54, 2, 32, generator=g) for _ in range(2))
+    cfg = replace(INTERPRETER, atomic_dq=True, gluon_dkdv=(64, 128, 8, 2))
+    out, lse = ops.attention_varlen_fwd_grad(q, k, v, cq, ck, 40, 33, True, 32 ** -0.5, False)
+    BackwardLaunch.__init__ = spy
+    try:
+        got = ops.varlen_backward(do, q, k, v, out, lse, None, cq, ck, 40, 33, True, 32 ** -0.5, False, config=cfg)
+    finally:
+        BackwardLaunch.__init__ = real_init
+    assert len(built) == 1 and not built[0].atomic and built[0].dq is not None and built[0].hopper_dkdv is None
+    qd, kd, vd = (t.double().requires_grad_(True) for t in (q, k, v))
+    o2 = reference.attention_varlen(qd, kd, vd, cq, ck, 40, 33, causal=True, scale=32 ** -0.5)
+    o2.backward(do.double())
+    for name, a_, b_ in (("dq", got[0], qd.grad), ("dk", got[1], kd.grad), ("dv", got[2], vd.grad)):
+        assert rel(a_, b_) < 1e-5, f"{name}: {rel(a_, b_):.2e}"
+
+
 @interp
 def test_a_repeat_backward_replays_its_cached_launch_on_new_tensors():
     """The second backward with the same metadata reuses the first one's launch (plan cache) with new pointers and
@@ -292,17 +340,31 @@ def test_a_repeat_backward_replays_its_cached_launch_on_new_tensors():
     assert before >= 1 and launches() == before
 
 
-@pytest.mark.parametrize("head_dim,causal", [(128, False), (128, True), (64, False), (64, True)])
-def test_hopper_dkdv_machine_code(head_dim, causal):
+@pytest.mark.parametrize("head_dim,causal,fused", [(128, False, False), (128, True, False), (64, False, False),
+                                                   (64, True, False), (128, False, True), (128, True, True)],
+                         ids=["d128", "d128-causal", "d64", "d64-causal", "d128-dq", "d128-causal-dq"])
+def test_hopper_dkdv_machine_code(head_dim, causal, fused):
     """The Hopper dK/dV kernel as the planner launches it, compiled for sm_90a here (no GPU): warp-specialised
-    (register reallocation between partitions), fed by TMA, both of its register-operand products (dV += P^T dO,
-    dK += dS^T Q) on wgmma with P and dS in registers, and no spills."""
+    (register reallocation between partitions) and fed by TMA. D=64 (one consumer warpgroup) keeps P and dS in
+    registers as the left operands of dV += P^T dO and dK += dS^T Q; D=128 (two) reads them from shared memory
+    (v33: 4-6% faster there, 7-8% slower at D=64). No spills, except the fused-dQ form's: that form adds dQ by the
+    copy engine's reduce-add (UTMAREDG, never per-thread atomics) and spills a few scalars (Triton 3.6: 5 / 8 STL
+    full / causal, 3.9: 4 / 11), never the tiles: the bound below fails if the dQ accumulator or a tile spills."""
     from conftest import gluon_bwd_sass
 
-    sass = gluon_bwd_sass(head_dim, causal)
+    sass = gluon_bwd_sass(head_dim, causal, fused_dq=fused)
     assert "USETMAXREG" in sass
     assert "UTMALDG" in sass
     hgmma = [ln.split("HGMMA.")[1] for ln in sass.splitlines() if "HGMMA." in ln]
     from_registers = [h for h in hgmma if h.split(",")[1].strip().startswith("R")]
-    assert from_registers and len(from_registers) < len(hgmma), "P and dS from registers, S^T and dP^T from shared"
-    assert "STL" not in sass and "LDL" not in sass, "register spills"
+    if head_dim == 64:
+        assert from_registers and len(from_registers) < len(hgmma), "P and dS from registers, S^T and dP^T from shared"
+    else:
+        assert hgmma and not from_registers, "every product's operands from shared memory"
+    reductions = [ln for ln in sass.splitlines() if "RED" in ln and "REDUX" not in ln]
+    if fused:
+        assert reductions and all("UTMAREDG" in ln for ln in reductions), "dQ by the copy engine's reduce-add only"
+        assert sass.count("STL") <= 12 and sass.count("LDL") <= 24, (sass.count("STL"), sass.count("LDL"))
+    else:
+        assert not reductions
+        assert "STL" not in sass and "LDL" not in sass, "register spills"

@@ -118,8 +118,8 @@ def test_hopper_dkdv_kernel_runs_and_matches_the_triton_kernel(shape, dtype, mon
     scale = D ** -0.5
     out, lse = flashcore.attention(q, k, v, causal=causal, return_lse=True)
     cfg = backward_config((9, 0), head_dim=D, dtype_name={torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype],
-                          causal=causal, deterministic=False)
-    assert cfg.gluon_dkdv is not None
+                          causal=causal, deterministic=True)  # the form with dQ on its own kernel
+    assert cfg.gluon_dkdv is not None and not cfg.atomic_dq
     runs = []
     real_run = sm90_bwd.HopperDkdvLaunch.run
     monkeypatch.setattr(sm90_bwd.HopperDkdvLaunch, "run", lambda self, *a: (runs.append(1), real_run(self, *a)))
@@ -137,7 +137,7 @@ def test_hopper_dkdv_kernel_runs_and_matches_the_triton_kernel(shape, dtype, mon
         assert _rel(x, w) < 1e-2, f"{name}: {_rel(x, w):.2e} from the Triton kernel's"
         err, base = _rel(x, r), _rel(lo, r)
         assert err <= 2 * base + 1e-3, f"{name}: error {err:.2e} > 2 x {base:.2e} + 1e-3"
-    # dQ inside the Gluon kernel (atomics): the same dK/dV bits, dQ to rounding, and the FA rule
+    # dQ inside the Gluon kernel (the copy engine's reduce-add): the same dK/dV bits, dQ to rounding, the FA rule
     fused = ops.dense_backward(do, q, k, v, out, lse, None, causal, scale, False, False,
                                config=replace(cfg, atomic_dq=True))
     assert len(runs) == 2
@@ -146,6 +146,57 @@ def test_hopper_dkdv_kernel_runs_and_matches_the_triton_kernel(shape, dtype, mon
     assert _rel(fused[0], want[0]) < 1e-2, f"dq: {_rel(fused[0], want[0]):.2e} from the Triton kernel's"
     err, base = _rel(fused[0], ref[1]), _rel(low[1], ref[1])
     assert err <= 2 * base + 1e-3, f"fused dq: error {err:.2e} > 2 x {base:.2e} + 1e-3"
+
+
+FUSED_GRID = [
+    # B, H, Sq, Sk, causal (D=128, no GQA: the planner's rows that add dQ inside the Gluon kernel)
+    (2, 4, 300, 300, False),
+    (1, 4, 1024, 1024, True),
+    (1, 4, 511, 777, True),
+    (1, 2, 777, 511, True),   # rows that see no key
+    (2, 3, 64, 1000, False),  # one query tile
+]
+
+
+@pytest.mark.skipif(torch.cuda.get_device_capability()[0] != 9, reason="the Gluon dK/dV kernel is sm_90 only")
+@pytest.mark.parametrize("shape", FUSED_GRID, ids=lambda s: "x".join(map(str, s[:4])) + ("c" if s[4] else ""))
+def test_the_default_d128_backward_adds_dq_inside_the_gluon_kernel(shape, monkeypatch):
+    """Without GQA at D=128, autograd's backward computes dQ inside the Gluon dK/dV kernel (counted: its launch
+    gets the fp32 dQ buffer, and the dQ kernel never runs). Its gradients follow the FA rule, agree with
+    ``deterministic=True``'s (dQ on its own kernel) to rounding, and dK/dV are bitwise the same."""
+    from flashcore.launch import sm90_bwd, triton_bwd
+
+    B, H, Sq, Sk, causal = shape
+    g = torch.Generator(device="cuda").manual_seed(hash(shape) % 2**31 + 3)
+    q = torch.randn(B, Sq, H, 128, device="cuda", generator=g, dtype=torch.bfloat16)
+    k, v = (torch.randn(B, Sk, H, 128, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2))
+    do = torch.randn(B, Sq, H, 128, device="cuda", generator=g, dtype=torch.bfloat16)
+    fused, dq_kernel = [], []
+    real_run = sm90_bwd.HopperDkdvLaunch.run
+    monkeypatch.setattr(sm90_bwd.HopperDkdvLaunch, "run",
+                        lambda self, *a: (fused.append(len(a) > 8 and a[8] is not None), real_run(self, *a)))
+    real_step = triton_bwd.KernelStep.run
+    monkeypatch.setattr(triton_bwd.KernelStep, "run",
+                        lambda self, *a: (dq_kernel.append(self.fn.__name__ == "attn_bwd_dq_kernel"),
+                                          real_step(self, *a)))
+    grads = {}
+    for det in (False, True):
+        ins = [t.clone().requires_grad_() for t in (q, k, v)]
+        _poison_allocator()
+        flashcore.attention(*ins, causal=causal, layout="bshd", deterministic=det).backward(do)
+        grads[det] = [t.grad for t in ins]
+    assert fused == [True, False], fused
+    assert sum(dq_kernel) == 1, "the dQ kernel ran in the default backward"
+    (dq, dk, dv), (dq_d, dk_d, dv_d) = grads[False], grads[True]
+    assert torch.equal(dk, dk_d) and torch.equal(dv, dv_d)
+    assert torch.isfinite(dq).all()
+    assert _rel(dq, dq_d) < 1e-2, f"dq: {_rel(dq, dq_d):.2e} from the dQ kernel's"
+    tr = lambda t: t.transpose(1, 2)  # noqa: E731
+    ref = _math(tr(q), tr(k), tr(v), tr(do), causal, torch.float32)
+    low = _math(tr(q), tr(k), tr(v), tr(do), causal, torch.bfloat16)
+    for name, x, r, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), ref[1:], low[1:]):
+        err, base = _rel(tr(x), r), _rel(lo, r)
+        assert err <= 2 * base + 1e-3, f"{name}: error {err:.2e} > 2 x {base:.2e} + 1e-3"
 
 
 def test_varlen_gradients_with_empty_sequences_and_lse():

@@ -17,6 +17,15 @@ KEY_ROWS = 64  # key rows per consumer warpgroup
 # Register budgets (setmaxnreg), as the forward's: the loader warp needs almost nothing, each consumer warpgroup holds
 # dK and dV of its 64 keys (64 + 64 fp32 registers at D=128) beside the step's S^T and dP^T tiles.
 LOADER_REGS = 24
+# Program order: (batch entry x K/V head) pairs in chunks of this many, key tiles outer within a chunk (the kernel's
+# _steps says why); 1 is head-major order
+HEAD_CHUNK = 4
+# The planner's form (dQ on its own kernel) stores P^T and dS^T to shared memory for its dV and dK products with these
+# consumer warpgroup counts, and keeps them in registers otherwise (v33, H200, same run: two warpgroups at D=128 4-6%
+# faster through shared memory, one at D=64 7-8% faster in registers)
+OPERANDS_SMEM_WG = (2, )
+# Fused dQ: sets of every warpgroup's dS^T in shared memory (how far a warpgroup may run ahead of the others)
+DS_SETS = 2
 # consumer warpgroups -> (consumer registers, launch register cap): 2 x 128 x 240 + 128 x 24 fits the 64K file
 REGISTERS = {1: (232, 128), 2: (240, 168)}
 
@@ -67,15 +76,17 @@ class HopperDkdvLaunch:
             lay_dq = gl.NVMMASharedLayout.get_default_for([1, 1, block_m, cols], gl.float32)
             self.geom += ((list(dq_accum.shape), list(dq_accum.stride()), [1, 1, block_m, cols], lay_dq), )
         batch, num_heads_q, num_heads_kv = q.shape[0], q.shape[1], k.shape[1]
-        grid = (cdiv(seqlen_k, block_n), batch * num_heads_kv)
+        # one-dimensional, in chunks of HEAD_CHUNK heads (the kernel's _steps)
+        grid = (batch * num_heads_kv * cdiv(seqlen_k, block_n), 1)
         ws = torch.empty(ws_shape, dtype=torch.float32)  # representative (the descriptors' shapes only)
         dq_strides = tuple(dq_accum.stride()[:3]) if fused else (0, 0, 0)
         args = [*self.descriptors(q, k, v, dout, ws, ws, dq_accum), dk, dv, dq_accum if fused else dk, qk_scale,
-                scale, seqlen_q, seqlen_k, num_heads_kv, num_heads_q // num_heads_kv, dk.stride(0), dk.stride(1),
-                dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), *dq_strides]
+                scale, seqlen_q, seqlen_k, num_heads_kv, num_heads_q // num_heads_kv, HEAD_CHUNK, dk.stride(0),
+                dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), *dq_strides]
         consumer_regs, maxnreg = REGISTERS[num_wg]
         constexprs = dict(BLOCK_M=block_m, HEAD_DIM=D, STAGES=stages, CAUSAL=bool(causal), NUM_WG=num_wg,
-                          CONSUMER_WG_REGS=consumer_regs, LOADER_WG_REGS=LOADER_REGS, FUSED_DQ=fused, DQ_TMA=dq_tma)
+                          CONSUMER_WG_REGS=consumer_regs, LOADER_WG_REGS=LOADER_REGS, FUSED_DQ=fused, DQ_TMA=dq_tma,
+                          OPERANDS_SMEM=num_wg in OPERANDS_SMEM_WG, DS_SETS=DS_SETS)
         self.step = KernelStep(attn_bwd_dkdv_hopper_kernel, grid, args, DESC_ARGS + 3, constexprs, 4, 1,
                                options=dict(maxnreg=maxnreg))
 

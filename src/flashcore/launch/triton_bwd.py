@@ -37,7 +37,7 @@ class BackwardLaunch:
     def __init__(self, dout, q_user, k_user, v_user, out, lse, *, has_dlse: bool, as_view, varlen: bool,
                  num_seqs: int, seqlen_q: int, seqlen_k: int, scale: float, causal: bool, config: BwdConfig):
         cfg = config
-        self.varlen, self.as_view, self.atomic = varlen, as_view, cfg.atomic_dq
+        self.varlen, self.as_view = varlen, as_view
         q, k, v = as_view(q_user), as_view(k_user), as_view(v_user)
         head_dim = q.shape[-1]
         bd = block_d(head_dim)
@@ -47,12 +47,17 @@ class BackwardLaunch:
         lse_strides = (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))
         # the gradients' strides, as run() allocates them: like the caller's tensors, seen through the view
         dq, dk, dv = (as_view(torch.empty_like(t)) for t in (q_user, k_user, v_user))
-        dq_target = torch.empty(dq.shape, dtype=torch.float32, device=q.device) if self.atomic else dq
-        precision = "ieee" if q.dtype == torch.float32 else "tf32"
-        # dK/dV on the Hopper kernel where the configuration asks for it and the views suit the copy engine. It
-        # copies delta and lse2 in whole query tiles, so they get their own buffers padded to a tile multiple
-        # ([B, H, S_pad]); otherwise they are shaped and strided like lse.
+        # dK/dV on the Hopper kernel where the configuration asks for it and the views suit the copy engine
         use_hopper = bool(cfg.gluon_dkdv) and hopper_dkdv_serves(q, k, v, dout, dk, dv, varlen=varlen)
+        # dQ added inside the dK/dV kernel: a Gluon form's reduce-add only where the Gluon kernel runs (the Triton
+        # kernel's per-thread atomics were slower everywhere: then the dQ kernel runs), or an explicit Triton one's
+        self.atomic = cfg.atomic_dq and (use_hopper or not cfg.gluon_dkdv)
+        # the fp32 dQ buffer of the atomic forms is laid out like the caller's q, so that its conversion at the end
+        # is a contiguous copy (a [B, H, S, D] buffer made it a strided one: ~2x slower at 4x32x4096x128, v33)
+        dq_target = as_view(torch.empty_like(q_user, dtype=torch.float32)) if self.atomic else dq
+        precision = "ieee" if q.dtype == torch.float32 else "tf32"
+        # The Hopper kernel copies delta and lse2 in whole query tiles, so they get their own buffers padded to a
+        # tile multiple ([B, H, S_pad]); otherwise they are shaped and strided like lse.
         if use_hopper:
             pad = cdiv(seqlen_q, cfg.gluon_dkdv[0]) * cfg.gluon_dkdv[0]
             self.ws_shape = (batch, num_heads_q, pad)
@@ -103,7 +108,7 @@ class BackwardLaunch:
         cu_q = cu_seqlens_q if varlen else lse  # an unused pointer still needs a tensor
         cu_k = cu_seqlens_k if varlen else lse
         self.pre.run((out, dout, lse, dlse if dlse is not None else lse, delta, lse2, cu_q), device)
-        dq_target = torch.zeros(dq.shape, dtype=torch.float32, device=device) if self.atomic else dq
+        dq_target = view(torch.zeros_like(q_user, dtype=torch.float32)) if self.atomic else dq
         if self.hopper_dkdv is not None:
             self.hopper_dkdv.run(q, k, v, dout, dk, dv, lse2, delta, dq_target if self.atomic else None)
         else:

@@ -21,8 +21,10 @@ class BwdConfig:
     block_n2: int
     num_warps2: int
     num_stages2: int
-    # dQ through fp32 atomics inside the dK/dV kernel (five products per tile instead of seven, but the
-    # order of the additions varies): never with deterministic=True
+    # dQ added into an fp32 buffer inside the dK/dV kernel (five products per tile pair instead of seven, but the
+    # order of the additions varies): never with deterministic=True. With a Gluon form (below) the Gluon kernel adds
+    # it by the copy engine's reduce-add, and where that kernel cannot serve the views the dQ kernel runs instead;
+    # without one, the Triton dK/dV kernel adds it with per-thread atomics (slower everywhere measured, v19)
     atomic_dq: bool = False
     # dK/dV on the Hopper Gluon kernel (kernels/sm90/bwd.py) where the views suit it, with (query tile, key tile,
     # warps, Q/dO ring depth); None, or views it cannot address (varlen, a zero stride): the Triton kernel above
@@ -40,14 +42,16 @@ GLUON_DKDV = {128: (64, 128, 8, 2), 64: (64, 64, 4, 3)}
 INTERPRETER = BwdConfig(16, 32, 4, 1, 32, 16, 4, 1)
 
 
-def backward_config(arch, *, head_dim: int, dtype_name: str, causal: bool, deterministic: bool) -> BwdConfig:
-    """The configuration for these facts (``arch``: compute capability, None for CPU tensors/interpreter)."""
+def backward_config(arch, *, head_dim: int, dtype_name: str, causal: bool, deterministic: bool,
+                    group: int = 1) -> BwdConfig:
+    """The configuration for these facts (``arch``: compute capability, None for CPU tensors/interpreter;
+    ``group``: query heads per K/V head)."""
     if arch is None:
         cfg = INTERPRETER
     elif dtype_name == "fp32":  # no tensor-core format at 16 bits: half the tile, or the registers spill
         cfg = BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)
     elif is_hopper(arch):
-        cfg = _hopper(head_dim, causal)
+        cfg = _hopper(head_dim, causal, group)
     elif head_dim > 128:
         cfg = BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)
     else:
@@ -57,7 +61,7 @@ def backward_config(arch, *, head_dim: int, dtype_name: str, causal: bool, deter
     return cfg
 
 
-def _hopper(head_dim: int, causal: bool) -> BwdConfig:
+def _hopper(head_dim: int, causal: bool, group: int) -> BwdConfig:
     """Sweeps v19.0-v19.2 (H100, bf16, bench/results/sweeps/bwd-v19-h100.json): D=64 wants narrow query tiles and
     four warps (8x16x2048: 295 TF against 263 at 64x128w8s2, 344-351 since v19.2; 4x32x4096 causal 312 against
     228); D=128 wants eight warps and a deeper pipeline (4x32x4096: 372 TF, causal 350, against 357/318 at s2).
@@ -65,7 +69,13 @@ def _hopper(head_dim: int, causal: bool) -> BwdConfig:
     if head_dim <= 64:
         return BwdConfig(32, 128, 4, 3, 64, 64, 4, 3, gluon_dkdv=GLUON_DKDV.get(head_dim))
     if head_dim <= 128:
-        return BwdConfig(64, 128, 8, 4, 128, 64, 8, 4, gluon_dkdv=GLUON_DKDV.get(head_dim))
+        # v33 (H200, same-run A/B, bench/results/sweeps/bwd-v33-*): dQ inside the Gluon kernel at D=128 without GQA,
+        # 5799 against 6532 us at 4x32x4096, 3153-3245 against 3668-3718 causal, 11.3-11.8 against 13.1 ms at
+        # 1x32x16384 causal; with GQA (each program walks the whole group) it ties or loses (2x32/8x4096 causal
+        # 1780-1793 against 1742-1756 us for the planner's dQ kernel after v33's shared-memory operands), so GQA keeps
+        # the dQ kernel. D=64 loses too (1075 against 865 us at 8x16x2048, two warpgroups; one: 1465).
+        return BwdConfig(64, 128, 8, 4, 128, 64, 8, 4, atomic_dq=head_dim == 128 and group == 1,
+                         gluon_dkdv=GLUON_DKDV.get(head_dim))
     # D=256 (sweep v26, H200, bf16, bench/results/sweeps/bwd-v26-d256-h200.json): 4x16x4096x256 164 TF against 114
     # (non-causal) and 67 (causal) for v19's guess, 32x64w4s1-64x32w4s1, which spilled 2.4 KB per thread in dK/dV
     # (sm_90a, compiled on the CPU; this one has 10 STL and 14 LDL in dK/dV, none in dQ)

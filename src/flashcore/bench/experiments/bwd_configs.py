@@ -28,6 +28,13 @@ from ...plan.backward import parse_bwd_config_name
 from ..results import collect_environment
 from . import parser
 
+# v33 (issue 23's D=128 shapes with and without GQA, and the D=64 ones): the shapes of the fused-dQ, operand and
+# program-order sweeps (--set v33; bench/results/sweeps/bwd-v33-h200.json)
+V33_SHAPES = {
+    128: [(4, 32, 32, 4096, False), (4, 32, 32, 4096, True), (1, 32, 32, 16384, True), (2, 32, 8, 4096, True),
+          (8, 32, 8, 2048, True), (1, 32, 8, 16384, True), (2, 16, 16, 2048, False), (8, 16, 16, 1024, True)],
+    64: [(8, 16, 16, 2048, False), (8, 16, 8, 2048, True), (4, 32, 32, 4096, True)],
+}
 SHAPES = {  # head dim: [(B, Hq, Hkv, S, causal)]
     256: [(4, 16, 16, 4096, False), (4, 16, 16, 4096, True)],
     # v29: the Gluon dK/dV kernel against the Triton one (issue 23's shapes, and one GQA training shape)
@@ -37,8 +44,9 @@ SHAPES = {  # head dim: [(B, Hq, Hkv, S, causal)]
 }
 CANDIDATES = {
     256: ["auto", "16x32w4s2-32x32w4s2", "32x64w8s2-64x64w8s2", "16x64w8s2-64x64w8s2"],
-    128: ["auto", "64x128w8s4-128x64w8s4", "64x128w8s4-128x64w8s4-atomic-gluon64x128w8s2"],
-    64: ["auto", "32x128w4s3-64x64w4s3", "32x128w4s3-64x64w4s3-atomic-gluon64x64w4s3"],
+    # v33: the planner (dQ inside the Gluon kernel without GQA) against the dQ-kernel form
+    128: ["auto", "64x128w8s4-128x64w8s4-gluon64x128w8s2"],
+    64: ["auto", "32x128w4s3-64x64w4s3-atomic-gluon64x64w4s3", "32x128w4s3-64x64w4s3-atomic-gluon64x128w8s2"],
 }
 
 
@@ -92,11 +100,22 @@ def run_shape(B, Hq, Hkv, S, causal, D, names) -> list:
 def main(argv=None) -> int:
     ap = parser(__name__, __doc__)
     ap.add_argument("--head-dim", type=int, nargs="+", default=[256])
+    ap.add_argument("--set", choices=["default", "v33"], default="default", help="the shape list (v33: V33_SHAPES)")
+    ap.add_argument("--candidates", nargs="+", help="config names instead of the head dim's CANDIDATES")
+    ap.add_argument("--head-chunk", type=int, help="launch.sm90_bwd.HEAD_CHUNK for this run (program order)")
+    ap.add_argument("--ds-sets", type=int, help="launch.sm90_bwd.DS_SETS for this run (fused dQ's dS^T sets)")
     a = ap.parse_args(argv)
-    res = dict(env=collect_environment(), what=__doc__.split("\n")[0], rows=[])
+    from ...launch import sm90_bwd
+    if a.head_chunk:
+        sm90_bwd.HEAD_CHUNK = a.head_chunk
+    if a.ds_sets:
+        sm90_bwd.DS_SETS = a.ds_sets
+    res = dict(env=collect_environment(), what=__doc__.split("\n")[0], rows=[],
+               knobs=dict(head_chunk=sm90_bwd.HEAD_CHUNK, ds_sets=sm90_bwd.DS_SETS))
+    shapes = V33_SHAPES if a.set == "v33" else SHAPES
     for D in a.head_dim:
-        for B, Hq, Hkv, S, causal in SHAPES[D]:
-            res["rows"] += run_shape(B, Hq, Hkv, S, causal, D, CANDIDATES[D])
+        for B, Hq, Hkv, S, causal in shapes[D]:
+            res["rows"] += run_shape(B, Hq, Hkv, S, causal, D, a.candidates or CANDIDATES[D])
             torch.cuda.empty_cache()
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, f"bwd_configs_d{'-'.join(map(str, a.head_dim))}.json"), "w") as f:

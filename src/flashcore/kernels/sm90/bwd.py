@@ -1,5 +1,5 @@
-"""Hopper (sm_90a) attention backward, the dK/dV kernel, in Gluon: warp-specialised, TMA-fed, wgmma, with the
-probabilities and dS kept in registers as the left operand of the dV and dK products.
+"""Hopper (sm_90a) attention backward, the dK/dV kernel, in Gluon: warp-specialised, TMA-fed, wgmma; with
+``FUSED_DQ`` it adds dQ too (five products per tile pair, the FA3 form).
 
 Why a second dK/dV kernel: the portable Triton one (``kernels/triton/bwd.py``) holds dK and dV of a 128-key tile
 at 8 warps only by spilling and issues its loads between products (perf-notes v19). Here a program holds
@@ -12,17 +12,19 @@ at 8 warps only by spilling and issues its loads between products (perf-notes v1
 * ``NUM_WG`` 4-warp **consumers**, each owning 64 key rows (the M of every product here), per step:
   ``S^T = K Q^T`` and ``dP^T = V dO^T`` issued together; ``P^T = exp2(S^T * scale * log2e - lse2)``, masked by the
   bottom-right causal diagonal where the tile straddles it; ``dV += P^T dO`` runs while
-  ``dS^T = P^T (dP^T - delta)`` is computed; then ``dK += dS^T Q``. The dV and dK products are left in flight
-  into the next step and waited for under its ``S^T``; only then are their operands (the P and dS registers,
-  the slot) released.
+  ``dS^T = P^T (dP^T - delta)`` is computed; then ``dK += dS^T Q``. P^T and dS^T are the left operands of those
+  two products: from registers, or stored to shared memory first (``OPERANDS_SMEM``; faster with two consumer
+  warpgroups at D=128, slower with one at D=64, perf-notes v33). The dV and dK products are left in flight into
+  the next step and waited for under its ``S^T``; only then are their operands (and the slot) released.
 
-dQ is not computed here in the planner's forms: the Triton dQ kernel runs after this one (deterministic; seven
-products per tile pair in all instead of five, perf-notes v29 says what that costs). ``FUSED_DQ`` (only by explicit
-configuration) adds dQ from here instead, by atomics or the TMA reduce-add (``DQ_TMA``): correct, not
-deterministic, and measured slower (perf-notes v29.4-v29.5); see ``_consumer``. lse2 and delta come in whole query tiles: the
-pre-pass pads them to a tile multiple with lse2 = +inf and delta = 0, so a query row past the end (Q = dO = 0 from
-the copy engine's zero fill) has probability 0, as does a row that saw no key. Key rows past the end read zeros;
-their dK/dV rows are never stored and no other row depends on them.
+dQ: without ``FUSED_DQ`` the Triton dQ kernel runs after this one (deterministic; seven products per tile pair in
+all). With it (the planner's D=128 form without GQA, never with ``deterministic=True``), every consumer also writes
+its dS^T to a shared set, and one step later computes its columns of that step's dQ over every consumer's keys,
+which the copy engine adds into an fp32 buffer (TMA reduce-add; not deterministic: the order of the additions
+varies); see :func:`_consumer_fused_dq`. lse2 and delta come in whole query tiles: the pre-pass pads them to a tile
+multiple with lse2 = +inf and delta = 0, so a query row past the end (Q = dO = 0 from the copy engine's zero fill)
+has probability 0, as does a row that saw no key. Key rows past the end read zeros; their dK/dV rows are never
+stored, and with FUSED_DQ their probabilities are cleared so that they add nothing to dQ.
 
 Device code only: the host side is ``flashcore.launch.sm90_bwd``."""
 from __future__ import annotations
@@ -39,7 +41,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..capabilities import Capabilities
-from .gluon_compat import async_atomic_add, async_load
+from .gluon_compat import async_atomic_add, async_load, thread_barrier
 
 
 @gluon.jit
@@ -60,13 +62,27 @@ def _issue_step(q_desc, do_desc, lse2_desc, delta_desc, q_smem, do_smem, lse2_sm
 
 
 @gluon.jit
-def _steps(seqlen_q, seqlen_k, num_heads_kv, group, BLOCK_M: gl.constexpr, KEY_ROWS: gl.constexpr,
+def _steps(seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, BLOCK_M: gl.constexpr, KEY_ROWS: gl.constexpr,
            CAUSAL: gl.constexpr):
-    """This program's (batch entry, K/V head, first key, first query tile, query tiles per head, steps)."""
-    pid_bh = gl.program_id(1)
+    """This program's (batch entry, K/V head, first key, first query tile, query tiles per head, steps).
+
+    The grid is one-dimensional, in chunks of ``head_chunk`` (batch entry x K/V head) pairs: within a chunk the
+    key tiles are the outer order, so a causal chunk's long programs (the first key tiles see the most query tiles)
+    all start before its short ones, and the short ones fill the end. Chunks, not the whole grid, keep the programs
+    that run at once on a few heads: their Q/dO tiles and (fused dQ) the fp32 dQ rows they add into stay in L2 (v33:
+    the key tiles outer over every head at once cost +33% at 4x32x4096x128 causal). ``head_chunk`` = 1 is
+    head-major order."""
+    pid = gl.program_id(0)
+    n_kt = gl.cdiv(seqlen_k, KEY_ROWS)
+    num_bh = gl.num_programs(0) // n_kt
+    per_chunk = head_chunk * n_kt
+    chunk = pid // per_chunk
+    r = pid % per_chunk
+    width = gl.minimum(head_chunk, num_bh - chunk * head_chunk)
+    pid_bh = chunk * head_chunk + r % width
     b = pid_bh // num_heads_kv
     hkv = pid_bh % num_heads_kv
-    n0 = gl.program_id(0) * KEY_ROWS
+    n0 = (r // width) * KEY_ROWS
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
     if CAUSAL:  # the first query that sees key n0 is n0 - (seqlen_k - seqlen_q) (bottom-right)
         m_first = gl.minimum(gl.maximum(n0 - (seqlen_k - seqlen_q), 0) // BLOCK_M, num_m)
@@ -78,12 +94,12 @@ def _steps(seqlen_q, seqlen_k, num_heads_kv, group, BLOCK_M: gl.constexpr, KEY_R
 
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, lse2_smem,
-            delta_smem, ready, empty, kv_ready, seqlen_q, seqlen_k, num_heads_kv, group, BLOCK_M: gl.constexpr,
-            STAGES: gl.constexpr, NUM_WG: gl.constexpr, CAUSAL: gl.constexpr):
+            delta_smem, ready, empty, kv_ready, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, BLOCK_M:
+            gl.constexpr, STAGES: gl.constexpr, NUM_WG: gl.constexpr, CAUSAL: gl.constexpr):
     """The loader partition (one warp): each consumer's 64 K and V rows once, then every step's Q and dO tiles
     through the ring, a slot refilled once every consumer has released it."""
-    b, hkv, n0, m_first, n_m, n_steps = _steps(seqlen_q, seqlen_k, num_heads_kv, group, BLOCK_M, NUM_WG * 64,
-                                               CAUSAL)
+    b, hkv, n0, m_first, n_m, n_steps = _steps(seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, BLOCK_M,
+                                               NUM_WG * 64, CAUSAL)
     mbarrier.expect(kv_ready, NUM_WG * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
     for w in gl.static_range(NUM_WG):
         async_load(k_desc, [b, hkv, n0 + w * 64, 0], kv_ready, k_smem.index(w))
@@ -111,9 +127,12 @@ def _out_dq(dq, dq_base, dq_desc, dq_smem, b, hq, m0, dq_row, dq_col, scale, seq
     """One step's dQ share out: by the copy engine's reduce-add from shared memory (DQ_TMA; rows past the end are
     clipped by it), or by per-thread atomics."""
     if DQ_TMA:
-        tma.store_wait(0)  # the previous reduce has read the staging tile
+        # the previous reduce has read the staging tile: its wait is the issuing thread's, the barrier everyone's
+        tma.store_wait(0)
+        thread_barrier()
         dq_smem.index(WG).reshape([BLOCK_M, DQ_COLS]).store(dq * scale)
         fence_async_shared()
+        thread_barrier()  # every warp's rows are staged before the one thread issues the reduce
         async_atomic_add(dq_desc, [b, hq, m0, WG * DQ_COLS], dq_smem.index(WG))
     else:
         _add_dq(dq, dq_base, hq, m0, dq_row, dq_col, scale, seqlen_q, stride_dqh, stride_dqs)
@@ -121,118 +140,31 @@ def _out_dq(dq, dq_base, dq_desc, dq_smem, b, hq, m0, dq_row, dq_col, scale, seq
 
 @gluon.jit
 def _consumer(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem, delta_smem,
-              ds_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale, scale, seqlen_q, seqlen_k,
-              num_heads_kv, group, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_dqb,
-              stride_dqh, stride_dqs, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-              NUM_WG: gl.constexpr, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr, DQ_TMA: gl.constexpr,
-              WG: gl.constexpr):
-    """A consumer partition (warpgroup ``WG``): dK and dV of key rows ``n0 + 64 WG ...`` over every step.
-
-    FUSED_DQ: each step also adds its dQ contribution, ``scale * dS K`` over this program's keys, into the fp32
-    ``dq_ptr`` buffer with atomics (not deterministic: the order of the additions varies). Every warpgroup writes
-    its dS^T tile to shared memory (``ds_smem``, two sets by step parity) and computes the dQ columns
-    ``WG * HEAD_DIM / NUM_WG ...`` from all of them (its registers hold only that share); its atomics run in the
-    next step, once the product is waited for under that step's S^T. DQ_TMA: instead of per-thread atomics, the
-    share is staged in shared memory (``dq_smem``) and added by the copy engine (TMA reduce-add, ``dq_desc``)."""
-    dtype: gl.constexpr = q_desc.dtype
-    KEYS: gl.constexpr = 64
-    # keys are the rows of every product here
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_M, 16])
-    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, HEAD_DIM, 16])
-    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
-    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
-    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    DQ_COLS: gl.constexpr = HEAD_DIM // NUM_WG
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, DQ_COLS, 16])
-
-    b, hkv, n0, m_first, n_m, n_steps = _steps(seqlen_q, seqlen_k, num_heads_kv, group, BLOCK_M, NUM_WG * KEYS,
-                                               CAUSAL)
-    n0 = n0 + WG * KEYS
-    diag = seqlen_k - seqlen_q
-    hq0 = hkv * group
-    k_t = k_smem.index(WG).reshape([KEYS, HEAD_DIM])
-    v_t = v_smem.index(WG).reshape([KEYS, HEAD_DIM])
-    key = n0 + gl.arange(0, KEYS, layout=row_layout)
-    col = gl.arange(0, BLOCK_M, layout=col_layout)
-    s_zero = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
-    dk = warpgroup_mma_init(gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout))
-    dv = warpgroup_mma_init(gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout))
-    # the previous step's left operands, kept alive until the products that read them are waited for
-    p_op = gl.zeros([KEYS, BLOCK_M], dtype, layout=op_layout)
-    ds_op = gl.zeros([KEYS, BLOCK_M], dtype, layout=op_layout)
-    dq_zero = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=dq_layout)
-    dq = warpgroup_mma_init(dq_zero)
-    dq_row = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
-    dq_col = WG * DQ_COLS + gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, dq_layout))
-    dq_base = dq_ptr + b.to(gl.int64) * stride_dqb
-    mbarrier.wait(kv_ready, 0)
-
-    for j in range(n_steps):
-        s = j % STAGES
-        hq = hq0 + j // n_m
-        m0 = (m_first + j % n_m) * BLOCK_M
-        qi = m0 + col
-        mbarrier.wait(ready.index(s), (j // STAGES) & 1)
-        q_t = q_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
-        do_t = do_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
-        st = warpgroup_mma(k_t, q_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        dpt = warpgroup_mma(v_t, do_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        # in flight here: the previous step's dV and dK products, then S^T and dP^T; this waits for all but dP^T
-        if FUSED_DQ:
-            st, p_op, ds_op, dq = warpgroup_mma_wait(1, deps=(st, p_op, ds_op, dq))
-        else:
-            st, p_op, ds_op = warpgroup_mma_wait(1, deps=(st, p_op, ds_op))
-        if j > 0:  # the previous step's slot is free in this warpgroup
-            mbarrier.arrive(empty.index((j - 1) % STAGES), count=1)
-            if FUSED_DQ:  # and so is its dS^T set; then its dQ share goes out
-                mbarrier.arrive(ds_free.index((j - 1) % 2), count=1)
-                _out_dq(dq, dq_base, dq_desc, dq_smem, b, hq0 + (j - 1) // n_m, (m_first + (j - 1) % n_m) * BLOCK_M,
-                        dq_row, dq_col, scale, seqlen_q, stride_dqh, stride_dqs, BLOCK_M, DQ_COLS, DQ_TMA, WG)
-        # (rows past the end: the pre-pass wrote lse2 = +inf and delta = 0 up to the padded length)
-        lse2 = lse2_smem.index(s).reshape([BLOCK_M]).load(col_layout)
-        pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
-        if CAUSAL:
-            if m0 + diag < n0 + KEYS - 1:  # the tile straddles the diagonal: key > query + diag is masked
-                ok = gl.expand_dims(key, 1) <= gl.expand_dims(qi + diag, 0)
-                pt = gl.where(ok, pt, 0.0)
-        if FUSED_DQ:  # keys past the end (zeros from the copy engine) must add nothing to dQ, not even 0 * inf
-            if n0 + KEYS > seqlen_k:
-                pt = gl.where(gl.expand_dims(key < seqlen_k, 1), pt, 0.0)
-        p_op = gl.convert_layout(pt.to(dtype), op_layout)
-        dv = warpgroup_mma(p_op, do_t, dv, is_async=True)
-        delta = delta_smem.index(s).reshape([BLOCK_M]).load(col_layout)
-        dpt = warpgroup_mma_wait(1, deps=(dpt, ))
-        dst = pt * (dpt - gl.expand_dims(delta, 0))
-        ds16 = dst.to(dtype)
-        if FUSED_DQ:  # this warpgroup's dS^T into the parity's set, once step j - 2 has read it everywhere
-            dp = j % 2
-            if j >= 2:
-                mbarrier.wait(ds_free.index(dp), (j // 2 - 1) & 1)
-            ds_smem.index(dp * NUM_WG + WG).store(ds16)
-            fence_async_shared()
-            mbarrier.arrive(ds_ready.index(dp), count=1)
-        ds_op = gl.convert_layout(ds16, op_layout)
-        dk = warpgroup_mma(ds_op, q_t, dk, is_async=True)
-        if FUSED_DQ:  # dQ[:, this share] = dS K[:, this share], over every warpgroup's keys
-            mbarrier.wait(ds_ready.index(dp), (j // 2) & 1)
-            for w in gl.static_range(NUM_WG):
-                k_cols = k_smem.index(w).reshape([KEYS, HEAD_DIM]).slice(WG * DQ_COLS, DQ_COLS, dim=1)
-                dq = warpgroup_mma(ds_smem.index(dp * NUM_WG + w).permute((1, 0)), k_cols,
-                                   dq_zero if w == 0 else dq, use_acc=w > 0, is_async=True)
-
+              ds_smem, p_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale, scale, seqlen_q, seqlen_k,
+              num_heads_kv, group, head_chunk, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
+              stride_dqb, stride_dqh, stride_dqs, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+              NUM_WG: gl.constexpr, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr, DQ_TMA: gl.constexpr, OPERANDS_SMEM:
+              gl.constexpr, DS_SETS: gl.constexpr, WG: gl.constexpr):
+    """A consumer partition (warpgroup ``WG``): dK and dV of key rows ``n0 + 64 WG ...`` over every step, and with
+    FUSED_DQ this warpgroup's columns of every step's dQ as well (:func:`_consumer_fused_dq`)."""
     if FUSED_DQ:
-        dk, dv, p_op, ds_op, dq = warpgroup_mma_wait(0, deps=(dk, dv, p_op, ds_op, dq))
-        if n_steps > 0:
-            _out_dq(dq, dq_base, dq_desc, dq_smem, b, hq0 + (n_steps - 1) // n_m,
-                    (m_first + (n_steps - 1) % n_m) * BLOCK_M, dq_row, dq_col, scale, seqlen_q, stride_dqh,
-                    stride_dqs, BLOCK_M, DQ_COLS, DQ_TMA, WG)
-        if DQ_TMA:  # the last reduce must have read its tile before the program exits
-            tma.store_wait(0)
+        _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem,
+                           delta_smem, ds_smem, p_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale,
+                           scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb, stride_dkh,
+                           stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M,
+                           HEAD_DIM, STAGES, NUM_WG, CAUSAL, DQ_TMA, DS_SETS, WG)
     else:
-        dk, dv, p_op, ds_op = warpgroup_mma_wait(0, deps=(dk, dv, p_op, ds_op))
+        _consumer_dkdv(q_desc, dk_ptr, dv_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem, delta_smem, ds_smem,
+                       p_smem, ready, empty, kv_ready, qk_scale, scale, seqlen_q, seqlen_k, num_heads_kv, group,
+                       head_chunk, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, BLOCK_M,
+                       HEAD_DIM, STAGES, NUM_WG, CAUSAL, OPERANDS_SMEM, WG)
+
+
+@gluon.jit
+def _store_dkdv(dk, dv, dk_ptr, dv_ptr, b, hkv, n0, scale, seqlen_k, stride_dkb, stride_dkh, stride_dks, stride_dvb,
+                stride_dvh, stride_dvs, KEYS: gl.constexpr, HEAD_DIM: gl.constexpr, kv_layout: gl.constexpr):
+    """dK (scaled) and dV of key rows ``n0 ...`` out, rows past the end left alone."""
+    dtype: gl.constexpr = dk_ptr.dtype.element_ty
     o_row = n0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, kv_layout))
     o_col = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
     ok = gl.expand_dims(o_row < seqlen_k, 1)
@@ -245,13 +177,226 @@ def _consumer(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, 
 
 
 @gluon.jit
+def _consumer_dkdv(q_desc, dk_ptr, dv_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem, delta_smem, ds_smem, p_smem,
+                   ready, empty, kv_ready, qk_scale, scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk,
+                   stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, BLOCK_M: gl.constexpr,
+                   HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NUM_WG: gl.constexpr, CAUSAL: gl.constexpr,
+                   OPERANDS_SMEM: gl.constexpr, WG: gl.constexpr):
+    """dK and dV only (dQ is the Triton kernel's). The left operands of the dV and dK products, P^T and dS^T, are
+    stored to shared memory (OPERANDS_SMEM) or kept in registers: shared memory is 4-6% faster at D=128 with two
+    warpgroups, registers 7-8% faster at D=64 with one (v33, H200)."""
+    dtype: gl.constexpr = q_desc.dtype
+    KEYS: gl.constexpr = 64
+    # keys are the rows of every product here
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_DIM, 16])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+    b, hkv, n0, m_first, n_m, n_steps = _steps(seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, BLOCK_M,
+                                               NUM_WG * KEYS, CAUSAL)
+    n0 = n0 + WG * KEYS
+    diag = seqlen_k - seqlen_q
+    k_t = k_smem.index(WG).reshape([KEYS, HEAD_DIM])
+    v_t = v_smem.index(WG).reshape([KEYS, HEAD_DIM])
+    key = n0 + gl.arange(0, KEYS, layout=row_layout)
+    col = gl.arange(0, BLOCK_M, layout=col_layout)
+    s_zero = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
+    dk = warpgroup_mma_init(gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout))
+    dv = warpgroup_mma_init(gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout))
+    p_t = p_smem.index(WG)
+    ds_t = ds_smem.index(WG)
+    # the previous step's left operands (registers form), kept alive until the products that read them are waited for
+    p_op = gl.zeros([KEYS, BLOCK_M], dtype, layout=op_layout)
+    ds_op = gl.zeros([KEYS, BLOCK_M], dtype, layout=op_layout)
+    mbarrier.wait(kv_ready, 0)
+
+    for j in range(n_steps):
+        s = j % STAGES
+        m0 = (m_first + j % n_m) * BLOCK_M
+        qi = m0 + col
+        mbarrier.wait(ready.index(s), (j // STAGES) & 1)
+        q_t = q_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
+        do_t = do_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
+        st = warpgroup_mma(k_t, q_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        dpt = warpgroup_mma(v_t, do_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        # in flight here: the previous step's dV and dK products, then S^T and dP^T; this waits for all but dP^T
+        st, p_op, ds_op = warpgroup_mma_wait(1, deps=(st, p_op, ds_op))
+        if j > 0:  # the previous step's slot (and P^T, dS^T) have been read by this warpgroup
+            mbarrier.arrive(empty.index((j - 1) % STAGES), count=1)
+        # (rows past the end: the pre-pass wrote lse2 = +inf and delta = 0 up to the padded length)
+        lse2 = lse2_smem.index(s).reshape([BLOCK_M]).load(col_layout)
+        pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
+        if CAUSAL:
+            if m0 + diag < n0 + KEYS - 1:  # the tile straddles the diagonal: key > query + diag is masked
+                ok = gl.expand_dims(key, 1) <= gl.expand_dims(qi + diag, 0)
+                pt = gl.where(ok, pt, 0.0)
+        if OPERANDS_SMEM:
+            p_t.store(pt.to(dtype))
+            fence_async_shared()
+            dv = warpgroup_mma(p_t, do_t, dv, is_async=True)
+        else:
+            p_op = gl.convert_layout(pt.to(dtype), op_layout)
+            dv = warpgroup_mma(p_op, do_t, dv, is_async=True)
+        delta = delta_smem.index(s).reshape([BLOCK_M]).load(col_layout)
+        dpt = warpgroup_mma_wait(1, deps=(dpt, ))
+        dst = pt * (dpt - gl.expand_dims(delta, 0))
+        if OPERANDS_SMEM:
+            ds_t.store(dst.to(dtype))
+            fence_async_shared()
+            dk = warpgroup_mma(ds_t, q_t, dk, is_async=True)
+        else:
+            ds_op = gl.convert_layout(dst.to(dtype), op_layout)
+            dk = warpgroup_mma(ds_op, q_t, dk, is_async=True)
+
+    dk, dv, p_op, ds_op = warpgroup_mma_wait(0, deps=(dk, dv, p_op, ds_op))
+    _store_dkdv(dk, dv, dk_ptr, dv_ptr, b, hkv, n0, scale, seqlen_k, stride_dkb, stride_dkh, stride_dks, stride_dvb,
+                stride_dvh, stride_dvs, KEYS, HEAD_DIM, kv_layout)
+
+
+@gluon.jit
+def _dq_product(ds_smem, k_smem, dq_zero, ds_set, KEYS: gl.constexpr, HEAD_DIM: gl.constexpr, DQ_COLS: gl.constexpr,
+                NUM_WG: gl.constexpr, WG: gl.constexpr):
+    """dQ columns ``WG * DQ_COLS ...`` of one step: ``dS K`` over every warpgroup's dS^T in set ``ds_set`` (issued,
+    not waited for)."""
+    for w in gl.static_range(NUM_WG):
+        k_cols = k_smem.index(w).reshape([KEYS, HEAD_DIM]).slice(WG * DQ_COLS, DQ_COLS, dim=1)
+        if w == 0:
+            dq = warpgroup_mma(ds_smem.index(ds_set * NUM_WG + w).permute((1, 0)), k_cols, dq_zero, use_acc=False,
+                               is_async=True)
+        else:
+            dq = warpgroup_mma(ds_smem.index(ds_set * NUM_WG + w).permute((1, 0)), k_cols, dq, is_async=True)
+    return dq
+
+
+@gluon.jit
+def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem,
+                       delta_smem, ds_smem, p_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale, scale,
+                       seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb, stride_dkh, stride_dks,
+                       stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M: gl.constexpr,
+                       HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NUM_WG: gl.constexpr, CAUSAL: gl.constexpr, DQ_TMA:
+                       gl.constexpr, DS_SETS: gl.constexpr, WG: gl.constexpr):
+    """dK, dV and this warpgroup's share of dQ (five products per tile pair; not deterministic: the order of the
+    additions into the fp32 ``dq_ptr`` buffer varies).
+
+    P^T and dS^T go through shared memory, and the dV and dK products read them there: dS^T must be there anyway
+    for the dQ product, whose K runs over every warpgroup's keys, and the registers the operands held in register
+    form are what dQ's accumulator needs (64 x HEAD_DIM / NUM_WG fp32) beside dK and dV (and in v33's measurements
+    the register form was 7-14% slower here). dQ is one step behind: at the end of step j this warpgroup issues
+    step j - 1's dQ product, once every warpgroup has written that step's dS^T (``ds_ready``), so it waits on the
+    others only if they are more than a step behind, and the warpgroups keep their own pace (the tensor cores stay
+    busy while one of them computes exponentials; v29.5's form waited for the same step's dS^T and ran 1.16-1.31x
+    slower than the dQ kernel). dS^T has ``DS_SETS`` sets: step j writes set j % DS_SETS once every warpgroup's
+    dQ product of step j - DS_SETS has read it (``ds_free``). The dQ product is then waited for while step j's dK
+    runs on, and its share goes out: staged in shared memory and added by the copy engine (DQ_TMA), else by
+    per-thread atomics. Its accumulator lives only in that tail, which is what keeps the form near its registers."""
+    dtype: gl.constexpr = q_desc.dtype
+    KEYS: gl.constexpr = 64
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_DIM, 16])
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    DQ_COLS: gl.constexpr = HEAD_DIM // NUM_WG
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, DQ_COLS, 16])
+
+    b, hkv, n0, m_first, n_m, n_steps = _steps(seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, BLOCK_M,
+                                               NUM_WG * KEYS, CAUSAL)
+    n0 = n0 + WG * KEYS
+    diag = seqlen_k - seqlen_q
+    hq0 = hkv * group
+    k_t = k_smem.index(WG).reshape([KEYS, HEAD_DIM])
+    v_t = v_smem.index(WG).reshape([KEYS, HEAD_DIM])
+    p_t = p_smem.index(WG)
+    key = n0 + gl.arange(0, KEYS, layout=row_layout)
+    col = gl.arange(0, BLOCK_M, layout=col_layout)
+    s_zero = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
+    dk = warpgroup_mma_init(gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout))
+    dv = warpgroup_mma_init(gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout))
+    dq_zero = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=dq_layout)
+    dq_row = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+    dq_col = WG * DQ_COLS + gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, dq_layout))
+    dq_base = dq_ptr + b.to(gl.int64) * stride_dqb
+    mbarrier.wait(kv_ready, 0)
+
+    for j in range(n_steps):
+        s = j % STAGES
+        m0 = (m_first + j % n_m) * BLOCK_M
+        qi = m0 + col
+        mbarrier.wait(ready.index(s), (j // STAGES) & 1)
+        q_t = q_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
+        do_t = do_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
+        st = warpgroup_mma(k_t, q_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        dpt = warpgroup_mma(v_t, do_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        # in flight here: step j - 1's dK, then S^T and dP^T; this waits for all but dP^T
+        st = warpgroup_mma_wait(1, deps=(st, ))
+        if j > 0:  # step j - 1's slot has been read by this warpgroup
+            mbarrier.arrive(empty.index((j - 1) % STAGES), count=1)
+        # (rows past the end: the pre-pass wrote lse2 = +inf and delta = 0 up to the padded length)
+        lse2 = lse2_smem.index(s).reshape([BLOCK_M]).load(col_layout)
+        pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
+        if CAUSAL:
+            if m0 + diag < n0 + KEYS - 1:  # the tile straddles the diagonal: key > query + diag is masked
+                ok = gl.expand_dims(key, 1) <= gl.expand_dims(qi + diag, 0)
+                pt = gl.where(ok, pt, 0.0)
+        if n0 + KEYS > seqlen_k:  # keys past the end (zeros from the copy engine) add nothing to dQ, not even 0 * inf
+            pt = gl.where(gl.expand_dims(key < seqlen_k, 1), pt, 0.0)
+        p_t.store(pt.to(dtype))  # (step j - 1's dV product, its reader, was waited for at its end)
+        fence_async_shared()
+        dv = warpgroup_mma(p_t, do_t, dv, is_async=True)
+        delta = delta_smem.index(s).reshape([BLOCK_M]).load(col_layout)
+        dpt = warpgroup_mma_wait(1, deps=(dpt, ))
+        dst = pt * (dpt - gl.expand_dims(delta, 0))
+        ds_set = j % DS_SETS
+        if j >= DS_SETS:  # every warpgroup's dQ product of step j - DS_SETS has read this set
+            mbarrier.wait(ds_free.index(ds_set), (j // DS_SETS - 1) & 1)
+        ds_t = ds_smem.index(ds_set * NUM_WG + WG)
+        ds_t.store(dst.to(dtype))
+        fence_async_shared()
+        thread_barrier()  # every warp's rows are written before the arrival (one thread arrives)
+        mbarrier.arrive(ds_ready.index(ds_set), count=1)
+        # dQ[:, this share] of step j - 1 = dS K[:, this share], over every warpgroup's keys. At j = 0 there is no
+        # step j - 1: the product runs on whatever its set holds and is dropped (an accumulator in flight must not
+        # pass through a branch: the copies that merge the branches would read it before it is written)
+        prev = (j + DS_SETS - 1) % DS_SETS
+        if j > 0:
+            mbarrier.wait(ds_ready.index(prev), ((j - 1) // DS_SETS) & 1)
+        dq = _dq_product(ds_smem, k_smem, dq_zero, prev, KEYS, HEAD_DIM, DQ_COLS, NUM_WG, WG)
+        dk = warpgroup_mma(ds_t, q_t, dk, is_async=True)
+        # in flight: dV, step j - 1's dQ, dK; dK runs on while that dQ share goes out (this also waits for dV)
+        dq = warpgroup_mma_wait(1, deps=(dq, ))
+        if j > 0:
+            mbarrier.arrive(ds_free.index(prev), count=1)
+            _out_dq(dq, dq_base, dq_desc, dq_smem, b, hq0 + (j - 1) // n_m, (m_first + (j - 1) % n_m) * BLOCK_M,
+                    dq_row, dq_col, scale, seqlen_q, stride_dqh, stride_dqs, BLOCK_M, DQ_COLS, DQ_TMA, WG)
+
+    dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
+    if n_steps > 0:  # the last step's dQ share
+        last = (n_steps - 1) % DS_SETS
+        mbarrier.wait(ds_ready.index(last), ((n_steps - 1) // DS_SETS) & 1)
+        dq = _dq_product(ds_smem, k_smem, dq_zero, last, KEYS, HEAD_DIM, DQ_COLS, NUM_WG, WG)
+        dq = warpgroup_mma_wait(0, deps=(dq, ))
+        _out_dq(dq, dq_base, dq_desc, dq_smem, b, hq0 + (n_steps - 1) // n_m, (m_first + (n_steps - 1) % n_m) * BLOCK_M,
+                dq_row, dq_col, scale, seqlen_q, stride_dqh, stride_dqs, BLOCK_M, DQ_COLS, DQ_TMA, WG)
+    if DQ_TMA:  # the last reduce must have read its tile before the program exits
+        tma.store_wait(0)
+    _store_dkdv(dk, dv, dk_ptr, dv_ptr, b, hkv, n0, scale, seqlen_k, stride_dkb, stride_dkh, stride_dks, stride_dvb,
+                stride_dvh, stride_dvs, KEYS, HEAD_DIM, kv_layout)
+
+
+@gluon.jit
 def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr,
-                                qk_scale, scale, seqlen_q, seqlen_k, num_heads_kv, group, stride_dkb, stride_dkh,
-                                stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs,
-                                BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                                CAUSAL: gl.constexpr, NUM_WG: gl.constexpr, CONSUMER_WG_REGS: gl.constexpr,
-                                LOADER_WG_REGS: gl.constexpr, FUSED_DQ: gl.constexpr = False,
-                                DQ_TMA: gl.constexpr = False):
+                                qk_scale, scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb,
+                                stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh,
+                                stride_dqs, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL:
+                                gl.constexpr, NUM_WG: gl.constexpr, CONSUMER_WG_REGS: gl.constexpr, LOADER_WG_REGS:
+                                gl.constexpr, FUSED_DQ: gl.constexpr = False, DQ_TMA: gl.constexpr = False,
+                                OPERANDS_SMEM: gl.constexpr = False, DS_SETS: gl.constexpr = 2):
     """One program per (key tile of ``64 NUM_WG`` keys, batch entry x K/V head); see the module's docstring."""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
@@ -263,16 +408,23 @@ def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delt
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    if FUSED_DQ:  # every warpgroup's dS^T of a step, two sets (step parity), and their ready/free barriers
-        ds_smem = gl.allocate_shared_memory(dtype, [2 * NUM_WG, 64, BLOCK_M],
-                                            gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
-        ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
+    if FUSED_DQ:  # every warpgroup's dS^T of a step (three sets, by step), their ready/free barriers, and its P^T
+        tile_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        ds_smem = gl.allocate_shared_memory(dtype, [DS_SETS * NUM_WG, 64, BLOCK_M], tile_layout)
+        p_smem = gl.allocate_shared_memory(dtype, [NUM_WG, 64, BLOCK_M], tile_layout)
+        ds_ready = gl.allocate_shared_memory(gl.int64, [DS_SETS, 1], mbarrier.MBarrierLayout())
+        ds_free = gl.allocate_shared_memory(gl.int64, [DS_SETS, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(DS_SETS):
             mbarrier.init(ds_ready.index(i), count=NUM_WG)
             mbarrier.init(ds_free.index(i), count=NUM_WG)
-    else:  # unused
-        ds_smem = q_smem
+    else:
+        if OPERANDS_SMEM:  # each warpgroup's dS^T and P^T, the left operands of its dK and dV products
+            tile_layout_2: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+            ds_smem = gl.allocate_shared_memory(dtype, [NUM_WG, 64, BLOCK_M], tile_layout_2)
+            p_smem = gl.allocate_shared_memory(dtype, [NUM_WG, 64, BLOCK_M], tile_layout_2)
+        else:  # unused
+            ds_smem = q_smem
+            p_smem = q_smem
         ds_ready = ready
         ds_free = ready
     if DQ_TMA:  # each consumer's dQ share, staged for the copy engine's reduce-add
@@ -288,35 +440,35 @@ def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delt
     if NUM_WG == 2:
         gl.warp_specialize([
             (_consumer, (q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem,
-                         delta_smem, ds_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale, scale,
-                         seqlen_q, seqlen_k, num_heads_kv, group, stride_dkb, stride_dkh, stride_dks, stride_dvb,
-                         stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM, STAGES, NUM_WG,
-                         CAUSAL, FUSED_DQ, DQ_TMA, 0)),
+                         delta_smem, ds_smem, p_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale,
+                         scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb, stride_dkh, stride_dks,
+                         stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM,
+                         STAGES, NUM_WG, CAUSAL, FUSED_DQ, DQ_TMA, OPERANDS_SMEM, DS_SETS, 0)),
             (_consumer, (q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem,
-                         delta_smem, ds_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale, scale,
-                         seqlen_q, seqlen_k, num_heads_kv, group, stride_dkb, stride_dkh, stride_dks, stride_dvb,
-                         stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM, STAGES, NUM_WG,
-                         CAUSAL, FUSED_DQ, DQ_TMA, 1)),
+                         delta_smem, ds_smem, p_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale,
+                         scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb, stride_dkh, stride_dks,
+                         stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM,
+                         STAGES, NUM_WG, CAUSAL, FUSED_DQ, DQ_TMA, OPERANDS_SMEM, DS_SETS, 1)),
             (_loader, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
-                       lse2_smem, delta_smem, ready, empty, kv_ready, seqlen_q, seqlen_k, num_heads_kv, group, BLOCK_M,
-                       STAGES, NUM_WG, CAUSAL)),
+                       lse2_smem, delta_smem, ready, empty, kv_ready, seqlen_q, seqlen_k, num_heads_kv, group,
+                       head_chunk, BLOCK_M, STAGES, NUM_WG, CAUSAL)),
         ], [4, 1], [CONSUMER_WG_REGS, LOADER_WG_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem,
-                         delta_smem, ds_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale, scale,
-                         seqlen_q, seqlen_k, num_heads_kv, group, stride_dkb, stride_dkh, stride_dks, stride_dvb,
-                         stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM, STAGES, NUM_WG,
-                         CAUSAL, FUSED_DQ, DQ_TMA, 0)),
+                         delta_smem, ds_smem, p_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale,
+                         scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb, stride_dkh, stride_dks,
+                         stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM,
+                         STAGES, NUM_WG, CAUSAL, FUSED_DQ, DQ_TMA, OPERANDS_SMEM, DS_SETS, 0)),
             (_loader, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
-                       lse2_smem, delta_smem, ready, empty, kv_ready, seqlen_q, seqlen_k, num_heads_kv, group, BLOCK_M,
-                       STAGES, NUM_WG, CAUSAL)),
+                       lse2_smem, delta_smem, ready, empty, kv_ready, seqlen_q, seqlen_k, num_heads_kv, group,
+                       head_chunk, BLOCK_M, STAGES, NUM_WG, CAUSAL)),
         ], [1], [LOADER_WG_REGS])
 
 
 CAPABILITIES = Capabilities(
     name="sm90_bwd", module=__name__,
-    role="backward dK/dV, Hopper: warp-specialised (TMA loader warp, wgmma consumer warpgroups with P and dS as "
-         "register operands); the pre-pass and dQ stay the portable kernels'",
+    role="backward dK/dV (and, fused, dQ by the copy engine's reduce-add), Hopper: warp-specialised (TMA loader "
+         "warp, wgmma consumer warpgroups); the pre-pass, and dQ where not fused, are the portable kernels'",
     dtypes=("fp16", "bf16"), head_dims=(64, 128), archs=(9,), features=("causal", "gqa", "deterministic"),
     needs=("tma",), secret=("q_desc", "k_desc", "v_desc", "do_desc"))

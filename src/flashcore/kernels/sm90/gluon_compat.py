@@ -17,8 +17,10 @@ What differs:
 
 * The partition-wide barrier: ``gl.thread_barrier`` in 3.6 and 3.7, ``gl.barrier`` from 3.8 on (the same
   ``gpu.barrier``, lowered inside a warp-specialised partition to a named barrier of its own warps).
-* The TMA reduce-add: Triton 3.9's Gluon has ``tma.async_atomic_add``; 3.6 has none (``async_atomic_add`` is
-  None, and the kernels that could use it take another form).
+* The TMA reduce-add: Triton 3.9's Gluon has ``tma.async_atomic_add``. 3.6's Gluon has no Python name for it, but
+  its builder has the operation (``create_async_tma_reduce``, the ``ttng.async_tma_reduce`` that ``tl``'s
+  ``descriptor.atomic_add`` lowers to), so the same builtin is spelled here from it (None only where a Triton
+  has neither).
 
 Everything else the kernels use (``mbarrier``, ``tma.store_wait``, ``warpgroup_mma``, ``warp_specialize``,
 ``fence_async_shared``, the layouts, ``constexpr_function``) is spelled alike in all four versions and is
@@ -34,8 +36,23 @@ else:  # Triton 3.6, 3.7
     async_store = _tma.async_copy_shared_to_global
 
 # The TMA reduce-add (``cp.reduce.async.bulk.tensor``, a shared-memory tile added into global memory by the copy
-# engine): Triton 3.9's Gluon has it as ``tma.async_atomic_add``; 3.6's has no bulk reduce at all (None here).
+# engine): Triton 3.9's Gluon has it as ``tma.async_atomic_add``; on 3.6 the builder's operation is wrapped here as
+# 3.9 does it (the coordinates as 32-bit values, then the reduce of kind ADD).
 async_atomic_add = getattr(_tma, "async_atomic_add", None)
+if async_atomic_add is None:
+    from triton._C.libtriton import gluon_ir as _gluon_ir
+    from triton._C.libtriton import ir as _ir
+    from triton.experimental.gluon.language._core import builtin as _builtin
+
+    if hasattr(_gluon_ir.GluonOpBuilder, "create_async_tma_reduce"):
+
+        @_builtin
+        def async_atomic_add(tensor_desc, coord, src, _semantic=None):
+            """Add the shared-memory tile ``src`` into the global tile of ``tensor_desc`` at ``coord`` (TMA
+            reduce-add; completion as a TMA store's, ``store_wait``)."""
+            coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+            _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord,
+                                                      src.handle)
 
 from triton.experimental.gluon import language as _gl
 
