@@ -347,7 +347,7 @@ def test_hopper_dkdv_machine_code(head_dim, causal, fused):
     """The Hopper dK/dV kernel as the planner launches it, compiled for sm_90a here (no GPU): warp-specialised
     (register reallocation between partitions) and fed by TMA. D=64 (one consumer warpgroup) keeps P and dS in
     registers as the left operands of dV += P^T dO and dK += dS^T Q; D=128 (two) reads them from shared memory
-    (v33: 4-6% faster there, 7-8% slower at D=64). No spills, except the fused-dQ form's: that form adds dQ by the
+    (v33: 4-6% faster there, 7-10% slower at D=64). No spills, except the fused-dQ form's: that form adds dQ by the
     copy engine's reduce-add (UTMAREDG, never per-thread atomics) and spills a few scalars (Triton 3.6: 5 / 8 STL
     full / causal, 3.9: 4 / 11), never the tiles: the bound below fails if the dQ accumulator or a tile spills."""
     from conftest import gluon_bwd_sass

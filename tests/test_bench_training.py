@@ -56,7 +56,10 @@ def test_readme_backward_table_is_the_committed_run():
     m = re.search(r"<!-- train-table: (\S+) -->\n(.*?)\n<!-- /train-table -->", readme, re.S)
     assert m, "README lost its generated backward table"
     doc = json.load(open(os.path.join(ROOT, m.group(1))))
-    assert doc["environment"]["gpu"]["name"].startswith("NVIDIA H100")
+    gpu = doc["environment"]["gpu"]["name"]
+    assert gpu.startswith(("NVIDIA H100", "NVIDIA H200"))
+    intro = readme[:m.start()].rsplit("\n\n", 1)[-1]  # the paragraph that introduces the table names its GPU
+    assert gpu.removeprefix("NVIDIA ") in intro and doc["environment"]["git_sha"] in intro
     assert m.group(2).strip() == markdown_table(doc).strip(), "README's backward table is stale: regenerate it"
 
 

@@ -22,7 +22,7 @@ LOADER_REGS = 24
 HEAD_CHUNK = 4
 # The planner's form (dQ on its own kernel) stores P^T and dS^T to shared memory for its dV and dK products with these
 # consumer warpgroup counts, and keeps them in registers otherwise (v33, H200, same run: two warpgroups at D=128 4-6%
-# faster through shared memory, one at D=64 7-8% faster in registers)
+# faster through shared memory, one at D=64 7-10% faster in registers)
 OPERANDS_SMEM_WG = (2, )
 # Fused dQ: sets of every warpgroup's dS^T in shared memory (how far a warpgroup may run ahead of the others)
 DS_SETS = 2

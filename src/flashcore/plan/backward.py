@@ -2,7 +2,7 @@
 
 ``block_m1 x block_n1``: the dK/dV kernel's query tile (walked) and key tile (held with its dK/dV
 accumulators); ``block_m2 x block_n2``: the dQ kernel's query tile (held) and key tile (walked). The
-Hopper rows are measured (docs/perf-notes.md, v19.x); the generic row is a safe guess for other GPUs."""
+Hopper rows are measured (docs/perf-notes.md, v19, v29, v33); the generic row is a safe guess for other GPUs."""
 from __future__ import annotations
 
 import re
@@ -65,15 +65,16 @@ def _hopper(head_dim: int, causal: bool, group: int) -> BwdConfig:
     """Sweeps v19.0-v19.2 (H100, bf16, bench/results/sweeps/bwd-v19-h100.json): D=64 wants narrow query tiles and
     four warps (8x16x2048: 295 TF against 263 at 64x128w8s2, 344-351 since v19.2; 4x32x4096 causal 312 against
     228); D=128 wants eight warps and a deeper pipeline (4x32x4096: 372 TF, causal 350, against 357/318 at s2).
-    fp32 atomics for dQ lost everywhere (320 against 357 TF at D=128): dQ always runs its own kernel. D=256: v26."""
+    The Triton kernel's fp32 atomics for dQ lost everywhere (320 against 357 TF at D=128); the Gluon kernel's reduce-add
+    wins at D=128 without GQA (v33, below). D=256: v26."""
     if head_dim <= 64:
         return BwdConfig(32, 128, 4, 3, 64, 64, 4, 3, gluon_dkdv=GLUON_DKDV.get(head_dim))
     if head_dim <= 128:
-        # v33 (H200, same-run A/B, bench/results/sweeps/bwd-v33-*): dQ inside the Gluon kernel at D=128 without GQA,
-        # 5799 against 6532 us at 4x32x4096, 3153-3245 against 3668-3718 causal, 11.3-11.8 against 13.1 ms at
-        # 1x32x16384 causal; with GQA (each program walks the whole group) it ties or loses (2x32/8x4096 causal
-        # 1780-1793 against 1742-1756 us for the planner's dQ kernel after v33's shared-memory operands), so GQA keeps
-        # the dQ kernel. D=64 loses too (1075 against 865 us at 8x16x2048, two warpgroups; one: 1465).
+        # v33 (H200, same-run A/B, bench/results/sweeps/bwd-v33-h200.json): dQ inside the Gluon kernel at D=128
+        # without GQA, 5693-5838 against 6429-6659 us at 4x32x4096, 3149-3171 against 3594-3653 causal, 11.0-11.4
+        # against 12.6-12.8 ms at 1x32x16384 causal (the dQ-kernel form with its shared-memory operands); with GQA
+        # (each program walks the whole group) it ties or loses (2x32/8x4096 causal 1780-1793 against 1742-1756 us),
+        # so GQA keeps the dQ kernel. D=64 loses too (1075 against 865 us at 8x16x2048, two warpgroups; one: 1465).
         return BwdConfig(64, 128, 8, 4, 128, 64, 8, 4, atomic_dq=head_dim == 128 and group == 1,
                          gluon_dkdv=GLUON_DKDV.get(head_dim))
     # D=256 (sweep v26, H200, bf16, bench/results/sweeps/bwd-v26-d256-h200.json): 4x16x4096x256 164 TF against 114

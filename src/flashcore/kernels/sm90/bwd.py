@@ -184,7 +184,7 @@ def _consumer_dkdv(q_desc, dk_ptr, dv_ptr, q_smem, do_smem, k_smem, v_smem, lse2
                    OPERANDS_SMEM: gl.constexpr, WG: gl.constexpr):
     """dK and dV only (dQ is the Triton kernel's). The left operands of the dV and dK products, P^T and dS^T, are
     stored to shared memory (OPERANDS_SMEM) or kept in registers: shared memory is 4-6% faster at D=128 with two
-    warpgroups, registers 7-8% faster at D=64 with one (v33, H200)."""
+    warpgroups, registers 7-10% faster at D=64 with one (v33, H200)."""
     dtype: gl.constexpr = q_desc.dtype
     KEYS: gl.constexpr = 64
     # keys are the rows of every product here
