@@ -77,7 +77,12 @@ class HopperDkdvLaunch:
             self.geom += ((list(dq_accum.shape), list(dq_accum.stride()), [1, 1, block_m, cols], lay_dq), )
         batch, num_heads_q, num_heads_kv = q.shape[0], q.shape[1], k.shape[1]
         # one-dimensional, in chunks of HEAD_CHUNK heads (the kernel's _steps)
-        grid = (batch * num_heads_kv * cdiv(seqlen_k, block_n), 1)
+        # fused with GQA: one program per query head (not per group), its dK/dV added into fp32 buffers (dk/dv are
+        # then those buffers; v33.7)
+        split = fused and num_heads_q > num_heads_kv
+        if split and not (dk.dtype == dv.dtype == torch.float32):
+            raise ValueError("the fused form with GQA adds dK/dV into fp32 buffers: dk and dv must be float32")
+        grid = ((num_heads_q if split else num_heads_kv) * batch * cdiv(seqlen_k, block_n), 1)
         ws = torch.empty(ws_shape, dtype=torch.float32)  # representative (the descriptors' shapes only)
         dq_strides = tuple(dq_accum.stride()[:3]) if fused else (0, 0, 0)
         args = [*self.descriptors(q, k, v, dout, ws, ws, dq_accum), dk, dv, dq_accum if fused else dk, qk_scale,
@@ -86,7 +91,7 @@ class HopperDkdvLaunch:
         consumer_regs, maxnreg = REGISTERS[num_wg]
         constexprs = dict(BLOCK_M=block_m, HEAD_DIM=D, STAGES=stages, CAUSAL=bool(causal), NUM_WG=num_wg,
                           CONSUMER_WG_REGS=consumer_regs, LOADER_WG_REGS=LOADER_REGS, FUSED_DQ=fused, DQ_TMA=dq_tma,
-                          OPERANDS_SMEM=num_wg in OPERANDS_SMEM_WG, DS_SETS=DS_SETS)
+                          OPERANDS_SMEM=num_wg in OPERANDS_SMEM_WG, DS_SETS=DS_SETS, SPLIT_GROUP=split)
         self.step = KernelStep(attn_bwd_dkdv_hopper_kernel, grid, args, DESC_ARGS + 3, constexprs, 4, 1,
                                options=dict(maxnreg=maxnreg))
 

@@ -32,7 +32,7 @@ class BackwardLaunch:
     them to the kernels' views ([B, H, S, D] dense, packed varlen), ``out``/``dout`` are such views already, ``lse`` is the forward's
     natural-log logsumexp ([B, H, S] or [H, total], contiguous) and ``has_dlse`` says whether its gradient comes
     too. ``seqlen_*``: the dense lengths, or the varlen maxima."""
-    __slots__ = ("varlen", "as_view", "atomic", "pre", "dkdv", "hopper_dkdv", "dq", "empty", "ws_shape")
+    __slots__ = ("varlen", "as_view", "atomic", "split", "pre", "dkdv", "hopper_dkdv", "dq", "empty", "ws_shape")
 
     def __init__(self, dout, q_user, k_user, v_user, out, lse, *, has_dlse: bool, as_view, varlen: bool,
                  num_seqs: int, seqlen_q: int, seqlen_k: int, scale: float, causal: bool, config: BwdConfig):
@@ -52,6 +52,8 @@ class BackwardLaunch:
         # dQ added inside the dK/dV kernel: a Gluon form's reduce-add only where the Gluon kernel runs (the Triton
         # kernel's per-thread atomics were slower everywhere: then the dQ kernel runs), or an explicit Triton one's
         self.atomic = cfg.atomic_dq and (use_hopper or not cfg.gluon_dkdv)
+        # with GQA the fused Gluon form runs a program per query head and adds dK/dV into fp32 buffers
+        self.split = self.atomic and use_hopper and num_heads_q > num_heads_kv
         # the fp32 dQ buffer of the atomic forms is laid out like the caller's q, so that its conversion at the end
         # is a contiguous copy (a [B, H, S, D] buffer made it a strided one: ~2x slower at 4x32x4096x128, v33)
         dq_target = as_view(torch.empty_like(q_user, dtype=torch.float32)) if self.atomic else dq
@@ -74,8 +76,10 @@ class BackwardLaunch:
         qkv_strides = [*_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(dout, varlen)]
         self.hopper_dkdv = None
         if use_hopper:
+            dk_target, dv_target = ((as_view(torch.empty_like(t, dtype=torch.float32)) for t in (k_user, v_user))
+                                    if self.split else (dk, dv))
             self.hopper_dkdv = HopperDkdvLaunch(
-                q, k, v, dout, dk, dv, self.ws_shape, seqlen_q=seqlen_q, seqlen_k=seqlen_k, scale=scale,
+                q, k, v, dout, dk_target, dv_target, self.ws_shape, seqlen_q=seqlen_q, seqlen_k=seqlen_k, scale=scale,
                 qk_scale=scale * LOG2E, causal=causal, block_m=cfg.gluon_dkdv[0], block_n=cfg.gluon_dkdv[1],
                 num_warps=cfg.gluon_dkdv[2], stages=cfg.gluon_dkdv[3], dq_accum=dq_target if self.atomic else None)
         self.dkdv = None if self.hopper_dkdv is not None else KernelStep(
@@ -110,7 +114,15 @@ class BackwardLaunch:
         self.pre.run((out, dout, lse, dlse if dlse is not None else lse, delta, lse2, cu_q), device)
         dq_target = view(torch.zeros_like(q_user, dtype=torch.float32)) if self.atomic else dq
         if self.hopper_dkdv is not None:
-            self.hopper_dkdv.run(q, k, v, dout, dk, dv, lse2, delta, dq_target if self.atomic else None)
+            if self.split:  # dK/dV added up over each group's query heads, in fp32
+                dk_target, dv_target = (view(torch.zeros_like(t, dtype=torch.float32)) for t in (k_user, v_user))
+            else:
+                dk_target, dv_target = dk, dv
+            self.hopper_dkdv.run(q, k, v, dout, dk_target, dv_target, lse2, delta,
+                                 dq_target if self.atomic else None)
+            if self.split:
+                dk.copy_(dk_target)
+                dv.copy_(dv_target)
         else:
             self.dkdv.run((q, k, v, dout, dk, dv, dq_target, lse2, delta, cu_q, cu_k), device)
         if self.atomic:

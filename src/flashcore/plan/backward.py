@@ -42,16 +42,14 @@ GLUON_DKDV = {128: (64, 128, 8, 2), 64: (64, 64, 4, 3)}
 INTERPRETER = BwdConfig(16, 32, 4, 1, 32, 16, 4, 1)
 
 
-def backward_config(arch, *, head_dim: int, dtype_name: str, causal: bool, deterministic: bool,
-                    group: int = 1) -> BwdConfig:
-    """The configuration for these facts (``arch``: compute capability, None for CPU tensors/interpreter;
-    ``group``: query heads per K/V head)."""
+def backward_config(arch, *, head_dim: int, dtype_name: str, causal: bool, deterministic: bool) -> BwdConfig:
+    """The configuration for these facts (``arch``: compute capability, None for CPU tensors/interpreter)."""
     if arch is None:
         cfg = INTERPRETER
     elif dtype_name == "fp32":  # no tensor-core format at 16 bits: half the tile, or the registers spill
         cfg = BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)
     elif is_hopper(arch):
-        cfg = _hopper(head_dim, causal, group)
+        cfg = _hopper(head_dim, causal)
     elif head_dim > 128:
         cfg = BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)
     else:
@@ -61,21 +59,22 @@ def backward_config(arch, *, head_dim: int, dtype_name: str, causal: bool, deter
     return cfg
 
 
-def _hopper(head_dim: int, causal: bool, group: int) -> BwdConfig:
+def _hopper(head_dim: int, causal: bool) -> BwdConfig:
     """Sweeps v19.0-v19.2 (H100, bf16, bench/results/sweeps/bwd-v19-h100.json): D=64 wants narrow query tiles and
     four warps (8x16x2048: 295 TF against 263 at 64x128w8s2, 344-351 since v19.2; 4x32x4096 causal 312 against
     228); D=128 wants eight warps and a deeper pipeline (4x32x4096: 372 TF, causal 350, against 357/318 at s2).
     The Triton kernel's fp32 atomics for dQ lost everywhere (320 against 357 TF at D=128); the Gluon kernel's reduce-add
-    wins at D=128 without GQA (v33, below). D=256: v26."""
+    wins at D=128 (v33, below). D=256: v26."""
     if head_dim <= 64:
         return BwdConfig(32, 128, 4, 3, 64, 64, 4, 3, gluon_dkdv=GLUON_DKDV.get(head_dim))
     if head_dim <= 128:
-        # v33 (H200, same-run A/B, bench/results/sweeps/bwd-v33-h200.json): dQ inside the Gluon kernel at D=128
-        # without GQA, 5693-5838 against 6429-6659 us at 4x32x4096, 3149-3171 against 3594-3653 causal, 11.0-11.4
-        # against 12.6-12.8 ms at 1x32x16384 causal (the dQ-kernel form with its shared-memory operands); with GQA
-        # (each program walks the whole group) it ties or loses (2x32/8x4096 causal 1780-1793 against 1742-1756 us),
-        # so GQA keeps the dQ kernel. D=64 loses too (1075 against 865 us at 8x16x2048, two warpgroups; one: 1465).
-        return BwdConfig(64, 128, 8, 4, 128, 64, 8, 4, atomic_dq=head_dim == 128 and group == 1,
+        # v33 (H200, same-run A/B, bench/results/sweeps/bwd-v33-h200.json): dQ inside the Gluon kernel at D=128,
+        # 5693-5838 against 6429-6659 us at 4x32x4096, 3149-3171 against 3594-3653 causal, 11.0-11.4 against
+        # 12.6-12.8 ms at 1x32x16384 causal (the dQ-kernel form with its shared-memory operands); with GQA one
+        # program per query head, dK/dV added up in fp32 (v33.7): 11.9 against 13.4-13.6 ms at 2x64/8x8192 causal,
+        # 3331-3354 against 3686-3726 us at 4x32/8x4096 causal, 1666-1667 against 1671-1729 at 2x32/8x4096 causal.
+        # D=64 loses (1075 against 865 us at 8x16x2048, two warpgroups; one: 1465): the dQ kernel there.
+        return BwdConfig(64, 128, 8, 4, 128, 64, 8, 4, atomic_dq=head_dim == 128,
                          gluon_dkdv=GLUON_DKDV.get(head_dim))
     # D=256 (sweep v26, H200, bf16, bench/results/sweeps/bwd-v26-d256-h200.json): 4x16x4096x256 164 TF against 114
     # (non-causal) and 67 (causal) for v19's guess, 32x64w4s1-64x32w4s1, which spilled 2.4 KB per thread in dK/dV

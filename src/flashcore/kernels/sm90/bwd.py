@@ -63,14 +63,16 @@ def _issue_step(q_desc, do_desc, lse2_desc, delta_desc, q_smem, do_smem, lse2_sm
 
 @gluon.jit
 def _steps(seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, BLOCK_M: gl.constexpr, KEY_ROWS: gl.constexpr,
-           CAUSAL: gl.constexpr):
-    """This program's (batch entry, K/V head, first key, first query tile, query tiles per head, steps).
+           CAUSAL: gl.constexpr, SPLIT_GROUP: gl.constexpr):
+    """This program's (batch entry, K/V head, first query head, first key, first query tile, query tiles per head,
+    steps). SPLIT_GROUP: a program takes one query head of a GQA group instead of all of them (its K/V head's
+    dK/dV are then added up across the group's programs).
 
     The grid is one-dimensional, in chunks of ``head_chunk`` (batch entry x K/V head) pairs: within a chunk the
     key tiles are the outer order, so a causal chunk's long programs (the first key tiles see the most query tiles)
     all start before its short ones, and the short ones fill the end. Chunks, not the whole grid, keep the programs
-    that run at once on a few heads: their Q/dO tiles and (fused dQ) the fp32 dQ rows they add into stay in L2 (v33:
-    the key tiles outer over every head at once cost +33% at 4x32x4096x128 causal). ``head_chunk`` = 1 is
+    that run at once on a few heads: their Q/dO tiles and (fused dQ) the fp32 dQ rows they add into stay in L2
+    (v33: the key tiles outer over every head at once cost +33% at 4x32x4096x128 causal). ``head_chunk`` = 1 is
     head-major order."""
     pid = gl.program_id(0)
     n_kt = gl.cdiv(seqlen_k, KEY_ROWS)
@@ -80,8 +82,14 @@ def _steps(seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, BLOCK_M: gl.cons
     r = pid % per_chunk
     width = gl.minimum(head_chunk, num_bh - chunk * head_chunk)
     pid_bh = chunk * head_chunk + r % width
-    b = pid_bh // num_heads_kv
-    hkv = pid_bh % num_heads_kv
+    if SPLIT_GROUP:  # (batch entry, query head) pairs
+        b = pid_bh // (num_heads_kv * group)
+        hq0 = pid_bh % (num_heads_kv * group)
+        hkv = hq0 // group
+    else:
+        b = pid_bh // num_heads_kv
+        hkv = pid_bh % num_heads_kv
+        hq0 = hkv * group
     n0 = (r // width) * KEY_ROWS
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
     if CAUSAL:  # the first query that sees key n0 is n0 - (seqlen_k - seqlen_q) (bottom-right)
@@ -89,22 +97,26 @@ def _steps(seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, BLOCK_M: gl.cons
     else:
         m_first = num_m * 0
     n_m = num_m - m_first
-    return b, hkv, n0, m_first, n_m, n_m * group
+    if SPLIT_GROUP:
+        n_steps = n_m
+    else:
+        n_steps = n_m * group
+    return b, hkv, hq0, n0, m_first, n_m, n_steps
 
 
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, lse2_smem,
-            delta_smem, ready, empty, kv_ready, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, BLOCK_M:
-            gl.constexpr, STAGES: gl.constexpr, NUM_WG: gl.constexpr, CAUSAL: gl.constexpr):
+            delta_smem, ready, empty, kv_ready, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk,
+            BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_WG: gl.constexpr, CAUSAL: gl.constexpr,
+            SPLIT_GROUP: gl.constexpr):
     """The loader partition (one warp): each consumer's 64 K and V rows once, then every step's Q and dO tiles
     through the ring, a slot refilled once every consumer has released it."""
-    b, hkv, n0, m_first, n_m, n_steps = _steps(seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, BLOCK_M,
-                                               NUM_WG * 64, CAUSAL)
+    b, hkv, hq0, n0, m_first, n_m, n_steps = _steps(seqlen_q, seqlen_k, num_heads_kv, group, head_chunk,
+                                               BLOCK_M, NUM_WG * 64, CAUSAL, SPLIT_GROUP)
     mbarrier.expect(kv_ready, NUM_WG * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
     for w in gl.static_range(NUM_WG):
         async_load(k_desc, [b, hkv, n0 + w * 64, 0], kv_ready, k_smem.index(w))
         async_load(v_desc, [b, hkv, n0 + w * 64, 0], kv_ready, v_smem.index(w))
-    hq0 = hkv * group
     for j in range(n_steps):
         if j >= STAGES:
             mbarrier.wait(empty.index(j % STAGES), (j // STAGES - 1) & 1)
@@ -143,8 +155,8 @@ def _consumer(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, 
               ds_smem, p_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale, scale, seqlen_q, seqlen_k,
               num_heads_kv, group, head_chunk, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
               stride_dqb, stride_dqh, stride_dqs, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-              NUM_WG: gl.constexpr, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr, DQ_TMA: gl.constexpr, OPERANDS_SMEM:
-              gl.constexpr, DS_SETS: gl.constexpr, WG: gl.constexpr):
+              NUM_WG: gl.constexpr, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr, DQ_TMA: gl.constexpr,
+              OPERANDS_SMEM: gl.constexpr, DS_SETS: gl.constexpr, SPLIT_GROUP: gl.constexpr, WG: gl.constexpr):
     """A consumer partition (warpgroup ``WG``): dK and dV of key rows ``n0 + 64 WG ...`` over every step, and with
     FUSED_DQ this warpgroup's columns of every step's dQ as well (:func:`_consumer_fused_dq`)."""
     if FUSED_DQ:
@@ -152,7 +164,7 @@ def _consumer(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, 
                            delta_smem, ds_smem, p_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale,
                            scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb, stride_dkh,
                            stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M,
-                           HEAD_DIM, STAGES, NUM_WG, CAUSAL, DQ_TMA, DS_SETS, WG)
+                           HEAD_DIM, STAGES, NUM_WG, CAUSAL, DQ_TMA, DS_SETS, SPLIT_GROUP, WG)
     else:
         _consumer_dkdv(q_desc, dk_ptr, dv_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem, delta_smem, ds_smem,
                        p_smem, ready, empty, kv_ready, qk_scale, scale, seqlen_q, seqlen_k, num_heads_kv, group,
@@ -177,6 +189,22 @@ def _store_dkdv(dk, dv, dk_ptr, dv_ptr, b, hkv, n0, scale, seqlen_k, stride_dkb,
 
 
 @gluon.jit
+def _add_dkdv(dk, dv, dk_ptr, dv_ptr, b, hkv, n0, scale, seqlen_k, stride_dkb, stride_dkh, stride_dks, stride_dvb,
+              stride_dvh, stride_dvs, KEYS: gl.constexpr, HEAD_DIM: gl.constexpr, kv_layout: gl.constexpr):
+    """dK (scaled) and dV of key rows ``n0 ...`` added into fp32 buffers (one program per query head of a GQA group
+    adds its share; once per program, so per-thread atomics are cheap here), rows past the end left alone."""
+    o_row = n0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, kv_layout))
+    o_col = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+    ok = gl.expand_dims(o_row < seqlen_k, 1)
+    rows = gl.expand_dims(o_row.to(gl.int64), 1)
+    cols = gl.expand_dims(o_col, 0)
+    dk_base = dk_ptr + b.to(gl.int64) * stride_dkb + hkv.to(gl.int64) * stride_dkh
+    dv_base = dv_ptr + b.to(gl.int64) * stride_dvb + hkv.to(gl.int64) * stride_dvh
+    gl.atomic_add(dk_base + rows * stride_dks + cols, dk * scale, mask=ok, sem="relaxed")
+    gl.atomic_add(dv_base + rows * stride_dvs + cols, dv, mask=ok, sem="relaxed")
+
+
+@gluon.jit
 def _consumer_dkdv(q_desc, dk_ptr, dv_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem, delta_smem, ds_smem, p_smem,
                    ready, empty, kv_ready, qk_scale, scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk,
                    stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, BLOCK_M: gl.constexpr,
@@ -196,8 +224,8 @@ def _consumer_dkdv(q_desc, dk_ptr, dv_ptr, q_smem, do_smem, k_smem, v_smem, lse2
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
-    b, hkv, n0, m_first, n_m, n_steps = _steps(seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, BLOCK_M,
-                                               NUM_WG * KEYS, CAUSAL)
+    b, hkv, hq0, n0, m_first, n_m, n_steps = _steps(seqlen_q, seqlen_k, num_heads_kv, group, head_chunk,
+                                               BLOCK_M, NUM_WG * KEYS, CAUSAL, False)
     n0 = n0 + WG * KEYS
     diag = seqlen_k - seqlen_q
     k_t = k_smem.index(WG).reshape([KEYS, HEAD_DIM])
@@ -277,8 +305,9 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
                        delta_smem, ds_smem, p_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale, scale,
                        seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb, stride_dkh, stride_dks,
                        stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M: gl.constexpr,
-                       HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NUM_WG: gl.constexpr, CAUSAL: gl.constexpr, DQ_TMA:
-                       gl.constexpr, DS_SETS: gl.constexpr, WG: gl.constexpr):
+                       HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NUM_WG: gl.constexpr, CAUSAL: gl.constexpr,
+                       DQ_TMA: gl.constexpr, DS_SETS: gl.constexpr, SPLIT_GROUP: gl.constexpr,
+                       WG: gl.constexpr):
     """dK, dV and this warpgroup's share of dQ (five products per tile pair; not deterministic: the order of the
     additions into the fp32 ``dq_ptr`` buffer varies).
 
@@ -305,11 +334,10 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, DQ_COLS, 16])
 
-    b, hkv, n0, m_first, n_m, n_steps = _steps(seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, BLOCK_M,
-                                               NUM_WG * KEYS, CAUSAL)
+    b, hkv, hq0, n0, m_first, n_m, n_steps = _steps(seqlen_q, seqlen_k, num_heads_kv, group, head_chunk,
+                                               BLOCK_M, NUM_WG * KEYS, CAUSAL, SPLIT_GROUP)
     n0 = n0 + WG * KEYS
     diag = seqlen_k - seqlen_q
-    hq0 = hkv * group
     k_t = k_smem.index(WG).reshape([KEYS, HEAD_DIM])
     v_t = v_smem.index(WG).reshape([KEYS, HEAD_DIM])
     p_t = p_smem.index(WG)
@@ -385,18 +413,23 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
                 dq_row, dq_col, scale, seqlen_q, stride_dqh, stride_dqs, BLOCK_M, DQ_COLS, DQ_TMA, WG)
     if DQ_TMA:  # the last reduce must have read its tile before the program exits
         tma.store_wait(0)
-    _store_dkdv(dk, dv, dk_ptr, dv_ptr, b, hkv, n0, scale, seqlen_k, stride_dkb, stride_dkh, stride_dks, stride_dvb,
-                stride_dvh, stride_dvs, KEYS, HEAD_DIM, kv_layout)
+    if SPLIT_GROUP:  # this query head's share of its K/V head's dK/dV, added into fp32 buffers
+        _add_dkdv(dk, dv, dk_ptr, dv_ptr, b, hkv, n0, scale, seqlen_k, stride_dkb, stride_dkh, stride_dks, stride_dvb,
+                  stride_dvh, stride_dvs, KEYS, HEAD_DIM, kv_layout)
+    else:
+        _store_dkdv(dk, dv, dk_ptr, dv_ptr, b, hkv, n0, scale, seqlen_k, stride_dkb, stride_dkh, stride_dks,
+                    stride_dvb, stride_dvh, stride_dvs, KEYS, HEAD_DIM, kv_layout)
 
 
 @gluon.jit
 def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr,
                                 qk_scale, scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb,
                                 stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh,
-                                stride_dqs, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL:
-                                gl.constexpr, NUM_WG: gl.constexpr, CONSUMER_WG_REGS: gl.constexpr, LOADER_WG_REGS:
-                                gl.constexpr, FUSED_DQ: gl.constexpr = False, DQ_TMA: gl.constexpr = False,
-                                OPERANDS_SMEM: gl.constexpr = False, DS_SETS: gl.constexpr = 2):
+                                stride_dqs, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                                CAUSAL: gl.constexpr, NUM_WG: gl.constexpr, CONSUMER_WG_REGS: gl.constexpr,
+                                LOADER_WG_REGS: gl.constexpr, FUSED_DQ: gl.constexpr = False,
+                                DQ_TMA: gl.constexpr = False, OPERANDS_SMEM: gl.constexpr = False,
+                                DS_SETS: gl.constexpr = 2, SPLIT_GROUP: gl.constexpr = False):
     """One program per (key tile of ``64 NUM_WG`` keys, batch entry x K/V head); see the module's docstring."""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
@@ -443,15 +476,15 @@ def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delt
                          delta_smem, ds_smem, p_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale,
                          scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb, stride_dkh, stride_dks,
                          stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM,
-                         STAGES, NUM_WG, CAUSAL, FUSED_DQ, DQ_TMA, OPERANDS_SMEM, DS_SETS, 0)),
+                         STAGES, NUM_WG, CAUSAL, FUSED_DQ, DQ_TMA, OPERANDS_SMEM, DS_SETS, SPLIT_GROUP, 0)),
             (_consumer, (q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem,
                          delta_smem, ds_smem, p_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale,
                          scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb, stride_dkh, stride_dks,
                          stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM,
-                         STAGES, NUM_WG, CAUSAL, FUSED_DQ, DQ_TMA, OPERANDS_SMEM, DS_SETS, 1)),
+                         STAGES, NUM_WG, CAUSAL, FUSED_DQ, DQ_TMA, OPERANDS_SMEM, DS_SETS, SPLIT_GROUP, 1)),
             (_loader, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                        lse2_smem, delta_smem, ready, empty, kv_ready, seqlen_q, seqlen_k, num_heads_kv, group,
-                       head_chunk, BLOCK_M, STAGES, NUM_WG, CAUSAL)),
+                       head_chunk, BLOCK_M, STAGES, NUM_WG, CAUSAL, SPLIT_GROUP)),
         ], [4, 1], [CONSUMER_WG_REGS, LOADER_WG_REGS])
     else:
         gl.warp_specialize([
@@ -459,10 +492,10 @@ def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delt
                          delta_smem, ds_smem, p_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale,
                          scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb, stride_dkh, stride_dks,
                          stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM,
-                         STAGES, NUM_WG, CAUSAL, FUSED_DQ, DQ_TMA, OPERANDS_SMEM, DS_SETS, 0)),
+                         STAGES, NUM_WG, CAUSAL, FUSED_DQ, DQ_TMA, OPERANDS_SMEM, DS_SETS, SPLIT_GROUP, 0)),
             (_loader, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                        lse2_smem, delta_smem, ready, empty, kv_ready, seqlen_q, seqlen_k, num_heads_kv, group,
-                       head_chunk, BLOCK_M, STAGES, NUM_WG, CAUSAL)),
+                       head_chunk, BLOCK_M, STAGES, NUM_WG, CAUSAL, SPLIT_GROUP)),
         ], [1], [LOADER_WG_REGS])
 
 
