@@ -18,10 +18,12 @@ at 8 warps only by spilling and issues its loads between products (perf-notes v1
   the next step and waited for under its ``S^T``; only then are their operands (and the slot) released.
 
 dQ: without ``FUSED_DQ`` the Triton dQ kernel runs after this one (deterministic; seven products per tile pair in
-all). With it (the planner's D=128 form without GQA, never with ``deterministic=True``), every consumer also writes
+all). With it (the planner's D=128 form, never with ``deterministic=True``), every consumer also writes
 its dS^T to a shared set, and one step later computes its columns of that step's dQ over every consumer's keys,
 which the copy engine adds into an fp32 buffer (TMA reduce-add; not deterministic: the order of the additions
-varies); see :func:`_consumer_fused_dq`. lse2 and delta come in whole query tiles: the pre-pass pads them to a tile
+varies); see :func:`_consumer_fused_dq`. With GQA (``SPLIT_GROUP``) a fused program takes one query head instead
+of the whole group and adds its share of dK/dV into fp32 buffers (the group's programs of one key tile would
+otherwise be one long program: v33.7). lse2 and delta come in whole query tiles: the pre-pass pads them to a tile
 multiple with lse2 = +inf and delta = 0, so a query row past the end (Q = dO = 0 from the copy engine's zero fill)
 has probability 0, as does a row that saw no key. Key rows past the end read zeros; their dK/dV rows are never
 stored, and with FUSED_DQ their probabilities are cleared so that they add nothing to dQ.
