@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import constexpr_function
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -44,6 +45,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from ..capabilities import Capabilities
 from .gluon_compat import async_atomic_add, async_load, thread_barrier
+
+
+@constexpr_function
+def _acc_layout(n):
+    """The wgmma accumulator layout of a [64, n] tile of one 4-warp consumer (keys, or query rows for dQ, are the
+    rows of every product here)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
 
 
 @gluon.jit
@@ -176,34 +184,84 @@ def _consumer(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, 
 
 @gluon.jit
 def _store_dkdv(dk, dv, dk_ptr, dv_ptr, b, hkv, n0, scale, seqlen_k, stride_dkb, stride_dkh, stride_dks, stride_dvb,
-                stride_dvh, stride_dvs, KEYS: gl.constexpr, HEAD_DIM: gl.constexpr, kv_layout: gl.constexpr):
-    """dK (scaled) and dV of key rows ``n0 ...`` out, rows past the end left alone."""
-    dtype: gl.constexpr = dk_ptr.dtype.element_ty
+                stride_dvh, stride_dvs, KEYS: gl.constexpr, HEAD_DIM: gl.constexpr, kv_layout: gl.constexpr,
+                ADD: gl.constexpr = False):
+    """dK (scaled) and dV of key rows ``n0 ...`` out, rows past the end left alone. ADD: added into fp32 buffers
+    instead (one program per query head of a GQA group adds its share; once per program, so per-thread atomics are
+    cheap here)."""
     o_row = n0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, kv_layout))
     o_col = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
     ok = gl.expand_dims(o_row < seqlen_k, 1)
     rows = gl.expand_dims(o_row.to(gl.int64), 1)
     cols = gl.expand_dims(o_col, 0)
-    dk_base = dk_ptr + b.to(gl.int64) * stride_dkb + hkv.to(gl.int64) * stride_dkh
-    dv_base = dv_ptr + b.to(gl.int64) * stride_dvb + hkv.to(gl.int64) * stride_dvh
-    gl.store(dk_base + rows * stride_dks + cols, (dk * scale).to(dtype), mask=ok)
-    gl.store(dv_base + rows * stride_dvs + cols, dv.to(dtype), mask=ok)
+    dk_ptrs = dk_ptr + b.to(gl.int64) * stride_dkb + hkv.to(gl.int64) * stride_dkh + rows * stride_dks + cols
+    dv_ptrs = dv_ptr + b.to(gl.int64) * stride_dvb + hkv.to(gl.int64) * stride_dvh + rows * stride_dvs + cols
+    if ADD:
+        gl.atomic_add(dk_ptrs, dk * scale, mask=ok, sem="relaxed")
+        gl.atomic_add(dv_ptrs, dv, mask=ok, sem="relaxed")
+    else:
+        dtype: gl.constexpr = dk_ptr.dtype.element_ty
+        gl.store(dk_ptrs, (dk * scale).to(dtype), mask=ok)
+        gl.store(dv_ptrs, dv.to(dtype), mask=ok)
 
 
 @gluon.jit
-def _add_dkdv(dk, dv, dk_ptr, dv_ptr, b, hkv, n0, scale, seqlen_k, stride_dkb, stride_dkh, stride_dks, stride_dvb,
-              stride_dvh, stride_dvs, KEYS: gl.constexpr, HEAD_DIM: gl.constexpr, kv_layout: gl.constexpr):
-    """dK (scaled) and dV of key rows ``n0 ...`` added into fp32 buffers (one program per query head of a GQA group
-    adds its share; once per program, so per-thread atomics are cheap here), rows past the end left alone."""
-    o_row = n0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, kv_layout))
-    o_col = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
-    ok = gl.expand_dims(o_row < seqlen_k, 1)
-    rows = gl.expand_dims(o_row.to(gl.int64), 1)
-    cols = gl.expand_dims(o_col, 0)
-    dk_base = dk_ptr + b.to(gl.int64) * stride_dkb + hkv.to(gl.int64) * stride_dkh
-    dv_base = dv_ptr + b.to(gl.int64) * stride_dvb + hkv.to(gl.int64) * stride_dvh
-    gl.atomic_add(dk_base + rows * stride_dks + cols, dk * scale, mask=ok, sem="relaxed")
-    gl.atomic_add(dv_base + rows * stride_dvs + cols, dv, mask=ok, sem="relaxed")
+def _own_keys(k_smem, v_smem, n0, WG: gl.constexpr, KEYS: gl.constexpr, HEAD_DIM: gl.constexpr,
+              BLOCK_M: gl.constexpr, row_layout: gl.constexpr, col_layout: gl.constexpr):
+    """Warpgroup ``WG``'s share of the program's keys (from ``n0``): (its first key, its K and V tiles, its key
+    indices, the query tile's column indices)."""
+    n0 = n0 + WG * KEYS
+    key = n0 + gl.arange(0, KEYS, layout=row_layout)
+    col = gl.arange(0, BLOCK_M, layout=col_layout)
+    return (n0, k_smem.index(WG).reshape([KEYS, HEAD_DIM]), v_smem.index(WG).reshape([KEYS, HEAD_DIM]), key, col)
+
+
+@gluon.jit
+def _issue_scores(k_t, v_t, q_smem, do_smem, ready, s_zero, j, STAGES: gl.constexpr, BLOCK_M: gl.constexpr,
+                  HEAD_DIM: gl.constexpr):
+    """Step ``j``'s ring slot once loaded, and its ``S^T = K Q^T`` and ``dP^T = V dO^T`` issued (not waited for):
+    (slot, Q tile, dO tile, S^T, dP^T)."""
+    s = j % STAGES
+    mbarrier.wait(ready.index(s), (j // STAGES) & 1)
+    q_t = q_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
+    do_t = do_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
+    st = warpgroup_mma(k_t, q_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    dpt = warpgroup_mma(v_t, do_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    return s, q_t, do_t, st, dpt
+
+
+@gluon.jit
+def _probabilities(st, lse2_smem, s, key, qi, m0, n0, diag, qk_scale, seqlen_k, KEYS: gl.constexpr,
+                   BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, CLEAR_PAST_END: gl.constexpr,
+                   col_layout: gl.constexpr):
+    """``P^T = exp2(S^T * scale * log2e - lse2)`` of slot ``s``'s query rows, 0 above the bottom-right causal
+    diagonal where the tile straddles it, and (CLEAR_PAST_END) 0 for keys past the end: they are the copy engine's
+    zeros, and must add nothing to dQ, not even 0 * inf. Rows past the end: the pre-pass wrote lse2 = +inf there."""
+    lse2 = lse2_smem.index(s).reshape([BLOCK_M]).load(col_layout)
+    pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
+    if CAUSAL:
+        if m0 + diag < n0 + KEYS - 1:  # the tile straddles the diagonal: key > query + diag is masked
+            ok = gl.expand_dims(key, 1) <= gl.expand_dims(qi + diag, 0)
+            pt = gl.where(ok, pt, 0.0)
+    if CLEAR_PAST_END:
+        if n0 + KEYS > seqlen_k:
+            pt = gl.where(gl.expand_dims(key < seqlen_k, 1), pt, 0.0)
+    return pt
+
+
+@gluon.jit
+def _accumulate(a, a_smem, b_t, acc, a_op, OPERANDS_SMEM: gl.constexpr, op_layout: gl.constexpr):
+    """``acc += a b_t`` issued (not waited for), its left operand ``a`` (16-bit, in the accumulator layout) stored
+    to ``a_smem`` first (OPERANDS_SMEM) or converted to the register operand layout: (acc, the register operand,
+    which must stay alive until the product is waited for; ``a_op`` unchanged with OPERANDS_SMEM)."""
+    if OPERANDS_SMEM:
+        a_smem.store(a)
+        fence_async_shared()
+        acc = warpgroup_mma(a_smem, b_t, acc, is_async=True)
+    else:
+        a_op = gl.convert_layout(a, op_layout)
+        acc = warpgroup_mma(a_op, b_t, acc, is_async=True)
+    return acc, a_op
 
 
 @gluon.jit
@@ -217,23 +275,16 @@ def _consumer_dkdv(q_desc, dk_ptr, dv_ptr, q_smem, do_smem, k_smem, v_smem, lse2
     warpgroups, registers 7-10% faster at D=64 with one (v33, H200)."""
     dtype: gl.constexpr = q_desc.dtype
     KEYS: gl.constexpr = 64
-    # keys are the rows of every product here
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_M, 16])
-    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, HEAD_DIM, 16])
+    s_layout: gl.constexpr = _acc_layout(BLOCK_M)
+    kv_layout: gl.constexpr = _acc_layout(HEAD_DIM)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
     b, hkv, hq0, n0, m_first, n_m, n_steps = _steps(seqlen_q, seqlen_k, num_heads_kv, group, head_chunk,
                                                BLOCK_M, NUM_WG * KEYS, CAUSAL, False)
-    n0 = n0 + WG * KEYS
+    n0, k_t, v_t, key, col = _own_keys(k_smem, v_smem, n0, WG, KEYS, HEAD_DIM, BLOCK_M, row_layout, col_layout)
     diag = seqlen_k - seqlen_q
-    k_t = k_smem.index(WG).reshape([KEYS, HEAD_DIM])
-    v_t = v_smem.index(WG).reshape([KEYS, HEAD_DIM])
-    key = n0 + gl.arange(0, KEYS, layout=row_layout)
-    col = gl.arange(0, BLOCK_M, layout=col_layout)
     s_zero = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
     dk = warpgroup_mma_init(gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout))
     dv = warpgroup_mma_init(gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout))
@@ -245,42 +296,19 @@ def _consumer_dkdv(q_desc, dk_ptr, dv_ptr, q_smem, do_smem, k_smem, v_smem, lse2
     mbarrier.wait(kv_ready, 0)
 
     for j in range(n_steps):
-        s = j % STAGES
         m0 = (m_first + j % n_m) * BLOCK_M
-        qi = m0 + col
-        mbarrier.wait(ready.index(s), (j // STAGES) & 1)
-        q_t = q_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
-        do_t = do_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
-        st = warpgroup_mma(k_t, q_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        dpt = warpgroup_mma(v_t, do_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s, q_t, do_t, st, dpt = _issue_scores(k_t, v_t, q_smem, do_smem, ready, s_zero, j, STAGES, BLOCK_M, HEAD_DIM)
         # in flight here: the previous step's dV and dK products, then S^T and dP^T; this waits for all but dP^T
         st, p_op, ds_op = warpgroup_mma_wait(1, deps=(st, p_op, ds_op))
         if j > 0:  # the previous step's slot (and P^T, dS^T) have been read by this warpgroup
             mbarrier.arrive(empty.index((j - 1) % STAGES), count=1)
-        # (rows past the end: the pre-pass wrote lse2 = +inf and delta = 0 up to the padded length)
-        lse2 = lse2_smem.index(s).reshape([BLOCK_M]).load(col_layout)
-        pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
-        if CAUSAL:
-            if m0 + diag < n0 + KEYS - 1:  # the tile straddles the diagonal: key > query + diag is masked
-                ok = gl.expand_dims(key, 1) <= gl.expand_dims(qi + diag, 0)
-                pt = gl.where(ok, pt, 0.0)
-        if OPERANDS_SMEM:
-            p_t.store(pt.to(dtype))
-            fence_async_shared()
-            dv = warpgroup_mma(p_t, do_t, dv, is_async=True)
-        else:
-            p_op = gl.convert_layout(pt.to(dtype), op_layout)
-            dv = warpgroup_mma(p_op, do_t, dv, is_async=True)
+        pt = _probabilities(st, lse2_smem, s, key, m0 + col, m0, n0, diag, qk_scale, seqlen_k, KEYS, BLOCK_M, CAUSAL,
+                            False, col_layout)
+        dv, p_op = _accumulate(pt.to(dtype), p_t, do_t, dv, p_op, OPERANDS_SMEM, op_layout)
         delta = delta_smem.index(s).reshape([BLOCK_M]).load(col_layout)
         dpt = warpgroup_mma_wait(1, deps=(dpt, ))
         dst = pt * (dpt - gl.expand_dims(delta, 0))
-        if OPERANDS_SMEM:
-            ds_t.store(dst.to(dtype))
-            fence_async_shared()
-            dk = warpgroup_mma(ds_t, q_t, dk, is_async=True)
-        else:
-            ds_op = gl.convert_layout(dst.to(dtype), op_layout)
-            dk = warpgroup_mma(ds_op, q_t, dk, is_async=True)
+        dk, ds_op = _accumulate(dst.to(dtype), ds_t, q_t, dk, ds_op, OPERANDS_SMEM, op_layout)
 
     dk, dv, p_op, ds_op = warpgroup_mma_wait(0, deps=(dk, dv, p_op, ds_op))
     _store_dkdv(dk, dv, dk_ptr, dv_ptr, b, hkv, n0, scale, seqlen_k, stride_dkb, stride_dkh, stride_dks, stride_dvb,
@@ -326,25 +354,18 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
     per-thread atomics. Its accumulator lives only in that tail, which is what keeps the form near its registers."""
     dtype: gl.constexpr = q_desc.dtype
     KEYS: gl.constexpr = 64
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_M, 16])
-    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, HEAD_DIM, 16])
+    s_layout: gl.constexpr = _acc_layout(BLOCK_M)
+    kv_layout: gl.constexpr = _acc_layout(HEAD_DIM)
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     DQ_COLS: gl.constexpr = HEAD_DIM // NUM_WG
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, DQ_COLS, 16])
+    dq_layout: gl.constexpr = _acc_layout(DQ_COLS)
 
     b, hkv, hq0, n0, m_first, n_m, n_steps = _steps(seqlen_q, seqlen_k, num_heads_kv, group, head_chunk,
                                                BLOCK_M, NUM_WG * KEYS, CAUSAL, SPLIT_GROUP)
-    n0 = n0 + WG * KEYS
+    n0, k_t, v_t, key, col = _own_keys(k_smem, v_smem, n0, WG, KEYS, HEAD_DIM, BLOCK_M, row_layout, col_layout)
     diag = seqlen_k - seqlen_q
-    k_t = k_smem.index(WG).reshape([KEYS, HEAD_DIM])
-    v_t = v_smem.index(WG).reshape([KEYS, HEAD_DIM])
     p_t = p_smem.index(WG)
-    key = n0 + gl.arange(0, KEYS, layout=row_layout)
-    col = gl.arange(0, BLOCK_M, layout=col_layout)
     s_zero = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
     dk = warpgroup_mma_init(gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout))
     dv = warpgroup_mma_init(gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout))
@@ -355,27 +376,14 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
     mbarrier.wait(kv_ready, 0)
 
     for j in range(n_steps):
-        s = j % STAGES
         m0 = (m_first + j % n_m) * BLOCK_M
-        qi = m0 + col
-        mbarrier.wait(ready.index(s), (j // STAGES) & 1)
-        q_t = q_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
-        do_t = do_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
-        st = warpgroup_mma(k_t, q_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        dpt = warpgroup_mma(v_t, do_t.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s, q_t, do_t, st, dpt = _issue_scores(k_t, v_t, q_smem, do_smem, ready, s_zero, j, STAGES, BLOCK_M, HEAD_DIM)
         # in flight here: step j - 1's dK, then S^T and dP^T; this waits for all but dP^T
         st = warpgroup_mma_wait(1, deps=(st, ))
         if j > 0:  # step j - 1's slot has been read by this warpgroup
             mbarrier.arrive(empty.index((j - 1) % STAGES), count=1)
-        # (rows past the end: the pre-pass wrote lse2 = +inf and delta = 0 up to the padded length)
-        lse2 = lse2_smem.index(s).reshape([BLOCK_M]).load(col_layout)
-        pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
-        if CAUSAL:
-            if m0 + diag < n0 + KEYS - 1:  # the tile straddles the diagonal: key > query + diag is masked
-                ok = gl.expand_dims(key, 1) <= gl.expand_dims(qi + diag, 0)
-                pt = gl.where(ok, pt, 0.0)
-        if n0 + KEYS > seqlen_k:  # keys past the end (zeros from the copy engine) add nothing to dQ, not even 0 * inf
-            pt = gl.where(gl.expand_dims(key < seqlen_k, 1), pt, 0.0)
+        pt = _probabilities(st, lse2_smem, s, key, m0 + col, m0, n0, diag, qk_scale, seqlen_k, KEYS, BLOCK_M, CAUSAL,
+                            True, col_layout)
         p_t.store(pt.to(dtype))  # (step j - 1's dV product, its reader, was waited for at its end)
         fence_async_shared()
         dv = warpgroup_mma(p_t, do_t, dv, is_async=True)
@@ -415,12 +423,9 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
                 dq_row, dq_col, scale, seqlen_q, stride_dqh, stride_dqs, BLOCK_M, DQ_COLS, DQ_TMA, WG)
     if DQ_TMA:  # the last reduce must have read its tile before the program exits
         tma.store_wait(0)
-    if SPLIT_GROUP:  # this query head's share of its K/V head's dK/dV, added into fp32 buffers
-        _add_dkdv(dk, dv, dk_ptr, dv_ptr, b, hkv, n0, scale, seqlen_k, stride_dkb, stride_dkh, stride_dks, stride_dvb,
-                  stride_dvh, stride_dvs, KEYS, HEAD_DIM, kv_layout)
-    else:
-        _store_dkdv(dk, dv, dk_ptr, dv_ptr, b, hkv, n0, scale, seqlen_k, stride_dkb, stride_dkh, stride_dks,
-                    stride_dvb, stride_dvh, stride_dvs, KEYS, HEAD_DIM, kv_layout)
+    # (SPLIT_GROUP: this query head's share of its K/V head's dK/dV, added into fp32 buffers)
+    _store_dkdv(dk, dv, dk_ptr, dv_ptr, b, hkv, n0, scale, seqlen_k, stride_dkb, stride_dkh, stride_dks, stride_dvb,
+                stride_dvh, stride_dvs, KEYS, HEAD_DIM, kv_layout, SPLIT_GROUP)
 
 
 @gluon.jit
