@@ -78,12 +78,12 @@ def _steps(seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, BLOCK_M: gl.cons
     steps). SPLIT_GROUP: a program takes one query head of a GQA group instead of all of them (its K/V head's
     dK/dV are then added up across the group's programs).
 
-    The grid is one-dimensional, in chunks of ``head_chunk`` (batch entry x K/V head) pairs: within a chunk the
-    key tiles are the outer order, so a causal chunk's long programs (the first key tiles see the most query tiles)
-    all start before its short ones, and the short ones fill the end. Chunks, not the whole grid, keep the programs
-    that run at once on a few heads: their Q/dO tiles and (fused dQ) the fp32 dQ rows they add into stay in L2
-    (v33: the key tiles outer over every head at once cost +33% at 4x32x4096x128 causal). ``head_chunk`` = 1 is
-    head-major order."""
+    The grid is one-dimensional, in chunks of ``head_chunk`` (batch entry x head) pairs (K/V heads, or query heads
+    with SPLIT_GROUP): within a chunk the key tiles are the outer order, so a causal chunk's long programs (the first
+    key tiles see the most query tiles) all start before its short ones, and the short ones fill the end. Chunks,
+    not the whole grid, keep the programs that run at once on a few heads: their Q/dO tiles and (fused dQ) the fp32
+    dQ rows they add into stay in L2 (v33: the key tiles outer over every head at once cost +33% at 4x32x4096x128
+    causal). ``head_chunk`` = 1 is head-major order."""
     pid = gl.program_id(0)
     n_kt = gl.cdiv(seqlen_k, KEY_ROWS)
     num_bh = gl.num_programs(0) // n_kt
