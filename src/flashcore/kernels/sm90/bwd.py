@@ -33,7 +33,6 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon._runtime import constexpr_function
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -45,13 +44,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from ..capabilities import Capabilities
 from .gluon_compat import async_atomic_add, async_load, thread_barrier
-
-
-@constexpr_function
-def _acc_layout(n):
-    """The wgmma accumulator layout of a [64, n] tile of one 4-warp consumer (keys, or query rows for dQ, are the
-    rows of every product here)."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
+from .mma_layouts import acc_layout
 
 
 @gluon.jit
@@ -275,8 +268,8 @@ def _consumer_dkdv(q_desc, dk_ptr, dv_ptr, q_smem, do_smem, k_smem, v_smem, lse2
     warpgroups, registers 7-10% faster at D=64 with one (v33, H200)."""
     dtype: gl.constexpr = q_desc.dtype
     KEYS: gl.constexpr = 64
-    s_layout: gl.constexpr = _acc_layout(BLOCK_M)
-    kv_layout: gl.constexpr = _acc_layout(HEAD_DIM)
+    s_layout: gl.constexpr = acc_layout(BLOCK_M)
+    kv_layout: gl.constexpr = acc_layout(HEAD_DIM)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -354,12 +347,12 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
     per-thread atomics. Its accumulator lives only in that tail, which is what keeps the form near its registers."""
     dtype: gl.constexpr = q_desc.dtype
     KEYS: gl.constexpr = 64
-    s_layout: gl.constexpr = _acc_layout(BLOCK_M)
-    kv_layout: gl.constexpr = _acc_layout(HEAD_DIM)
+    s_layout: gl.constexpr = acc_layout(BLOCK_M)
+    kv_layout: gl.constexpr = acc_layout(HEAD_DIM)
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     DQ_COLS: gl.constexpr = HEAD_DIM // NUM_WG
-    dq_layout: gl.constexpr = _acc_layout(DQ_COLS)
+    dq_layout: gl.constexpr = acc_layout(DQ_COLS)
 
     b, hkv, hq0, n0, m_first, n_m, n_steps = _steps(seqlen_q, seqlen_k, num_heads_kv, group, head_chunk,
                                                BLOCK_M, NUM_WG * KEYS, CAUSAL, SPLIT_GROUP)
