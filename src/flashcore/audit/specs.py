@@ -184,14 +184,15 @@ def hopper_dkdv_spec(head_dim: int, causal: bool, form=None, dtype=torch.bfloat1
     ws = torch.empty(B, Hq, -(-S // bm) * bm, dtype=torch.float32)
     dq = torch.empty(q.shape, dtype=torch.float32) if fused_dq else None
     # the fused form with GQA adds dK/dV into fp32 buffers (one program per query head)
-    dkv = torch.empty(k.shape, dtype=torch.float32) if fused_dq and Hq > Hkv else k
+    split = fused_dq and Hq > Hkv
+    dkv = torch.empty(k.shape, dtype=torch.float32) if split else k
     launch = HopperDkdvLaunch(q, k, k, q, dkv, dkv, tuple(ws.shape), seqlen_q=S, seqlen_k=S, scale=head_dim ** -0.5,
                               qk_scale=0.1, causal=causal, block_m=bm, block_n=bn, num_warps=warps, stages=stages,
-                              dq_accum=dq)
+                              dq_accum=dq, split_group=split)
     step = launch.step
     args = [*launch.descriptors(q, k, k, q, ws, ws, dq), dkv, dkv, dq if fused_dq else k, *step.scalars]
     name = (f"fast_gluon_bwd_dkdv_{_ELT[dtype]}_d{head_dim}_{'causal' if causal else 'full'}"
-            f"_{bm}x{bn}w{warps}s{stages}{'_dq' if fused_dq else ''}{'_gqa' if fused_dq and Hq > Hkv else ''}")
+            f"_{bm}x{bn}w{warps}s{stages}{'_dq' if fused_dq else ''}{'_gqa' if split else ''}")
     spec = _spec_from_launch(name, step, args, step.constexprs, SM90_BWD.secrets(), fn=step.fn)
     spec["num_stages"] = 1
     spec["maxnreg"] = step.options["maxnreg"]

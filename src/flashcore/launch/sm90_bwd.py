@@ -47,10 +47,11 @@ class HopperDkdvLaunch:
 
     def __init__(self, q, k, v, dout, dk, dv, ws_shape, *, seqlen_q: int, seqlen_k: int, scale: float,
                  qk_scale: float, causal: bool, block_m: int, block_n: int, num_warps: int, stages: int,
-                 dq_accum=None):
-        """``dq_accum``: a representative fp32 dQ buffer ([B, H, S, D]) where the kernel adds dQ itself
-        (``FUSED_DQ``: atomics or the TMA reduce-add, not deterministic; measured slower, perf-notes v29.4-v29.5, so
-        only an explicit configuration asks for it); None: dQ is left to the Triton dQ kernel."""
+                 dq_accum=None, split_group: bool = False):
+        """``dq_accum``: a representative fp32 dQ buffer ([B, H, S, D] view) where the kernel adds dQ itself
+        (``FUSED_DQ``: the TMA reduce-add, else per-thread atomics; not deterministic); None: dQ is left to the Triton
+        dQ kernel. ``split_group``: with dQ fused and GQA, one program per query head, adding its share of dK/dV
+        into ``dk``/``dv``, which are then fp32 buffers."""
         D = q.shape[-1]
         num_wg = block_n // KEY_ROWS
         if block_n != num_wg * KEY_ROWS or num_wg not in REGISTERS or num_warps != 4 * num_wg:
@@ -76,12 +77,11 @@ class HopperDkdvLaunch:
             lay_dq = gl.NVMMASharedLayout.get_default_for([1, 1, block_m, cols], gl.float32)
             self.geom += ((list(dq_accum.shape), list(dq_accum.stride()), [1, 1, block_m, cols], lay_dq), )
         batch, num_heads_q, num_heads_kv = q.shape[0], q.shape[1], k.shape[1]
-        # one-dimensional, in chunks of HEAD_CHUNK heads (the kernel's _steps)
-        # fused with GQA: one program per query head (not per group), its dK/dV added into fp32 buffers (dk/dv are
-        # then those buffers; v33.7)
-        split = fused and num_heads_q > num_heads_kv
-        if split and not (dk.dtype == dv.dtype == torch.float32):
-            raise ValueError("the fused form with GQA adds dK/dV into fp32 buffers: dk and dv must be float32")
+        # one-dimensional, in chunks of HEAD_CHUNK heads (the kernel's _steps); split_group (the fused form with GQA,
+        # v33.7): one program per query head, not per group, its dK/dV added into dk/dv, fp32 buffers then
+        split = split_group
+        if split and not (fused and num_heads_q > num_heads_kv and dk.dtype == dv.dtype == torch.float32):
+            raise ValueError("split_group is the fused form with GQA, adding dK/dV into fp32 dk and dv")
         grid = ((num_heads_q if split else num_heads_kv) * batch * cdiv(seqlen_k, block_n), 1)
         ws = torch.empty(ws_shape, dtype=torch.float32)  # representative (the descriptors' shapes only)
         dq_strides = tuple(dq_accum.stride()[:3]) if fused else (0, 0, 0)

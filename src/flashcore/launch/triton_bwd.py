@@ -81,7 +81,8 @@ class BackwardLaunch:
             self.hopper_dkdv = HopperDkdvLaunch(
                 q, k, v, dout, dk_target, dv_target, self.ws_shape, seqlen_q=seqlen_q, seqlen_k=seqlen_k, scale=scale,
                 qk_scale=scale * LOG2E, causal=causal, block_m=cfg.gluon_dkdv[0], block_n=cfg.gluon_dkdv[1],
-                num_warps=cfg.gluon_dkdv[2], stages=cfg.gluon_dkdv[3], dq_accum=dq_target if self.atomic else None)
+                num_warps=cfg.gluon_dkdv[2], stages=cfg.gluon_dkdv[3], dq_accum=dq_target if self.atomic else None,
+                split_group=self.split)
         self.dkdv = None if self.hopper_dkdv is not None else KernelStep(
             attn_bwd_dkdv_kernel, (cdiv(seqlen_k, cfg.block_n1), batch * num_heads_kv),
             [None] * 11 + [scale * LOG2E, scale, *qkv_strides, *_strides(dk, varlen), *_strides(dv, varlen),
