@@ -68,8 +68,9 @@ def test_secure_launch_passes_the_lengths_key_weights_and_the_fast_register_spli
     for causal in (False, True):
         launch = sm90_fwd.GluonLaunch(q, q, q, q, None, cfg=tables.gluon_secure(128, 500, causal), causal=causal, **kw)
         step = launch.step
-        # the per-call pointers: five descriptors, lse, the lengths, the page table
-        assert step.constexprs["SECURE"] and step.n_ptrs == sm90_fwd.PER_CALL_ARGS == 8
+        # the per-call pointers: five descriptors, lse, the lengths, the page table, the key lengths (in-kernel padding)
+        assert step.constexprs["SECURE"] and step.n_ptrs == sm90_fwd.PER_CALL_ARGS == 9
+        assert not step.constexprs["SANITISE"]  # (not asked for)
         assert (step.constexprs["CONSUMER_WG_REGS"], step.constexprs["LOADER_WG_REGS"]) == (
             sm90_fwd.CONSUMER_REGS, sm90_fwd.LOADER_REGS)
         # non-causal: the row sums come from the pre-pass's key weights, [B, 8, Sk rounded up to 8]
@@ -78,6 +79,72 @@ def test_secure_launch_passes_the_lengths_key_weights_and_the_fast_register_spli
         assert len(descs) == 5 and (descs[4] is None) == causal
         if not causal:
             assert descs[4].block_shape == [1, 8, 128]
+
+
+def _sm90_plan(monkeypatch, B, H, S, D, causal, secure=True):
+    """ops.dense_plan for CPU tensors as on an sm_90 GPU (the architecture forced, as tests/plan_digests.py does)."""
+    from flashcore import ops, problem
+
+    monkeypatch.setattr(problem, "device_arch", lambda device: (9, 0))
+    monkeypatch.delenv(knobs.SECURE_KERNEL_ENV, raising=False)
+    monkeypatch.delenv(knobs.SECURE_PAD_ENV, raising=False)
+    q = torch.empty(B, H, S, D, dtype=torch.bfloat16)
+    lens = torch.full((B,), S, dtype=torch.int32)
+    return ops.dense_plan(q, q, q, None, lens, causal, D ** -0.5, False, secure, False)
+
+
+def test_small_causal_secure_problems_write_v_padding_in_the_kernel(monkeypatch):
+    """Secure causal attention on the Gluon kernel below B*Hq*Sq*Sk = 2^28 runs no V pre-pass: the loader warpgroup
+    writes V's padding rows (SANITISE, reading the key lengths). From 2^28 on, non-causal (its K/V pre-pass) and
+    secure="strict" keep the pre-passes; the secure_in_kernel_padding switch forces either way (perf-notes v34)."""
+    from flashcore.launch.secure_prepass import SecurePrepass
+
+    def form(plan):
+        main = plan.main
+        assert isinstance(main, sm90_fwd.GluonLaunch) and main.step.constexprs["SECURE"]
+        return main.step.constexprs["SANITISE"], plan.prepass
+
+    for B, H, S, D in ((1, 16, 1024, 64), (4, 16, 1024, 64), (2, 16, 2048, 128), (1, 8, 1000, 128)):
+        assert B * H * S * S < tables.SECURE_IN_KERNEL_PADDING_WORK
+        sanitise, prepass = form(_sm90_plan(monkeypatch, B, H, S, D, True))
+        assert sanitise and prepass is None, (B, H, S, D)
+        launch = _sm90_plan(monkeypatch, B, H, S, D, True).main
+        one_wg = launch.step.constexprs["NUM_WG"] == 1
+        assert launch.step.constexprs["LOADER_WG_REGS"] == sm90_fwd.LOADER_REGS_SANITISE[1 if one_wg else 2]
+    for B, H, S, D in ((16, 16, 2048, 64), (4, 32, 4096, 128)):  # large causal: the V pre-pass
+        sanitise, prepass = form(_sm90_plan(monkeypatch, B, H, S, D, True))
+        assert not sanitise and isinstance(prepass, SecurePrepass) and prepass.key_weights_shape is None
+    sanitise, prepass = form(_sm90_plan(monkeypatch, 1, 16, 1024, 64, False))  # non-causal: the K/V pre-pass
+    assert not sanitise and prepass.key_weights_shape is not None
+    with knobs.override(secure_in_kernel_padding="off"):
+        sanitise, prepass = form(_sm90_plan(monkeypatch, 1, 16, 1024, 64, True))
+        assert not sanitise and prepass is not None
+    with knobs.override(secure_in_kernel_padding="on"):
+        sanitise, prepass = form(_sm90_plan(monkeypatch, 16, 16, 2048, 64, True))
+        assert sanitise and prepass is None
+        assert not form(_sm90_plan(monkeypatch, 1, 16, 1024, 64, False))[0]  # (no in-kernel non-causal form)
+    with knobs.override(secure_in_kernel_padding="sometimes"):
+        with pytest.raises(ValueError, match="secure_in_kernel_padding"):
+            _sm90_plan(monkeypatch, 1, 16, 1024, 64, True)
+    monkeypatch.setenv(knobs.SECURE_PAD_ENV, "fill_k")  # the strict form's V stand-ins: pre-passes
+    from flashcore import ops
+
+    q = torch.empty(1, 16, 1024, 64, dtype=torch.bfloat16)
+    plan = ops.dense_plan(q, q, q, None, torch.full((1,), 1024, dtype=torch.int32), True, 0.125, False, True, False)
+    assert not plan.main.step.constexprs["SANITISE"] and plan.prepass is not None and plan.fill_k is not None
+
+
+def test_in_kernel_padding_launch_checks_its_form():
+    """GluonLaunch(sanitise=True) takes the dense secure causal form only, and passes the key lengths pointer."""
+    q = torch.empty(2, 4, 500, 64, dtype=torch.bfloat16)
+    kw = dict(scale=0.1, seqlen_q=500, seqlen_k=500, batch=2, num_heads_q=4, num_heads_kv=4, lse_strides=(2000, 500),
+              cfg=tables.gluon_one_wg(), sanitise=True)
+    launch = sm90_fwd.GluonLaunch(q, q, q, q, None, causal=True, secure=True, **kw)
+    assert launch.step.constexprs["SANITISE"] and launch.key_weights_shape is None
+    for bad in (dict(causal=True, secure=False), dict(causal=False, secure=True),
+                dict(causal=True, secure=True, key_lens=True)):
+        with pytest.raises(ValueError, match="sanitise"):
+            sm90_fwd.GluonLaunch(q, q, q, q, None, **bad, **kw)
 
 
 @pytest.mark.parametrize("head_dim,causal,block_m", [(128, False, None), (64, False, None), (64, True, None),
@@ -196,6 +263,35 @@ def test_secure_gluon_matches_reference_and_ignores_padding(case, dtype, force_s
 
 
 @gpu
+@pytest.mark.parametrize("case", [(3, 8, 2, 1000, 64, [999, 128, 2]), (4, 16, 16, 1024, 64, [1024, 1023, 517, 65]),
+                                  (2, 8, 2, 1000, 128, [999, 1]), (2, 8, 8, 777, 64, [777, 0])])
+def test_in_kernel_v_padding_gives_the_pre_pass_bits(case, force_secure_gluon):
+    """Causal secure mode with V's padding written by the kernel's loader warpgroup (one- and two-warpgroup forms,
+    D 64/128, GQA, a length of 0) gives the V pre-pass's output bit for bit (a valid row never meets a padding key),
+    matches float64, and ignores what the padding holds (NaN, Inf)."""
+    B, Hq, Hkv, S, D, lengths = case
+    q, k, v = _inputs(B, Hq, Hkv, S, D, torch.bfloat16, seed=hash(str(case)) % 2**31)
+    lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    outs = {}
+    for mode in ("on", "off"):
+        with knobs.override(secure_in_kernel_padding=mode):
+            plan = flashcore.plan_attention(q, k, v, causal=True, secure=True, seqlens_k=lens)
+            assert plan.main.step.constexprs["SANITISE"] == (mode == "on")
+            assert (plan.prepass is None) == (mode == "on")
+            outs[mode] = torch.full_like(q, float("nan"))
+            flashcore.attention(q, k, v, causal=True, secure=True, seqlens_k=lens, out=outs[mode])
+    torch.cuda.synchronize()
+    assert torch.equal(outs["on"], outs["off"])
+    ref = flashcore.reference.attention(q, k, v, causal=True, seqlens_k=lens)
+    assert rel_err(outs["on"], ref) < TOL[torch.bfloat16]
+    k2, v2 = k.clone(), v.clone()
+    for b, n in enumerate(lengths):
+        k2[b, :, n:] = float("inf"); v2[b, :, n:] = float("nan")
+    with knobs.override(secure_in_kernel_padding="on"):
+        assert torch.equal(flashcore.attention(q, k2, v2, causal=True, secure=True, seqlens_k=lens), outs["on"])
+
+
+@gpu
 def test_secure_gluon_cross_lengths_and_cuda_graph(force_secure_gluon):
     from conftest import capture_cuda_graph
 
@@ -255,6 +351,64 @@ print(json.dumps(out))
     assert secure_split and fast_split  # the two-area model was in use
     assert secure_n == 0
     assert fast_n > 0 and fast_branches > 0
+
+
+_LEAKY_PAD = """
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from flashcore.kernels.sm90 import secure_pad as sp
+
+
+@gluon.jit
+def pad_v_tile(tile, col, len_k, row0, salt, BLOCK_N: gl.constexpr):
+    # the in-kernel padding, but skipping the groups of rows below the secret length: a length-dependent branch
+    words = sp._words(tile)
+    col = gl.expand_dims(col, 0)
+    for g in gl.static_range(BLOCK_N // sp.GROUP_ROWS):
+        if row0 + (g + 1) * sp.GROUP_ROWS > len_k:
+            part = words.slice(g * sp.GROUP_ROWS, sp.GROUP_ROWS, dim=0)
+            x = part.load(sp.WORD_LAYOUT)
+            rows = row0 + g * sp.GROUP_ROWS + gl.arange(0, sp.GROUP_ROWS, layout=gl.SliceLayout(1, sp.WORD_LAYOUT))
+            part.store(gl.where(gl.expand_dims(rows < len_k, 1), x, col))
+"""
+
+
+def test_static_gate_passes_the_in_kernel_padding_and_sees_a_length_dependent_skip(tmp_path):
+    """Gate 1 on the secure causal form whose loader writes V's padding (sm_90a, no GPU): clean; the same form with
+    a padding function that skips the row groups below the secret key length (a leak the loader could have) is
+    caught as branches on the secret."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "leaky_pad.py").write_text(_LEAKY_PAD)
+    code = """
+import json, sys
+from flashcore.audit import specs
+from flashcore.audit.sass import sass_taint
+from flashcore.kernels.sm90 import pipeline
+if sys.argv[1] == "leaky":  # (a process of its own: compiled kernels are cached per process)
+    import leaky_pad
+    pipeline.pad_v_tile = leaky_pad.pad_v_tile
+spec = specs.gluon_spec(64, True, S=1024, Hq=16, Hkv=16, B=1, cfg=specs.tables.gluon_one_wg(), secure=True,
+                        sanitise=True)
+r = sass_taint(spec["fn"], spec["signature"], spec["constexprs"], spec["secret"], attrs=spec["attrs"],
+               maxnreg=spec["maxnreg"])
+print(json.dumps((spec["constexprs"]["SANITISE"], len(r.violations), sum(v.kind == "branch" for v in r.violations))))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, str(tmp_path), env.get("PYTHONPATH")) if p)
+    found = []
+    for variant in ("clean", "leaky"):
+        res = subprocess.run([sys.executable, "-c", code, variant], capture_output=True, text=True, env=env)
+        assert res.returncode == 0, res.stderr[-3000:]
+        found.append(json.loads(res.stdout.strip().splitlines()[-1]))
+    (clean_form, clean_n, _), (leaky_form, leaky_n, leaky_branches) = found
+    assert clean_form and leaky_form
+    assert clean_n == 0
+    assert leaky_n > 0 and leaky_branches > 0
 
 
 @gpu

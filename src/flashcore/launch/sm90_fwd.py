@@ -38,6 +38,10 @@ LOADER_REGS_SECURE_KEY_LENS = 32
 # room: they keep 160 and 32
 LOADER_REGS_PAGED_2WG = 48
 CONSUMER_REGS_PAGED_2WG = 232
+# Secure mode's V padding written by the loader warpgroup (``sanitise``; kernels/sm90/secure_pad.py): the column
+# pattern stays in registers through an item, beside a group of 16 words per thread; per consumer-warpgroup count
+# (1: the consumer takes 256 - 64 = 192; 2: the consumers get 232, as beside a paged loader)
+LOADER_REGS_SANITISE = {1: 64, 2: 48, 3: 32}
 CONSUMER_REGS = 240
 MAXNREG = 168
 # Three consumer warpgroups (16 warps with the padded loader group): 3 x 128 x 160 + 128 x 24 fits.
@@ -51,7 +55,7 @@ MAXNREG_1WG = 128
 REGISTERS = {1: (CONSUMER_REGS_1WG, MAXNREG_1WG), 2: (CONSUMER_REGS, MAXNREG), 3: (CONSUMER_REGS_3WG, MAXNREG_3WG)}
 PROGRAMS_PER_SM = {1: 2, 2: 1, 3: 1}
 DESC_ARGS = 5  # the kernel's descriptor arguments: q, k, v, o and the key weights (None where unused)
-PER_CALL_ARGS = DESC_ARGS + 3  # and the pointers: lse, the lengths, the page table (None where unused)
+PER_CALL_ARGS = DESC_ARGS + 4  # and the pointers: lse, the lengths, the page table, the key lengths (None where unused)
 ENCODED_SETS = 16  # encoded descriptor sets kept per plan
 
 
@@ -70,7 +74,7 @@ class GluonLaunch:
     def __init__(self, q, k, v, o, lse, *, scale: float, causal: bool, seqlen_q: int, seqlen_k: int,
                  batch: int, num_heads_q: int, num_heads_kv: int, lse_strides, cfg, secure: bool = False,
                  sum_mma: bool | None = None, switches: GluonSwitches | None = None, key_lens: bool = False,
-                 page_size: int = 0, table_stride: int = 0):
+                 page_size: int = 0, table_stride: int = 0, sanitise: bool = False):
         sw = self.switches = switches if switches is not None else gluon_switches()
         D = q.shape[-1]
         err = gluon_config_error(cfg, D)
@@ -78,6 +82,11 @@ class GluonLaunch:
             raise ValueError(err)
         v_depth = v_stages(cfg.num_stages, cfg.block_m, cfg.block_n, D)
         num_wg = cfg.block_m // 64
+        # secure mode's V padding written in the kernel (no pre-pass): the dense causal secure form only
+        if sanitise and (not secure or not causal or key_lens or page_size):
+            raise ValueError("sanitise (secure mode's V padding written in the kernel) takes secure=True, causal=True "
+                             f"and a dense problem (no key_lens, no page_size) only (got secure={secure}, "
+                             f"causal={causal}, key_lens={key_lens}, page_size={page_size})")
 
         gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
         bm, bn = 64, cfg.block_n
@@ -128,7 +137,8 @@ class GluonLaunch:
         w = torch.empty(self.key_weights_shape, dtype=q.dtype) if self.key_weights_shape else None
         # the page table is a per-call pointer (None when not paged: a constexpr, as table_stride then)
         table = torch.empty(1, dtype=torch.int32) if page_size else None
-        args = [*self.descriptors(q, k, v, o, w), dummy, dummy, table, scale * LOG2E, seqlen_q, seqlen_k,
+        key_lengths = dummy if sanitise else None
+        args = [*self.descriptors(q, k, v, o, w), dummy, dummy, table, key_lengths, scale * LOG2E, seqlen_q, seqlen_k,
                 num_heads_q, num_heads_q // num_heads_kv, *lse_strides, num_m_tiles, units,
                 table_stride if page_size else None]
         constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, K_STAGES=cfg.num_stages,
@@ -140,12 +150,16 @@ class GluonLaunch:
             loader_regs = LOADER_REGS_SECURE_KEY_LENS
         if page_size and num_wg == 2:
             consumer_regs, loader_regs = CONSUMER_REGS_PAGED_2WG, LOADER_REGS_PAGED_2WG
+        if sanitise:
+            loader_regs = LOADER_REGS_SANITISE[num_wg]
+            if num_wg == 2:
+                consumer_regs = CONSUMER_REGS_PAGED_2WG
         constexprs.update(SECURE=bool(secure), SUM_MMA=sum_mma, CONSUMER_WG_REGS=consumer_regs,
                           LOADER_WG_REGS=loader_regs,
                           TRACE=bool(sw.trace) and not secure and not key_lens,
                           EARLY_LOADS=bool(sw.early_loads) and not secure,
                           STAGGER=0 if secure or D != 64 else int(sw.stagger), KEY_LENS=bool(key_lens),
-                          PAGE_SIZE=int(page_size))
+                          PAGE_SIZE=int(page_size), SANITISE=bool(sanitise))
         self.step = KernelStep(attn_fwd_hopper_kernel, grid, args, PER_CALL_ARGS, constexprs, cfg.num_warps, 1,
                                options=dict(maxnreg=maxnreg))
         self.trace_slots = grid[0] * num_wg * TRACE_SLOTS if constexprs["TRACE"] else 0
@@ -158,10 +172,13 @@ class GluonLaunch:
         return make_descriptors((q, k, v, o, w), self.geom, DESC_ARGS)
 
     def run(self, ptrs, device, key_weights=None, page_table=None) -> None:
-        """``ptrs``: q, k, v, o, lse, seqlens_q (with ``key_lens``: the int32 key lengths), ... (unused ones: any
-        tensor); ``key_weights``: the pre-pass's, where the plan has them (secure, non-causal); ``page_table``: the
-        int32 page table of a paged plan (its rows ``table_stride`` apart, as planned)."""
+        """``ptrs``: q, k, v, o, lse, seqlens_q (with ``key_lens``: the int32 key lengths), seqlens_k, ... (unused
+        ones: any tensor; seqlens_k is read with ``sanitise`` only); ``key_weights``: the pre-pass's, where the plan
+        has them (secure, non-causal); ``page_table``: the int32 page table of a paged plan (its rows
+        ``table_stride`` apart, as planned)."""
         q, k, v, o, lse, sq = ptrs[:6]
+        sanitise = self.step.constexprs["SANITISE"]
+        sk = ptrs[6] if sanitise else None
         pt = page_table if self.step.constexprs["PAGE_SIZE"] else None
         if self.step.constexprs["PAGE_SIZE"] and page_table is None:
             raise ValueError("a paged Gluon launch needs its page table (page_table=)")
@@ -178,13 +195,13 @@ class GluonLaunch:
         # Triton's own path: until compiled, where its launcher has another shape, and whenever a
         # profiler's hooks want their launch metadata
         if not fast or launch_hooks_active():
-            step.run((*self.descriptors(q, k, v, o, w), lse, sq, pt), device)
+            step.run((*self.descriptors(q, k, v, o, w), lse, sq, pt, sk), device)
             if fast is None and step.compiled is not None:
                 self.fast = unwrap_tensordesc_launcher(step.compiled, DESC_ARGS) or False
             return
         key = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), w.data_ptr() if w is not None else 0)
         enc = self.encoded.get(key, lambda: fast.encode(self.descriptors(q, k, v, o, w), DESC_ARGS))
-        fast(step.grid, current_stream(device), step.compiled, (*enc, lse, sq, pt, *step.scalars, *step.tail))
+        fast(step.grid, current_stream(device), step.compiled, (*enc, lse, sq, pt, sk, *step.scalars, *step.tail))
 
     def _check_trace(self, q, trace) -> None:
         """A traced launch writes TRACE_SLOTS int64 per consumer warpgroup through the lengths argument: refuse

@@ -10,9 +10,10 @@ from ..launch.secure_prepass import SecureRowFill, fill_rows, prepass_kv, prepas
 from ..launch.sm90_fwd import GluonLaunch
 from ..launch.triton_fwd import TritonForward, pointer_args
 from ..problem import Problem
-from .knobs import secure_padding
+from .knobs import SecurePadding, gluon_switches, secure_padding
 from ..runtime.launcher import capturing
 from .select import SM90, Selection, select
+from .tables import secure_padding_in_kernel
 
 
 class Plan:
@@ -120,16 +121,19 @@ def build(problem: Problem, q, k, v, o, lse, *, seqlens_q=None, seqlens_k=None, 
         if p.causal and strict_k:  # causal: only padding rows see padding keys
             fill_k, k_in = fill_rows(k, seqlens_k, batch=p.batch, num_heads=p.num_heads_kv, seqlen=p.seqlen_k,
                                      x_strides=p.k_strides[:3], name="k_clean")
+        # (sanitise: causal, the kernel's loader warpgroup writes V's padding; no pre-pass)
+        sanitise = p.secure and p.causal and _in_kernel_padding(cfg, strict_k, pad,
+                                                                p.batch * p.num_heads_q * p.seqlen_q * p.seqlen_k)
         if p.secure and not p.causal:  # no key mask in the kernel: K, V and key weights
             prepass, k_in, v_in = prepass_kv(k, v, seqlens_k, batch=p.batch, num_heads_kv=p.num_heads_kv,
                                              seqlen_k=p.seqlen_k, k_strides=p.k_strides[:3], v_strides=p.v_strides[:3])
         elif strict_k:  # V's padding: data-like stand-ins too (finite, as the V pre-pass's)
             prepass, v_in = fill_rows(v, seqlens_k, batch=p.batch, num_heads=p.num_heads_kv, seqlen=p.seqlen_k,
                                       x_strides=p.v_strides[:3], name="v_clean")
-        elif p.secure:
+        elif p.secure and not sanitise:
             prepass, v_in = prepass_v(v, seqlens_k, batch=p.batch, num_heads_kv=p.num_heads_kv, seqlen_k=p.seqlen_k,
                                       v_strides=p.v_strides[:3])
-        main = GluonLaunch(q_in, k_in, v_in, o, lse, cfg=cfg, secure=p.secure, **kw)
+        main = GluonLaunch(q_in, k_in, v_in, o, lse, cfg=cfg, secure=p.secure, sanitise=sanitise, **kw)
     else:
         q_strides, k_strides, v_strides = p.q_strides[:3], p.k_strides[:3], p.v_strides[:3]
         if strict_q:  # the kernel masks by select; the copies keep the caller's padding out of its products
@@ -152,6 +156,19 @@ def build(problem: Problem, q, k, v, o, lse, *, seqlens_q=None, seqlens_k=None, 
     if p.return_lse:
         lse_shape = (p.num_heads_q, q.shape[0]) if p.varlen else (p.batch, p.num_heads_q, p.seqlen_q)
     return Plan(p, sel, prepass, main, out_shape, lse_shape, validate, fill_q, fill_k)
+
+
+def _in_kernel_padding(cfg, filled_v: bool, pad, work: int) -> bool:
+    """Secure mode, causal, on the Gluon kernel: the loader warpgroup writes V's padding
+    (``GluonLaunch(sanitise=True)``) where the planner chooses it (or the ``secure_in_kernel_padding`` switch forces
+    it), with the default padding only: the strict form's V stand-ins (``filled_v``) and the audit knobs' other
+    paddings keep the pre-passes."""
+    mode = gluon_switches().secure_in_kernel_padding
+    if mode not in ("auto", "on", "off"):
+        raise ValueError(f"the secure_in_kernel_padding switch takes 'auto', 'on' or 'off', got {mode!r}")
+    if filled_v or pad != SecurePadding():
+        return False
+    return mode == "on" or (mode == "auto" and secure_padding_in_kernel(cfg, work))
 
 
 def _contiguous_strides(heads: int, seqlen: int, head_dim: int) -> tuple:

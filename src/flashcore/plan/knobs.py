@@ -41,6 +41,9 @@ class GluonSwitches:
     # Fast path, D=64: the consumer warpgroups' first items start staggered (0: off; STAGGER). At D=128 the
     # same switch measured -1..+2% (noise; perf-notes v16), so it stays off there
     stagger: int = 1
+    # Secure mode, causal: V's padding written in the kernel by the loader warpgroup, no pre-pass ("on"), the V
+    # pre-pass ("off"), or the planner's choice ("auto": plan.tables.secure_padding_in_kernel; perf-notes v34)
+    secure_in_kernel_padding: str = "auto"
 
 
 SWITCH_NAMES = tuple(f.name for f in fields(GluonSwitches))

@@ -180,6 +180,20 @@ GLUON_MIN_WORK = {128: 1 << 21, 64: 1 << 25}
 ONE_WG_WORK = {False: (1 << 21, 1 << 26), True: (1 << 24, 1 << 30)}
 
 
+# secure mode, causal, on the Gluon kernel: V's padding written by the loader warpgroup below this B*Hq*Sq*Sk
+SECURE_IN_KERNEL_PADDING_WORK = 1 << 28
+
+
+def secure_padding_in_kernel(cfg: Config, work: int) -> bool:
+    """Secure mode, causal, on the Gluon kernel: whether the loader warpgroup writes V's padding
+    (kernels/sm90/secure_pad.py) instead of the V pre-pass, by the problem's B*Hq*Sq*Sk (perf-notes v34; H100,
+    secure / fast in one run): below 2^28 it wins (1x16x1024x64 0.92 against 0.80, 4x16x1024x64 0.93 against 0.84,
+    1x16x2048x64 0.92 against 0.88, 2x16x2048x128 0.88 against 0.80), from 2^30 it loses or ties (16x16x2048x64
+    0.89 against 0.92, 4x32x4096x64 0.89 against 0.96, 2x32x4096x128 0.88 against 0.89): there the pre-pass's cost
+    is amortised and the loader's rewrite of every tile is not."""
+    return cfg.kernel == "gluon_ws" and work < SECURE_IN_KERNEL_PADDING_WORK
+
+
 def gluon_one_wg() -> Config:
     """The Gluon kernel with one 64-row consumer warpgroup per program and two programs per SM (D=64):
     twice the programs of the two-warpgroup layout for small problems, with each one's softmax still

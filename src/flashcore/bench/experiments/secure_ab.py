@@ -10,7 +10,11 @@ variant once per round in turn, and the median of the rounds' medians. Secure ca
 Writes ``secure-ab.json`` to --out and prints a table last (µs, and secure / fast as a throughput ratio).
 
     python -m flashcore.bench.experiments.secure_ab --out $OUT [--shapes 1x8x512x64,...] \
-        [--configs auto,gluon_ws_64x128s2,...] [--rounds 3]
+        [--configs auto,gluon_ws_64x128s2,...] [--rounds 3] [--padding]
+
+``--padding`` (perf-notes v34): every secure variant also with its padding forced into the kernel (``:ink``, the
+Gluon switch ``secure_in_kernel_padding="on"``: causal forms only, non-causal ones keep the pre-pass) and forced to
+the pre-pass (``:pre``).
 """
 import json
 import os
@@ -20,6 +24,7 @@ import time
 import torch
 
 from ... import ops
+from ...plan.knobs import override
 from ...plan.tables import parse_config_name
 from ...reference import attention as reference_attention
 from ..results import collect_environment
@@ -33,18 +38,25 @@ CONFIGS = "auto,gluon_ws_64x128s2,gluon_ws_128x128s3,128x64w8s3"
 TOLERANCE = 2e-2
 
 
-def _variants(configs, strict=False):
-    """name -> (forced configuration or None for the planner's, secure: False, True or "strict")."""
-    out = {"fast": (None, False), "secure:auto": (None, True)}
+def _variants(configs, strict=False, padding=False):
+    """name -> (forced configuration or None for the planner's, secure: False, True or "strict", the
+    ``secure_in_kernel_padding`` switch). ``padding``: each secure variant twice more, its padding forced into the
+    kernel (":ink") and forced to the pre-pass (":pre")."""
+    out = {"fast": (None, False, "auto"), "secure:auto": (None, True, "auto")}
     if strict:
-        out["secure:strict"] = (None, "strict")
+        out["secure:strict"] = (None, "strict", "auto")
     for name in configs:
         if name != "auto":
-            out[f"secure:{name}"] = (parse_config_name(name), True)
+            out[f"secure:{name}"] = (parse_config_name(name), True, "auto")
+    if padding:
+        for tag, (cfg, secure, _) in list(out.items()):
+            if secure:
+                out[f"{tag}:pre"] = (cfg, secure, "off")
+                out[f"{tag}:ink"] = (cfg, secure, "on")
     return out
 
 
-def time_shape(shape, configs, rounds, timer, profile=False, strict=False):
+def time_shape(shape, configs, rounds, timer, profile=False, strict=False, padding=False):
     B, H, S, D, causal = shape.B, shape.Hq, shape.Sq, shape.D, shape.causal
     g = torch.Generator(device="cuda").manual_seed(int(time.time() * 1e3) % 2**31)
     io_bytes = 4 * B * H * S * D * 2
@@ -55,10 +67,11 @@ def time_shape(shape, configs, rounds, timer, profile=False, strict=False):
     q0, k0, v0 = sets[0]
     ref = reference_attention(q0.double(), k0.double(), v0.double(), causal=causal)
     fns, errs, kernels = {}, {}, {}
-    for tag, (cfg, secure) in _variants(configs, strict).items():
+    for tag, (cfg, secure, pad_mode) in _variants(configs, strict, padding).items():
         try:
-            plans = [ops.dense_plan(q, k, v, None, lens if secure else None, causal, D ** -0.5, False, secure,
-                                    False, config=cfg, validate=False) for q, k, v in sets]
+            with override(secure_in_kernel_padding=pad_mode):
+                plans = [ops.dense_plan(q, k, v, None, lens if secure else None, causal, D ** -0.5, False, secure,
+                                        False, config=cfg, validate=False) for q, k, v in sets]
             kernels[tag] = plans[0].selection.explain()
             out0 = torch.full_like(q0, float("nan"))
             plans[0](q0, k0, v0, None, lens if secure else None, out0)
@@ -104,20 +117,22 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="also each variant's GPU time per kernel (kernel_us)")
     ap.add_argument("--strict", action="store_true", help="also secure=\"strict\" as the planner runs it")
+    ap.add_argument("--padding", action="store_true",
+                    help="also each secure variant with its padding forced into the kernel (:ink) and to the pre-pass "
+                         "(:pre)")
     a = ap.parse_args(argv)
     configs = [c.strip() for c in a.configs.split(",") if c.strip()]
     timer = Timer()
     rows = []
     for s in parse_shapes(a.shapes):
-        rows.append(time_shape(s, configs, a.rounds, timer, a.profile, a.strict))
+        rows.append(time_shape(s, configs, a.rounds, timer, a.profile, a.strict, a.padding))
         print(json.dumps(rows[-1]), flush=True)
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "secure-ab.json")
     with open(path, "w") as f:
         json.dump({"env": dict(collect_environment(), method="bench.timing.Timer medians (cold L2), median of "
                                f"{a.rounds} rounds, us; secure at true length = S_max"), "rows": rows}, f, indent=1)
-    names = ["fast", "secure:auto"] + (["secure:strict"] if a.strict else []) + [
-        f"secure:{c}" for c in configs if c != "auto"]
+    names = list(_variants(configs, a.strict, a.padding))
     print("us (secure / fast throughput); '-': failed or cannot run (see rel_err in the JSON)")
     print(f"{'shape':>16} " + " ".join(f"{n.replace('secure:', 's:'):>24}" for n in names))
     for r in rows:

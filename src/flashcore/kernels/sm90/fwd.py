@@ -368,21 +368,24 @@ def _clear_rows_past_length(v_tile, v_clean, it, valid_rows, BLOCK_N: gl.constex
 
 
 @gluon.jit
-def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seqlens_q_ptr, page_table, qk_scale,
-                           seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles,
-                           table_stride, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                           K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                           RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr, PAIRED: gl.constexpr, SECURE: gl.constexpr,
-                           SUM_MMA: gl.constexpr, CONSUMER_WG_REGS: gl.constexpr, LOADER_WG_REGS: gl.constexpr,
-                           TRACE: gl.constexpr, EARLY_LOADS: gl.constexpr = False, STAGGER: gl.constexpr = 0,
-                           KEY_LENS: gl.constexpr = False, PAGE_SIZE: gl.constexpr = 0):
+def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seqlens_q_ptr, page_table, seqlens_k_ptr,
+                           qk_scale, seqlen_q, seqlen_k, num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles,
+                           num_tiles, table_stride, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                           HEAD_DIM: gl.constexpr, K_STAGES: gl.constexpr, V_STAGES: gl.constexpr,
+                           CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, NUM_WG: gl.constexpr, PAIRED: gl.constexpr,
+                           SECURE: gl.constexpr, SUM_MMA: gl.constexpr, CONSUMER_WG_REGS: gl.constexpr,
+                           LOADER_WG_REGS: gl.constexpr, TRACE: gl.constexpr, EARLY_LOADS: gl.constexpr = False,
+                           STAGGER: gl.constexpr = 0, KEY_LENS: gl.constexpr = False, PAGE_SIZE: gl.constexpr = 0,
+                           SANITISE: gl.constexpr = False):
     """Persistent: program i takes scheduling units i, i + grid, ... (a unit = one work item of
     NUM_WG*BLOCK_M query rows of one head, or with PAIRED two causal items of equal total cost), so one
     item's epilogue and the next one's loads overlap instead of costing a launch.
 
     SECURE (docs/security.md, perf-notes v9-v11): the constant-time mode. K and V
     come sanitised from a pre-pass (non-causal with the key weights ``w_desc``, unused otherwise; see
-    _consume_tile); the true query lengths (``seqlens_q_ptr``, unused otherwise) are read on the device
+    _consume_tile), or with SANITISE (causal; perf-notes v34) V as the caller gave it, its padding rows rewritten in
+    shared memory by the loader warpgroup from the secret key lengths ``seqlens_k_ptr`` (None otherwise;
+    kernels/sm90/secure_pad.py); the true query lengths (``seqlens_q_ptr``, unused otherwise) are read on the device
     and enter only the epilogue's selects. Its waits are retry loops whose trip counts
     follow timing, not data: the mbarrier waits (``SYNCS.PHASECHK.TRANS64.TRYWAIT`` + branch) and the
     register reallocation at partition entry (``USETMAXREG.TRY_ALLOC`` + branch). Gate 2 checks every
@@ -426,7 +429,8 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
         v_clean = None
     # SECURE with KEY_LENS: a V tile's copy lands on v_landed; the loader warpgroup clears its rows past the key length
     # and then arrives on v_ready, which the consumers wait for as always (pipeline._sanitise_v)
-    if SECURE and KEY_LENS:
+    # (SANITISE likewise: the loader warpgroup writes V's padding rows, pipeline._pad_v)
+    if SECURE and (KEY_LENS or SANITISE):
         v_landed = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
     else:  # unused
         v_landed = None
@@ -444,7 +448,7 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
             mbarrier.init(stagger.index(i), count=1)
     if KEY_LENS and not SECURE:
         mbarrier.init(v_clean.index(0), count=NUM_WG)
-    if SECURE and KEY_LENS:
+    if SECURE and (KEY_LENS or SANITISE):
         for i in gl.static_range(V_STAGES):
             mbarrier.init(v_landed.index(i), count=1)
     if EARLY_LOADS:
@@ -458,13 +462,20 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
     # tests/test_machine_code.py). The partition list itself stays literal, one per layout: Triton 3.6's
     # warp_specialize needs it so.
     form = Form(BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA,
-                TRACE, EARLY_LOADS, STAGGER, KEY_LENS, PAGE_SIZE)
+                TRACE, EARLY_LOADS, STAGGER, KEY_LENS, PAGE_SIZE, SANITISE)
     shared = Shared(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready,
                     v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads,
                     group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, v_clean, page_table, table_stride,
-                    v_landed)
-    if SECURE and KEY_LENS:  # the loader is a warpgroup: its four warps clear V's rows past the key length
-        if NUM_WG == 3:
+                    v_landed, seqlens_k_ptr)
+    # the loader is a warpgroup where it rewrites tiles: its four warps clear V's rows past the key length (secure,
+    # key lengths), or write secure mode's V padding (SANITISE)
+    if SECURE and (KEY_LENS or SANITISE):
+        if NUM_WG == 1:
+            gl.warp_specialize([
+                (_consumer, (shared, form, 0)),
+                (_loader, (shared, form, 0)),
+            ], [4], [LOADER_WG_REGS])
+        elif NUM_WG == 3:
             gl.warp_specialize([
                 (_consumer, (shared, form, 0)),
                 (_consumer, (shared, form, 1)),
@@ -504,4 +515,4 @@ CAPABILITIES = Capabilities(
     features=("causal", "gqa", "secure", "lse", "secure_causal_public_diagonal_only", "key_lens", "paged",
               "secure_key_lens"),
     needs=("tma",),
-    secret=("q_desc", "k_desc", "v_desc"), secret_secure=("w_desc", "seqlens_q_ptr"))
+    secret=("q_desc", "k_desc", "v_desc"), secret_secure=("w_desc", "seqlens_q_ptr", "seqlens_k_ptr"))

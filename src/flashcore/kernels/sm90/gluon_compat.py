@@ -17,6 +17,8 @@ What differs:
 
 * The partition-wide barrier: ``gl.thread_barrier`` in 3.6 and 3.7, ``gl.barrier`` from 3.8 on (the same
   ``gpu.barrier``, lowered inside a warp-specialised partition to a named barrier of its own warps).
+* Viewing a shared-memory buffer as another type and layout (the same bytes): ``_reinterpret`` in 3.6, ``reinterpret``
+  in 3.9 (same arguments); spelled here as ``reinterpret(buffer, dtype, shape, layout)``.
 * The TMA reduce-add: Triton 3.9's Gluon has ``tma.async_atomic_add``. 3.6's Gluon has no Python name for it, but
   its builder has the operation (``create_async_tma_reduce``, the ``ttng.async_tma_reduce`` that ``tl``'s
   ``descriptor.atomic_add`` lowers to), so the same builtin is spelled here from it (None only where a Triton
@@ -55,12 +57,23 @@ if async_atomic_add is None:
                                                       src.handle)
 
 from triton.experimental.gluon import language as _gl
+from triton.experimental.gluon.language._core import builtin as _builtin_fn
+from triton.experimental.gluon.language._core import shared_memory_descriptor as _shared
 
 thread_barrier = getattr(_gl, "thread_barrier", None) or _gl.barrier
+
+_REINTERPRET = "reinterpret" if hasattr(_shared, "reinterpret") else "_reinterpret"
+
+
+@_builtin_fn
+def reinterpret(buffer, dtype, shape, layout, _semantic=None):
+    """``buffer`` (shared memory) viewed as ``dtype`` elements of ``shape`` in ``layout``: the same bytes."""
+    return getattr(buffer, _REINTERPRET)(dtype, shape, layout, _semantic=_semantic)
+
 
 try:  # Triton >= 3.8
     from triton import aggregate
 except ImportError:  # Triton 3.6, 3.7
     from triton.language.core import _aggregate as aggregate
 
-__all__ = ["aggregate", "async_atomic_add", "async_load", "async_store", "thread_barrier"]
+__all__ = ["aggregate", "async_atomic_add", "async_load", "async_store", "reinterpret", "thread_barrier"]

@@ -55,12 +55,13 @@ class Shared:
     page_table: base_value
     table_stride: base_value
     v_landed: base_value
+    seqlens_k_ptr: base_value
 
     @constexpr_function
     def __init__(self, q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty,
                  k_ready, v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k,
                  num_heads, group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, v_clean, page_table,
-                 table_stride, v_landed):
+                 table_stride, v_landed, seqlens_k_ptr):
         self.q_desc, self.k_desc, self.v_desc = _value(q_desc), _value(k_desc), _value(v_desc)
         self.o_desc, self.w_desc = _value(o_desc), _value(w_desc)
         self.q_smem, self.k_smem = _value(q_smem), _value(k_smem)
@@ -75,7 +76,7 @@ class Shared:
         self.lse_stride_b, self.lse_stride_h = _value(lse_stride_b), _value(lse_stride_h)
         self.num_m_tiles, self.num_tiles = _value(num_m_tiles), _value(num_tiles)
         self.v_clean, self.page_table, self.table_stride = _value(v_clean), _value(page_table), _value(table_stride)
-        self.v_landed = _value(v_landed)
+        self.v_landed, self.seqlens_k_ptr = _value(v_landed), _value(seqlens_k_ptr)
 
 
 @aggregate
@@ -97,10 +98,11 @@ class Form:
     STAGGER: gl.constexpr
     KEY_LENS: gl.constexpr
     PAGE_SIZE: gl.constexpr
+    SANITISE: gl.constexpr
 
     @constexpr_function
     def __init__(self, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE,
-                 SUM_MMA, TRACE, EARLY_LOADS, STAGGER, KEY_LENS, PAGE_SIZE):
+                 SUM_MMA, TRACE, EARLY_LOADS, STAGGER, KEY_LENS, PAGE_SIZE, SANITISE):
         self.BLOCK_M, self.BLOCK_N, self.HEAD_DIM = gl.constexpr(BLOCK_M), gl.constexpr(BLOCK_N), gl.constexpr(HEAD_DIM)
         self.K_STAGES, self.V_STAGES = gl.constexpr(K_STAGES), gl.constexpr(V_STAGES)
         self.CAUSAL, self.RETURN_LSE = gl.constexpr(CAUSAL), gl.constexpr(RETURN_LSE)
@@ -108,3 +110,4 @@ class Form:
         self.SUM_MMA, self.TRACE = gl.constexpr(SUM_MMA), gl.constexpr(TRACE)
         self.EARLY_LOADS, self.STAGGER = gl.constexpr(EARLY_LOADS), gl.constexpr(STAGGER)
         self.KEY_LENS, self.PAGE_SIZE = gl.constexpr(KEY_LENS), gl.constexpr(PAGE_SIZE)
+        self.SANITISE = gl.constexpr(SANITISE)

@@ -15,6 +15,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from .clear_rows import _zero_rows_past
 from .gluon_compat import async_load, thread_barrier
+from .secure_pad import column_pattern, pad_v_tile
 from .tile_scheduler import _head_coords, _kv_blocks, _tile_coords
 from .trace import _stamp
 
@@ -22,7 +23,8 @@ from .trace import _stamp
 @gluon.jit
 def _loader(shared, form, WG: gl.constexpr):
     """The loader partition (one warp; a warpgroup in secure mode with key lengths, which also clears V's rows past
-    the key length: _sanitise_v): Q and the K/V tiles of this program's work items, through the rings."""
+    the key length: _sanitise_v, and with SANITISE, which writes secure mode's V padding: _pad_v): Q and the K/V
+    tiles of this program's work items, through the rings."""
     BLOCK_M: gl.constexpr = form.BLOCK_M
     BLOCK_N: gl.constexpr = form.BLOCK_N
     K_STAGES: gl.constexpr = form.K_STAGES
@@ -68,7 +70,8 @@ def _loader(shared, form, WG: gl.constexpr):
                                q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, seqlen_q, seqlen_k, num_heads,
                                group, BLOCK_M, BLOCK_N, K_STAGES, V_STAGES, CAUSAL, NUM_WG, SUM_MMA,
                                EARLY_LOADS, seqlens_q_ptr, TRACE, KEY_LENS, shared.page_table, shared.table_stride,
-                               PAGE_SIZE, SECURE, shared.v_landed, form.HEAD_DIM)
+                               PAGE_SIZE, SECURE, shared.v_landed, form.HEAD_DIM, form.SANITISE,
+                               shared.seqlens_k_ptr)
                 kc += n
                 it += 1
 
@@ -187,6 +190,20 @@ def _sanitise_v(v_smem, v_landed, v_ready, c, valid_rows, BLOCK_N: gl.constexpr,
 
 
 @gluon.jit
+def _pad_v(v_smem, v_landed, v_ready, c, j, col, len_k, salt, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+           V_STAGES: gl.constexpr):
+    """SANITISE (secure, causal self-attention): the program's ``c``-th V tile (tile ``j`` of its item), once landed,
+    with secure mode's padding written over its rows at or past the secret key length ``len_k``
+    (kernels/sm90/secure_pad.py), then handed to the consumers. Every tile, every row read and written (selects)."""
+    vs = c % V_STAGES
+    mbarrier.wait(v_landed.index(vs), (c // V_STAGES) & 1)
+    pad_v_tile(v_smem.index(vs).reshape([BLOCK_N, HEAD_DIM]), col, len_k, j * BLOCK_N, salt, BLOCK_N)
+    fence_async_shared()  # these generic-proxy writes, before the consumers' wgmma (async proxy) reads them
+    thread_barrier()  # every warp of this warpgroup has written its rows
+    mbarrier.arrive(v_ready.index(vs), count=1)
+
+
+@gluon.jit
 def _issue_first_loads(q_desc, k_desc, v_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, k_ready, v_ready,
                        num_heads, group, num_m_tiles, page_table, table_stride, capacity, BLOCK_M: gl.constexpr,
                        BLOCK_N: gl.constexpr, NUM_WG: gl.constexpr, CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
@@ -212,7 +229,7 @@ def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem
                BLOCK_N: gl.constexpr, K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                NUM_WG: gl.constexpr, SUM_MMA: gl.constexpr, EARLY_LOADS: gl.constexpr, trace_ptr,
                TRACE: gl.constexpr, KEY_LENS: gl.constexpr, page_table, table_stride, PAGE_SIZE: gl.constexpr,
-               SECURE: gl.constexpr, v_landed, HEAD_DIM: gl.constexpr):
+               SECURE: gl.constexpr, v_landed, HEAD_DIM: gl.constexpr, SANITISE: gl.constexpr, seqlens_k_ptr):
     """The loader's side of one work item: its Q tiles, then its K/V tiles through the rings (with
     SUM_MMA each V tile brings its key weights along). Returns the number of K/V tiles loaded. With
     EARLY_LOADS the program's first Q and K/V tile 0 were requested at kernel entry (_issue_first_loads). With
@@ -221,7 +238,10 @@ def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem
     SECURE with KEY_LENS: the lengths are secret; the item's tiles are those of the whole cache (public), each V tile
     landing on ``v_landed`` and cleared here past the key length before the consumers see it: tile j - 1 between the
     copies of K_j and V_j (perf-notes v31: cleared after V_j's copy, each clear waited for the consumers' P V of
-    tile j - 2, which freed V_j's slot, and the consumers then waited for the clear: 25% of the time at D=128)."""
+    tile j - 2, which freed V_j's slot, and the consumers then waited for the clear: 25% of the time at D=128).
+    SANITISE (secure, causal self-attention: ``seqlens_k_ptr`` holds the secret key lengths): each V tile lands on
+    ``v_landed`` and gets secure mode's padding here (_pad_v), one tile behind the copies in the same way (perf-notes
+    v34: padding the previous tile before this one's K copy instead ran 1-10% slower)."""
     SECRET_KEY_LENS: gl.constexpr = SECURE and KEY_LENS
     b, h, hk = _head_coords(bh, num_heads, group)
     if PAGE_SIZE > 0:  # tile 0's pages; each step then reads the next tile's before it waits for a free slot
@@ -230,6 +250,11 @@ def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem
     v_bar = v_ready
     if SECRET_KEY_LENS:  # secret: clamped into the cache arithmetically, and used by the selects only
         len_k = gl.minimum(gl.maximum(gl.load(trace_ptr + b), 0), seqlen_k)
+        v_bar = v_landed
+    elif SANITISE:  # secret, as above; the pattern's public salt is the sequence's K/V head
+        len_k = gl.minimum(gl.maximum(gl.load(seqlens_k_ptr + b), 0), seqlen_k)
+        salt = b * (num_heads // group) + hk
+        col = column_pattern(salt, HEAD_DIM)
         v_bar = v_landed
     elif KEY_LENS:
         seqlen_k = gl.minimum(gl.maximum(gl.load(trace_ptr + b), 0), seqlen_k)
@@ -255,11 +280,14 @@ def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem
                 _load_k(k_desc, k_smem, k_ready, k_empty, c, b, hk, j, pages, BLOCK_N, K_STAGES, PAGE_SIZE)
         else:
             _load_k(k_desc, k_smem, k_ready, k_empty, c, b, hk, j, pages, BLOCK_N, K_STAGES, PAGE_SIZE)
-        if NUM_WG == 1:
+        if NUM_WG == 1 and not SANITISE:
             if c == 0:
                 # the program's first tiles: with two programs per SM, letting Q and K_0 land before the rest of
                 # the rings are requested starts the first S earlier (perf-notes v15.3: +1-2% at 1-2 x 16 x 1024 x 64)
                 mbarrier.wait(k_ready.index(0), 0)
+        if SANITISE:  # the previous V tile, between this one's K and V copies (as _sanitise_v below)
+            if j > 0:
+                _pad_v(v_smem, v_landed, v_ready, c - 1, j - 1, col, len_k, salt, BLOCK_N, HEAD_DIM, V_STAGES)
         if SECRET_KEY_LENS:
             # the previous V tile, before this one's copy: that copy waits for a slot that the consumers free only
             # after their P V of the tile before, and they need the previous tile cleared for their next P V
@@ -280,4 +308,7 @@ def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem
     if SECRET_KEY_LENS:  # the item's last V tile
         _sanitise_v(v_smem, v_landed, v_ready, kc + n_blocks - 1, len_k - (n_blocks - 1) * BLOCK_N, BLOCK_N, HEAD_DIM,
                     V_STAGES)
+    if SANITISE:  # the item's last V tile
+        _pad_v(v_smem, v_landed, v_ready, kc + n_blocks - 1, n_blocks - 1, col, len_k, salt, BLOCK_N, HEAD_DIM,
+               V_STAGES)
     return n_blocks
