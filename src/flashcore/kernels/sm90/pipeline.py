@@ -280,7 +280,7 @@ def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem
                 _load_k(k_desc, k_smem, k_ready, k_empty, c, b, hk, j, pages, BLOCK_N, K_STAGES, PAGE_SIZE)
         else:
             _load_k(k_desc, k_smem, k_ready, k_empty, c, b, hk, j, pages, BLOCK_N, K_STAGES, PAGE_SIZE)
-        if NUM_WG == 1 and not SANITISE:
+        if NUM_WG == 1 and not SANITISE:  # (SANITISE: the form as measured in perf-notes v34, without this wait)
             if c == 0:
                 # the program's first tiles: with two programs per SM, letting Q and K_0 land before the rest of
                 # the rings are requested starts the first S earlier (perf-notes v15.3: +1-2% at 1-2 x 16 x 1024 x 64)
