@@ -241,7 +241,7 @@ def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem
     tile j - 2, which freed V_j's slot, and the consumers then waited for the clear: 25% of the time at D=128).
     SANITISE (secure, causal self-attention: ``seqlens_k_ptr`` holds the secret key lengths): each V tile lands on
     ``v_landed`` and gets secure mode's padding here (_pad_v), one tile behind the copies in the same way (perf-notes
-    v34: padding the previous tile before this one's K copy instead ran 1-10% slower)."""
+    v34: padding the previous tile before this one's K copy instead ran 6-11% slower)."""
     SECRET_KEY_LENS: gl.constexpr = SECURE and KEY_LENS
     b, h, hk = _head_coords(bh, num_heads, group)
     if PAGE_SIZE > 0:  # tile 0's pages; each step then reads the next tile's before it waits for a free slot

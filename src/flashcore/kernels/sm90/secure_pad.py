@@ -2,7 +2,7 @@
 the loader warpgroup replaces the rows of each landed V tile at or past the secret key length before the consumers
 see it (``pipeline._pad_v``, ``form.SANITISE``). It replaces the separate V pre-pass
 (``kernels/secure/prepass.py``, ``attn_secure_zero_v_padding_kernel``), whose launch, extra read and write of V and
-wait cost small causal problems ~15% of their time (perf-notes v34: 1x16x1024x64 causal 19.3 us secure against
+wait cost small causal problems ~12% of their time (perf-notes v34: 1x16x1024x64 causal 19.3 us secure against
 15.6 fast; 16.9 with the padding in the kernel).
 
 Why V's padding rows must be rewritten at all, and with what (the pre-pass's reasoning): in the causal
@@ -18,7 +18,7 @@ Constant time: every row of every tile is read and written; the length enters th
 
 Not used for the non-causal form: its K padding (pairs of perturbed copies of the first key, which the consumers'
 unmasked row max needs) sits on the critical path of the next score product, and in the loader it ran the small
-problems 1.1-1.6x slower than the pre-pass (perf-notes v34)."""
+problems 1.0-1.2x slower than the pre-pass in its best form (perf-notes v34)."""
 from __future__ import annotations
 
 from triton.experimental import gluon
