@@ -9,6 +9,7 @@ from triton.experimental.gluon import language as gl
 
 from ..kernels.sm90.bwd import attn_bwd_dkdv_hopper_kernel
 from ..kernels.sm90.gluon_compat import async_atomic_add
+from ..plan.tables import triton_minor
 from ..runtime import KernelStep, cdiv
 from ..runtime.tma import addressable, make_descriptors
 
@@ -26,6 +27,17 @@ HEAD_CHUNK = 4
 OPERANDS_SMEM_WG = (2, )
 # Fused dQ: sets of every warpgroup's dS^T in shared memory (how far a warpgroup may run ahead of the others)
 DS_SETS = 2
+# Fused dQ, by causal: P^T as the dV product's register operand (RS_DV), and the swizzle of the fp32 tile each
+# warpgroup stages its dQ share in for the copy engine. The accumulator's 8-byte stores into the 128-byte swizzle meet
+# 2-way bank conflicts (ncu: 2x the ideal shared-memory wavefronts; 9 spilled words at D=128); the 32-byte swizzle
+# (eight 8-column boxes, the copy engine's messages issued by four threads) stores conflict-free and spills nothing.
+# Non-causal runs both, 2-6% faster at 4x32x4096x128 (v35, H100, four same-run A/Bs); causal keeps the v33 form:
+# the two changes tied or lost 0.3-2.6% at 4x32x4096x128 causal and spill 20 bytes there.
+FUSED_FORM = {False: dict(rs_dv=True, dq_swizzle=32), True: dict(rs_dv=False, dq_swizzle=128)}
+# Toolchains that do not fit RS_DV's form in its registers: ptxas 13.4 (Triton 3.9) spills 15-19 words of it (none
+# without it; CPU compile). They run the non-causal form with the 32-byte staging tile only (2% faster than v33's on
+# 3.6, H100); not timed on 3.9.
+RS_DV_SPILLS = ("3.9", )
 # consumer warpgroups -> (consumer registers, launch register cap): 2 x 128 x 240 + 128 x 24 fits the 64K file
 REGISTERS = {1: (232, 128), 2: (240, 168)}
 
@@ -74,7 +86,8 @@ class HopperDkdvLaunch:
         dq_tma = fused and async_atomic_add is not None
         if dq_tma:
             cols = D // num_wg
-            lay_dq = gl.NVMMASharedLayout.get_default_for([1, 1, block_m, cols], gl.float32)
+            lay_dq = gl.NVMMASharedLayout(swizzle_byte_width=FUSED_FORM[bool(causal)]["dq_swizzle"],
+                                          element_bitwidth=32, rank=4)
             self.geom += ((list(dq_accum.shape), list(dq_accum.stride()), [1, 1, block_m, cols], lay_dq), )
         batch, num_heads_q, num_heads_kv = q.shape[0], q.shape[1], k.shape[1]
         # one-dimensional, in chunks of HEAD_CHUNK heads (the kernel's _steps); split_group (the fused form with GQA,
@@ -91,7 +104,8 @@ class HopperDkdvLaunch:
         consumer_regs, maxnreg = REGISTERS[num_wg]
         constexprs = dict(BLOCK_M=block_m, HEAD_DIM=D, STAGES=stages, CAUSAL=bool(causal), NUM_WG=num_wg,
                           CONSUMER_WG_REGS=consumer_regs, LOADER_WG_REGS=LOADER_REGS, FUSED_DQ=fused, DQ_TMA=dq_tma,
-                          OPERANDS_SMEM=num_wg in OPERANDS_SMEM_WG, DS_SETS=DS_SETS, SPLIT_GROUP=split)
+                          OPERANDS_SMEM=num_wg in OPERANDS_SMEM_WG, DS_SETS=DS_SETS, SPLIT_GROUP=split,
+                          RS_DV=fused and FUSED_FORM[bool(causal)]["rs_dv"] and triton_minor() not in RS_DV_SPILLS)
         self.step = KernelStep(attn_bwd_dkdv_hopper_kernel, grid, args, DESC_ARGS + 3, constexprs, 4, 1,
                                options=dict(maxnreg=maxnreg))
 

@@ -159,7 +159,8 @@ def _consumer(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, 
               num_heads_kv, group, head_chunk, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs,
               stride_dqb, stride_dqh, stride_dqs, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
               NUM_WG: gl.constexpr, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr, DQ_TMA: gl.constexpr,
-              OPERANDS_SMEM: gl.constexpr, DS_SETS: gl.constexpr, SPLIT_GROUP: gl.constexpr, WG: gl.constexpr):
+              OPERANDS_SMEM: gl.constexpr, DS_SETS: gl.constexpr, SPLIT_GROUP: gl.constexpr, WG: gl.constexpr,
+              RS_DV: gl.constexpr):
     """A consumer partition (warpgroup ``WG``): dK and dV of key rows ``n0 + 64 WG ...`` over every step, and with
     FUSED_DQ this warpgroup's columns of every step's dQ as well (:func:`_consumer_fused_dq`)."""
     if FUSED_DQ:
@@ -167,7 +168,7 @@ def _consumer(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, 
                            delta_smem, ds_smem, p_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale,
                            scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb, stride_dkh,
                            stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M,
-                           HEAD_DIM, STAGES, NUM_WG, CAUSAL, DQ_TMA, DS_SETS, SPLIT_GROUP, WG)
+                           HEAD_DIM, STAGES, NUM_WG, CAUSAL, DQ_TMA, DS_SETS, SPLIT_GROUP, WG, RS_DV)
     else:
         _consumer_dkdv(q_desc, dk_ptr, dv_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem, delta_smem, ds_smem,
                        p_smem, ready, empty, kv_ready, qk_scale, scale, seqlen_q, seqlen_k, num_heads_kv, group,
@@ -330,14 +331,15 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
                        stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M: gl.constexpr,
                        HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NUM_WG: gl.constexpr, CAUSAL: gl.constexpr,
                        DQ_TMA: gl.constexpr, DS_SETS: gl.constexpr, SPLIT_GROUP: gl.constexpr,
-                       WG: gl.constexpr):
+                       WG: gl.constexpr, RS_DV: gl.constexpr):
     """dK, dV and this warpgroup's share of dQ (five products per tile pair; not deterministic: the order of the
     additions into the fp32 ``dq_ptr`` buffer varies).
 
-    P^T and dS^T go through shared memory, and the dV and dK products read them there: dS^T must be there anyway
-    for the dQ product, whose K runs over every warpgroup's keys, and the registers the operands held in register
-    form are what dQ's accumulator needs (64 x HEAD_DIM / NUM_WG fp32) beside dK and dV (and in v33's measurements
-    the register form was 7-14% slower here). dQ is one step behind: at the end of step j this warpgroup issues
+    dS^T goes through shared memory, and the dK product reads it there: it must be there anyway for the dQ product,
+    whose K runs over every warpgroup's keys. P^T goes there too (the dV product's left operand), or, with RS_DV,
+    stays in registers as that operand: no store, fence or shared-memory read (the non-causal form, 2-6% faster at
+    4x32x4096x128, perf-notes v35). Both operands in registers make ptxas serialise every product of the kernel
+    ("insufficient register resources"; that was v33.2's 7-14% loss). dQ is one step behind: at the end of step j this warpgroup issues
     step j - 1's dQ product, once every warpgroup has written that step's dS^T (``ds_ready``), so it waits on the
     others only if they are more than a step behind, and the warpgroups keep their own pace (the tensor cores stay
     busy while one of them computes exponentials; v29.5's form waited for the same step's dS^T and ran 1.16-1.31x
@@ -366,6 +368,7 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
     dq_row = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
     dq_col = WG * DQ_COLS + gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, dq_layout))
     dq_base = dq_ptr + b.to(gl.int64) * stride_dqb
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     mbarrier.wait(kv_ready, 0)
 
     for j in range(n_steps):
@@ -377,9 +380,13 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
             mbarrier.arrive(empty.index((j - 1) % STAGES), count=1)
         pt = _probabilities(st, lse2_smem, s, key, m0 + col, m0, n0, diag, qk_scale, seqlen_k, KEYS, BLOCK_M, CAUSAL,
                             True, col_layout)
-        p_t.store(pt.to(dtype))  # (step j - 1's dV product, its reader, was waited for at its end)
-        fence_async_shared()
-        dv = warpgroup_mma(p_t, do_t, dv, is_async=True)
+        if RS_DV:  # P^T as dV's register operand (kept alive until dV is waited for)
+            p_op = gl.convert_layout(pt.to(dtype), op_layout)
+            dv = warpgroup_mma(p_op, do_t, dv, is_async=True)
+        else:
+            p_t.store(pt.to(dtype))  # (step j - 1's dV product, its reader, was waited for at its end)
+            fence_async_shared()
+            dv = warpgroup_mma(p_t, do_t, dv, is_async=True)
         delta = delta_smem.index(s).reshape([BLOCK_M]).load(col_layout)
         dpt = warpgroup_mma_wait(1, deps=(dpt, ))
         dst = pt * (dpt - gl.expand_dims(delta, 0))
@@ -400,7 +407,10 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
         dq = _dq_product(ds_smem, k_smem, dq_zero, prev, KEYS, HEAD_DIM, DQ_COLS, NUM_WG, WG)
         dk = warpgroup_mma(ds_t, q_t, dk, is_async=True)
         # in flight: dV, step j - 1's dQ, dK; dK runs on while that dQ share goes out (this also waits for dV)
-        dq = warpgroup_mma_wait(1, deps=(dq, ))
+        if RS_DV:
+            dq, p_op = warpgroup_mma_wait(1, deps=(dq, p_op))
+        else:
+            dq = warpgroup_mma_wait(1, deps=(dq, ))
         if j > 0:
             mbarrier.arrive(ds_free.index(prev), count=1)
             _out_dq(dq, dq_base, dq_desc, dq_smem, b, hq0 + (j - 1) // n_m, (m_first + (j - 1) % n_m) * BLOCK_M,
@@ -429,7 +439,8 @@ def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delt
                                 CAUSAL: gl.constexpr, NUM_WG: gl.constexpr, CONSUMER_WG_REGS: gl.constexpr,
                                 LOADER_WG_REGS: gl.constexpr, FUSED_DQ: gl.constexpr = False,
                                 DQ_TMA: gl.constexpr = False, OPERANDS_SMEM: gl.constexpr = False,
-                                DS_SETS: gl.constexpr = 2, SPLIT_GROUP: gl.constexpr = False):
+                                DS_SETS: gl.constexpr = 2, SPLIT_GROUP: gl.constexpr = False,
+                                RS_DV: gl.constexpr = False):
     """One program per (key tile of ``64 NUM_WG`` keys, batch entry x K/V head); see the module's docstring."""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
@@ -444,7 +455,10 @@ def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delt
     if FUSED_DQ:  # every warpgroup's dS^T of a step (three sets, by step), their ready/free barriers, and its P^T
         tile_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         ds_smem = gl.allocate_shared_memory(dtype, [DS_SETS * NUM_WG, 64, BLOCK_M], tile_layout)
-        p_smem = gl.allocate_shared_memory(dtype, [NUM_WG, 64, BLOCK_M], tile_layout)
+        if RS_DV:  # P^T is dV's register operand: no tile (unused)
+            p_smem = ds_smem
+        else:
+            p_smem = gl.allocate_shared_memory(dtype, [NUM_WG, 64, BLOCK_M], tile_layout)
         ds_ready = gl.allocate_shared_memory(gl.int64, [DS_SETS, 1], mbarrier.MBarrierLayout())
         ds_free = gl.allocate_shared_memory(gl.int64, [DS_SETS, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(DS_SETS):
@@ -476,12 +490,14 @@ def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delt
                          delta_smem, ds_smem, p_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale,
                          scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb, stride_dkh, stride_dks,
                          stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM,
-                         STAGES, NUM_WG, CAUSAL, FUSED_DQ, DQ_TMA, OPERANDS_SMEM, DS_SETS, SPLIT_GROUP, 0)),
+                         STAGES, NUM_WG, CAUSAL, FUSED_DQ, DQ_TMA, OPERANDS_SMEM, DS_SETS, SPLIT_GROUP, 0,
+                         RS_DV)),
             (_consumer, (q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem,
                          delta_smem, ds_smem, p_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale,
                          scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb, stride_dkh, stride_dks,
                          stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM,
-                         STAGES, NUM_WG, CAUSAL, FUSED_DQ, DQ_TMA, OPERANDS_SMEM, DS_SETS, SPLIT_GROUP, 1)),
+                         STAGES, NUM_WG, CAUSAL, FUSED_DQ, DQ_TMA, OPERANDS_SMEM, DS_SETS, SPLIT_GROUP, 1,
+                         RS_DV)),
             (_loader, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                        lse2_smem, delta_smem, ready, empty, kv_ready, seqlen_q, seqlen_k, num_heads_kv, group,
                        head_chunk, BLOCK_M, STAGES, NUM_WG, CAUSAL, SPLIT_GROUP)),
@@ -492,7 +508,8 @@ def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delt
                          delta_smem, ds_smem, p_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale,
                          scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb, stride_dkh, stride_dks,
                          stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM,
-                         STAGES, NUM_WG, CAUSAL, FUSED_DQ, DQ_TMA, OPERANDS_SMEM, DS_SETS, SPLIT_GROUP, 0)),
+                         STAGES, NUM_WG, CAUSAL, FUSED_DQ, DQ_TMA, OPERANDS_SMEM, DS_SETS, SPLIT_GROUP, 0,
+                         RS_DV)),
             (_loader, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                        lse2_smem, delta_smem, ready, empty, kv_ready, seqlen_q, seqlen_k, num_heads_kv, group,
                        head_chunk, BLOCK_M, STAGES, NUM_WG, CAUSAL, SPLIT_GROUP)),
