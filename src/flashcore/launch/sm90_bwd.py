@@ -29,10 +29,11 @@ OPERANDS_SMEM_WG = (2, )
 DS_SETS = 2
 # Fused dQ, by causal: P^T as the dV product's register operand (RS_DV), and the swizzle of the fp32 tile each
 # warpgroup stages its dQ share in for the copy engine. The accumulator's 8-byte stores into the 128-byte swizzle meet
-# 2-way bank conflicts (ncu: 2x the ideal shared-memory wavefronts; 9 spilled words at D=128); the 32-byte swizzle
-# (eight 8-column boxes, the copy engine's messages issued by four threads) stores conflict-free and spills nothing.
-# Non-causal runs both, 2-6% faster at 4x32x4096x128 (v35, H100, four same-run A/Bs); causal keeps the v33 form:
-# the two changes tied or lost 0.3-2.6% at 4x32x4096x128 causal and spill 20 bytes there.
+# 2-way bank conflicts (ncu: 2x the ideal shared-memory wavefronts), and their addresses made the non-causal form spill
+# 9 words; the 32-byte swizzle (eight 8-column boxes, the copy engine's messages issued by four threads) stores
+# conflict-free and spills nothing. Non-causal runs both, 2.3-5.6% faster at 4x32x4096x128 (v35, H100, three same-run
+# A/Bs); causal keeps the v33 form: the two changes tied or lost 0.3-2.6% at 4x32x4096x128 causal and spill 20 bytes
+# there.
 FUSED_FORM = {False: dict(rs_dv=True, dq_swizzle=32), True: dict(rs_dv=False, dq_swizzle=128)}
 # Toolchains that do not fit RS_DV's form in its registers: ptxas 13.4 (Triton 3.9) spills 15-19 words of it (none
 # without it; CPU compile). They run the non-causal form with the 32-byte staging tile only (2% faster than v33's on

@@ -337,11 +337,13 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
 
     dS^T goes through shared memory, and the dK product reads it there: it must be there anyway for the dQ product,
     whose K runs over every warpgroup's keys. P^T goes there too (the dV product's left operand), or, with RS_DV,
-    stays in registers as that operand: no store, fence or shared-memory read (the non-causal form, 2-6% faster at
-    4x32x4096x128, perf-notes v35). Both operands in registers make ptxas serialise every product of the kernel
-    ("insufficient register resources"; that was v33.2's 7-14% loss). dQ is one step behind: at the end of step j this warpgroup issues
-    step j - 1's dQ product, once every warpgroup has written that step's dS^T (``ds_ready``), so it waits on the
-    others only if they are more than a step behind, and the warpgroups keep their own pace (the tensor cores stay
+    stays in registers as that operand: no store, fence or shared-memory read (the non-causal form, with the 32-byte
+    dQ staging tile 2.3-5.6% faster at 4x32x4096x128, perf-notes v35). Both operands in registers make ptxas
+    serialise every product of the kernel ("insufficient register resources"; that was v33.2's 7-14% loss).
+
+    dQ is one step behind: at the end of step j this warpgroup issues step j - 1's dQ product, once every
+    warpgroup has written that step's dS^T (``ds_ready``), so it waits on the others only if they are more than a
+    step behind, and the warpgroups keep their own pace (the tensor cores stay
     busy while one of them computes exponentials; v29.5's form waited for the same step's dS^T and ran 1.16-1.31x
     slower than the dQ kernel). dS^T has ``DS_SETS`` sets: step j writes set j % DS_SETS once every warpgroup's
     dQ product of step j - DS_SETS has read it (``ds_free``). The dQ product is then waited for while step j's dK
