@@ -24,6 +24,8 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+# the pre-pass's public hash itself (a plain Triton function Gluon calls): the same words in both padding forms
+from ..secure.prepass import _hash
 from .gluon_compat import reinterpret
 
 GROUP_ROWS: gl.constexpr = gl.constexpr(32)  # rows per load / select / store (a store between two loads: a barrier)
@@ -34,14 +36,6 @@ WORD_LAYOUT: gl.constexpr = gl.constexpr(gl.BlockedLayout([1, 4], [4, 8], [4, 1]
 RANDOM_BITS: gl.constexpr = gl.constexpr(0x81FF81FF - (1 << 32))
 EXPONENT: gl.constexpr = gl.constexpr(0x3C003C00)  # exponents 120-123: magnitudes in [2^-7, 2^-3)
 ROW_BITS: gl.constexpr = gl.constexpr(0x007F007F)  # a row's public mantissa flips
-
-
-@gluon.jit
-def _hash(a, b, salt):
-    """A public 32-bit hash of (salt, a, b), integer tensors or scalars: data-independent (the pre-pass's)."""
-    h = (a.to(gl.uint32) * 0x9E3779B1) ^ (b.to(gl.uint32) * 0x85EBCA77) ^ (salt.to(gl.uint32) * 0xC2B2AE3D)
-    h = (h ^ (h >> 15)) * 0x2C1B3C6D
-    return h ^ (h >> 12)
 
 
 @gluon.jit
