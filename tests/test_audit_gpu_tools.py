@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+import flashcore
 from flashcore import cli as flashcore_cli
 from flashcore.audit import _inputs as I
 from flashcore.audit import cli as audit_cli
@@ -591,3 +592,37 @@ def test_prefill_kind_is_the_secure_kvcache_call_with_a_chunk_of_queries():
         slots = T.Slots("secure_prefill", a, b, P=1, B=2, H=4, Hkv=2, S_max=64, D=16, dtype=torch.float32,
                         causal=True, backend="reference", seed=0, device="cpu")
         assert slots.slots[0]["q"].shape == (2, sq, 4, 16) and slots.eager[0]().shape == (2, sq, 4, 16)
+
+
+def test_cross_lens_mode_times_and_reproduces_the_secret_diagonal_call():
+    """The gates' inputs for causal attention with explicit query lengths (the secret-diagonal form, perf-notes v36):
+    timing's ``lens_mode="cross"`` slots pass a query-length tensor of their own (the same tensor as the key
+    lengths would be the self-attention form), rewritten with each class's length as the key lengths are; the repro
+    gate's ``secure_cross_causal`` mode is that call (here on the CPU reference)."""
+    import warnings
+
+    from flashcore.audit import _inputs as I
+    from flashcore.audit import repro
+
+    assert "secure_cross_causal" in repro.MODES
+    a, b = T.class_specs("short_vs_long", 64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        slots = T.Slots("secure", a, b, P=1, B=2, H=4, Hkv=2, S_max=64, D=16, dtype=torch.float32, causal=True,
+                        backend="reference", seed=0, device="cpu", lens_mode="cross")
+        slot = slots.slots[0]
+        assert slot["sq"] is not slot["sk"] and slot["sq"].tolist() == slot["sk"].tolist() == [a.length] * 2
+        slots._fill(slot, b, torch.Generator().manual_seed(1))
+        assert slot["sq"].tolist() == slot["sk"].tolist() == [b.length] * 2
+        out = slots.eager[0]()
+        ref = flashcore.reference.attention(slot["q"], slot["k"], slot["v"], causal=True, seqlens_q=slot["sq"],
+                                            seqlens_k=slot["sk"])
+        assert torch.allclose(out.double(), ref, atol=1e-5)
+        self_slots = T.Slots("secure", a, b, P=1, B=2, H=4, Hkv=2, S_max=64, D=16, dtype=torch.float32, causal=True,
+                             backend="reference", seed=0, device="cpu")
+        assert "sq" not in self_slots.slots[0]
+        case = I.build_case("masked_rows", B=2, H=4, Hkv=2, S=32, D=16, dtype=torch.float32, seed=3)
+        out = repro._mode_call("secure_cross_causal", case, "reference")()
+        ref = flashcore.reference.attention(case.q, case.k, case.v, causal=True, seqlens_q=case.seqlens_q,
+                                            seqlens_k=case.seqlens_k)
+    assert torch.allclose(out.double(), ref, atol=1e-5)

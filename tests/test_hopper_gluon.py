@@ -69,6 +69,10 @@ def _rejection(q, k, v, o, arch=(9, 0), **kw):
 
 
 def test_eligibility():
+    from dataclasses import replace
+
+    from flashcore.problem import Problem
+
     q = _t(2, 4, 256, 128)
     assert _rejection(q, q, q, q) is None
     assert "bf16" in _rejection(q.float(), q.float(), q.float(), q.float())
@@ -82,9 +86,13 @@ def test_eligibility():
     off = _t(2 * 4 * 256 * 128 + 1)[1:].view(2, 4, 256, 128)  # base 2 bytes past alignment
     assert "copy engine" in _rejection(q, q, q, off)
     assert "sm_90" in _rejection(q, q, q, q, arch=(8, 0)) and "sm_90" in _rejection(q, q, q, q, arch=None)
-    # secure causal runs here only with a public diagonal (self-attention)
-    assert "public diagonal" in _rejection(q, q, q, q, secure=True, causal=True)
+    # secure causal runs here with a public diagonal (self-attention) and, since v36, with a secret one (explicit
+    # query lengths: the SECRET_DIAG form); the Gluon kernel has no in-loop V select
+    assert _rejection(q, q, q, q, secure=True, causal=True) is None
     assert _rejection(q, q, q, q, secure=True, causal=True, self_attention=True) is None
+    problem = replace(Problem.dense(q, q, q, q, causal=True, scale=0.1, layout="bhsd", secure=True,
+                                    self_attention=False, return_lse=False), arch=(9, 0))
+    assert "v_prepass" in select.sm90_rejection(problem, replace(tables.gluon_ws(128), v_prepass=False))
 
 
 def test_v_ring_depth_fits_shared_memory():

@@ -147,6 +147,60 @@ def test_in_kernel_padding_launch_checks_its_form():
             sm90_fwd.GluonLaunch(q, q, q, q, None, **bad, **kw)
 
 
+def test_secret_diagonal_runs_the_gluon_kernel(monkeypatch):
+    """Secure causal attention with explicit query lengths (a secret diagonal) plans the Gluon kernel's SECRET_DIAG
+    form on Hopper (the Triton kernel before v36, 0.42x of fast at 3x6x1536x128): the table's causal configuration,
+    the non-causal schedule and trip counts (CAUSAL off: every key tile), no key weights, the key lengths pointer
+    passed, V's padding by the loader or the V pre-pass as for the public diagonal. The self-attention form keeps the
+    public diagonal; views the copy engine cannot address keep the Triton kernel."""
+    from flashcore import ops, problem
+    from flashcore.launch.secure_prepass import SecurePrepass
+
+    monkeypatch.setattr(problem, "device_arch", lambda device: (9, 0))
+    for var in (knobs.SECURE_KERNEL_ENV, knobs.SECURE_PAD_ENV, knobs.SECURE_V_ZEROING_ENV):
+        monkeypatch.delenv(var, raising=False)
+    # (V's padding: the loader's with one consumer warpgroup, the V pre-pass with two: tables.secure_padding_in_kernel)
+    for B, H, Sq, Sk, D, in_kernel in ((3, 6, 1536, 1536, 128, False), (4, 32, 4096, 4096, 128, False),
+                                      (2, 16, 1000, 3000, 64, True), (1, 16, 1024, 1024, 64, True)):
+        q, k = torch.empty(B, H, Sq, D, dtype=torch.bfloat16), torch.empty(B, H, Sk, D, dtype=torch.bfloat16)
+        lq, lk = torch.full((B,), Sq, dtype=torch.int32), torch.full((B,), Sk, dtype=torch.int32)
+        plan = ops.dense_plan(q, k, k, lq, lk, True, D ** -0.5, False, True, False)
+        assert plan.selection.kernel == "sm90_fwd", plan.selection.explain()
+        assert plan.problem.secret_diagonal and not plan.problem.public_diagonal
+        step = plan.main.step
+        ce = step.constexprs
+        assert ce["SECURE"] and ce["SECRET_DIAG"] and not ce["CAUSAL"] and not ce["PAIRED"] and not ce["SUM_MMA"]
+        assert plan.main.key_weights_shape is None
+        assert step.grid[0] <= sm90_fwd.PROGRAMS_PER_SM[ce["NUM_WG"]] * 132  # persistent, as non-causal
+        cfg = tables.hopper(D, 2, True, True, Sq, Sk, B * H)
+        assert plan.selection.config == cfg
+        assert ce["SANITISE"] == in_kernel and (plan.prepass is None) == in_kernel
+        if not in_kernel:
+            assert isinstance(plan.prepass, SecurePrepass) and plan.prepass.key_weights_shape is None
+        self_plan = ops.dense_plan(q[:, :, :Sk] if Sq >= Sk else q, k, k, None, lk, True, D ** -0.5, False, True,
+                                   False)
+        if Sq == Sk:  # (the self-attention form: the public diagonal, as before)
+            assert self_plan.main.step.constexprs["CAUSAL"] and not self_plan.main.step.constexprs["SECRET_DIAG"]
+    q = torch.empty(2, 4, 1000, 128, dtype=torch.bfloat16)
+    qs = torch.empty(2, 4, 1000, 132, dtype=torch.bfloat16)[..., :128]  # a row stride the copy engine cannot take
+    lens = torch.full((2,), 1000, dtype=torch.int32)
+    plan = ops.dense_plan(qs, q, q, lens, lens, True, 0.1, False, True, False)
+    assert plan.selection.kernel == "triton_fwd"
+
+
+def test_secret_diagonal_launch_checks_its_form():
+    """GluonLaunch(secret_diag=True) takes the dense secure causal form only."""
+    q = torch.empty(2, 4, 500, 128, dtype=torch.bfloat16)
+    kw = dict(scale=0.1, seqlen_q=500, seqlen_k=500, batch=2, num_heads_q=4, num_heads_kv=4, lse_strides=(2000, 500),
+              cfg=tables.gluon_secure(128, 500, True), secret_diag=True)
+    launch = sm90_fwd.GluonLaunch(q, q, q, q, None, causal=True, secure=True, **kw)
+    assert launch.step.constexprs["SECRET_DIAG"] and not launch.step.constexprs["CAUSAL"]
+    for bad in (dict(causal=True, secure=False), dict(causal=False, secure=True),
+                dict(causal=True, secure=True, key_lens=True)):
+        with pytest.raises(ValueError, match="secret_diag"):
+            sm90_fwd.GluonLaunch(q, q, q, q, None, **bad, **kw)
+
+
 @pytest.mark.parametrize("head_dim,causal,block_m", [(128, False, None), (64, False, None), (64, True, None),
                                                      (128, True, None), (64, False, 192)])
 def test_secure_machine_code_keeps_the_fast_loop(head_dim, causal, block_m):
@@ -302,13 +356,13 @@ def test_secure_gluon_cross_lengths_and_cuda_graph(force_secure_gluon):
     out = flashcore.attention(q, k, v, secure=True, seqlens_q=lq, seqlens_k=lk)
     assert _runs_secure_gluon(q, k, v, False, lk)
     assert rel_err(out, flashcore.reference.attention(q, k, v, seqlens_q=lq, seqlens_k=lk)) < TOL[torch.bfloat16]
-    # explicit query lengths with causal: a secret diagonal, so the Triton kernel runs it
+    # explicit query lengths with causal: a secret diagonal, the Gluon kernel's SECRET_DIAG form since v36
     outc = flashcore.attention(q, k, v, causal=True, secure=True, seqlens_q=lq, seqlens_k=lk)
     refc = flashcore.reference.attention(q, k, v, causal=True, seqlens_q=lq, seqlens_k=lk)
     assert rel_err(outc, refc) < TOL[torch.bfloat16]
     from flashcore import ops
     plan = ops.dense_plan(q, k, v, lq, lk, True, D ** -0.5, False, True, False)
-    assert plan.selection.kernel == "triton_fwd" and plan.selection.config.kernel == "triton"
+    assert plan.selection.kernel == "sm90_fwd" and plan.main.step.constexprs["SECRET_DIAG"]
     lens = torch.tensor([777, 100], dtype=torch.int32, device="cuda")
     flashcore.attention(q, k, v, causal=True, secure=True, seqlens_k=lens)  # warm-up outside the graph
     g, out_g = capture_cuda_graph(lambda: flashcore.attention(q, k, v, causal=True, secure=True, seqlens_k=lens))
@@ -318,6 +372,88 @@ def test_secure_gluon_cross_lengths_and_cuda_graph(force_secure_gluon):
     torch.cuda.synchronize()
     assert torch.equal(out_g, flashcore.attention(q2, k2, v2, causal=True, secure=True, seqlens_k=lens))
     assert bool((out_g[0, :, 5:] == 0).all())
+
+
+SECRET_DIAG_CASES = [
+    # B, Hq, Hkv, Sq, Sk, D, query lengths, key lengths (the diagonal len_k - len_q: positive, 0, negative)
+    (4, 8, 8, 1024, 1024, 128, [1024, 517, 1, 300], [1024, 1000, 700, 0]),
+    (3, 8, 2, 1000, 1000, 64, [999, 128, 1000], [500, 999, 3]),
+    (2, 6, 6, 333, 1000, 128, [333, 100], [1000, 50]),
+    (2, 16, 4, 1000, 512, 64, [1000, 7], [512, 512]),
+    (1, 16, 16, 1024, 1024, 64, [1024], [1024]),
+]
+
+
+def _secret_diag_inputs(case, dtype=torch.bfloat16):
+    B, Hq, Hkv, Sq, Sk, D, lq, lk = case
+    g = torch.Generator(device="cuda").manual_seed(hash((str(case), str(dtype))) % 2**31)
+    mk = lambda h, s: torch.randn(B, h, s, D, device="cuda", generator=g, dtype=torch.float32).to(dtype)  # noqa
+    return (mk(Hq, Sq), mk(Hkv, Sk), mk(Hkv, Sk), torch.tensor(lq, dtype=torch.int32, device="cuda"),
+            torch.tensor(lk, dtype=torch.int32, device="cuda"))
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", SECRET_DIAG_CASES)
+def test_secret_diagonal_runs_gluon_matches_reference_and_ignores_padding(case, dtype, force_secure_gluon):
+    """Secure causal attention with explicit query lengths (a secret diagonal, len_k - len_q, positive, zero or
+    negative; Sq != Sk too) on the Gluon kernel's SECRET_DIAG form, as the planner chooses it: every key tile
+    visited, each masked with both secret lengths. Matches float64; rows past len_q (and valid rows that see no
+    key) are exact zeros with lse -inf; V's padding written by the loader or by the pre-pass gives the same bits;
+    NaN/Inf padding in q, k and v changes no output bit."""
+    q, k, v, lq, lk = _secret_diag_inputs(case, dtype)
+    lq_list, lk_list = case[6], case[7]
+    ref, ref_lse = flashcore.reference.attention(q, k, v, causal=True, seqlens_q=lq, seqlens_k=lk, return_lse=True)
+    outs = {}
+    for mode in ("on", "off"):
+        with knobs.override(secure_in_kernel_padding=mode):
+            plan = flashcore.plan_attention(q, k, v, causal=True, secure=True, seqlens_q=lq, seqlens_k=lk)
+            ce = plan.main.step.constexprs
+            assert isinstance(plan.main, sm90_fwd.GluonLaunch) and ce["SECURE"] and ce["SECRET_DIAG"]
+            assert not ce["CAUSAL"] and not ce["SUM_MMA"] and ce["SANITISE"] == (mode == "on")
+            out = torch.full_like(q, float("nan"))
+            _, lse = flashcore.attention(q, k, v, causal=True, secure=True, seqlens_q=lq, seqlens_k=lk,
+                                         return_lse=True, out=out)
+            outs[mode] = (out, lse)
+    torch.cuda.synchronize()
+    out, lse = outs["off"]
+    assert torch.equal(outs["on"][0], out)
+    assert not torch.isnan(out).any()
+    assert rel_err(out, ref) < TOL[dtype]
+    for b, (n, m) in enumerate(zip(lq_list, lk_list)):
+        assert bool((out[b, :, n:] == 0).all()), "rows past the true query length must be exact zeros"
+        assert bool(torch.isneginf(lse[b, :, n:]).all())
+        seen = torch.arange(n, device="cuda") + (m - n) >= 0  # a valid row that sees a key
+        if seen.any():
+            assert torch.allclose(lse[b, :, :n][:, seen].double(), ref_lse[b, :, :n][:, seen], atol=2e-2, rtol=0)
+        assert bool((out[b, :, :n][:, ~seen] == 0).all()) and bool(torch.isneginf(lse[b, :, :n][:, ~seen]).all())
+    q2, k2, v2 = q.clone(), k.clone(), v.clone()
+    for b, (n, m) in enumerate(zip(lq_list, lk_list)):
+        q2[b, :, n:] = float("nan"); k2[b, :, m:] = float("inf"); v2[b, :, m:] = float("nan")
+    for mode in ("on", "off"):
+        with knobs.override(secure_in_kernel_padding=mode):
+            assert torch.equal(flashcore.attention(q2, k2, v2, causal=True, secure=True, seqlens_q=lq,
+                                                   seqlens_k=lk), out)
+
+
+@gpu
+def test_secret_diagonal_cuda_graph_replays_with_new_lengths(force_secure_gluon):
+    """One capture of the SECRET_DIAG form, replayed with new query and key lengths (a diagonal of the other sign):
+    the eager call's bits."""
+    from conftest import capture_cuda_graph
+
+    case = (2, 8, 2, 777, 777, 128, [700, 5], [300, 777])
+    q, k, v, lq, lk = _secret_diag_inputs(case)
+    call = lambda: flashcore.attention(q, k, v, causal=True, secure=True, seqlens_q=lq, seqlens_k=lk)  # noqa
+    call()  # warm-up outside the graph
+    g, out_g = capture_cuda_graph(call)
+    lq.copy_(torch.tensor([5, 777], dtype=torch.int32)); lk.copy_(torch.tensor([777, 100], dtype=torch.int32))
+    g.replay()
+    torch.cuda.synchronize()
+    want = flashcore.attention(q, k, v, causal=True, secure=True, seqlens_q=lq, seqlens_k=lk)
+    assert torch.equal(out_g, want)
+    ref = flashcore.reference.attention(q, k, v, causal=True, seqlens_q=lq, seqlens_k=lk)
+    assert rel_err(out_g, ref) < TOL[torch.bfloat16] and bool((out_g[0, :, 5:] == 0).all())
 
 
 def test_static_gate_certifies_the_secure_kernel_and_still_sees_a_length_leak():
@@ -403,6 +539,66 @@ print(json.dumps((spec["constexprs"]["SANITISE"], len(r.violations), sum(v.kind 
     found = []
     for variant in ("clean", "leaky"):
         res = subprocess.run([sys.executable, "-c", code, variant], capture_output=True, text=True, env=env)
+        assert res.returncode == 0, res.stderr[-3000:]
+        found.append(json.loads(res.stdout.strip().splitlines()[-1]))
+    (clean_form, clean_n, _), (leaky_form, leaky_n, leaky_branches) = found
+    assert clean_form and leaky_form
+    assert clean_n == 0
+    assert leaky_n > 0 and leaky_branches > 0
+
+
+_LEAKY_SOFTMAX = """
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from flashcore.kernels.sm90 import softmax as sm
+
+
+@gluon.jit
+def leaky_softmax_step(s, m_i, l_i, col0, row, seqlen_k, diag, qk_scale, MASK: gl.constexpr, CAUSAL: gl.constexpr,
+                       ROW_SUM: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+    # the masked step, but skipping the mask on tiles wholly left of the diagonal: a branch on the secret diagonal
+    if col0 + BLOCK_N <= gl.min(row, axis=0) + diag:
+        p, alpha, m_new, l_new = sm._softmax_step(s, m_i, l_i, col0, row, seqlen_k, diag, qk_scale, False, False,
+                                                  ROW_SUM, BLOCK_N, s_layout)
+    else:
+        p, alpha, m_new, l_new = sm._softmax_step(s, m_i, l_i, col0, row, seqlen_k, diag, qk_scale, MASK, CAUSAL,
+                                                  ROW_SUM, BLOCK_N, s_layout)
+    return p, alpha, m_new, l_new
+"""
+
+
+@pytest.mark.parametrize("head_dim,sanitise", [(128, False), (64, True)])
+def test_static_gate_passes_the_secret_diagonal_and_sees_a_diagonal_dependent_skip(tmp_path, head_dim, sanitise):
+    """Gate 1 on the SECRET_DIAG form (sm_90a, no GPU): clean; the same form whose softmax skips the mask on tiles
+    left of the secret diagonal (what the fast path does on its public one) is caught as branches on the secret
+    (so the key lengths pointer is declared secret and followed)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "leaky_softmax.py").write_text(_LEAKY_SOFTMAX)
+    code = """
+import json, sys
+from flashcore.audit import specs
+from flashcore.audit.sass import sass_taint
+from flashcore.kernels.sm90 import fwd
+if sys.argv[1] == "leaky":  # (a process of its own: compiled kernels are cached per process)
+    import leaky_softmax
+    fwd._softmax_step = leaky_softmax.leaky_softmax_step
+spec = specs.gluon_spec(int(sys.argv[2]), True, S=1000, Hq=8, Hkv=2, return_lse=True, secure=True,
+                        sanitise=sys.argv[3] == "1", secret_diag=True)
+r = sass_taint(spec["fn"], spec["signature"], spec["constexprs"], spec["secret"], attrs=spec["attrs"],
+               maxnreg=spec["maxnreg"])
+print(json.dumps((spec["constexprs"]["SECRET_DIAG"], len(r.violations), sum(v.kind == "branch" for v in r.violations))))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, str(tmp_path), env.get("PYTHONPATH")) if p)
+    found = []
+    for variant in ("clean", "leaky"):
+        res = subprocess.run([sys.executable, "-c", code, variant, str(head_dim), str(int(sanitise))],
+                             capture_output=True, text=True, env=env)
         assert res.returncode == 0, res.stderr[-3000:]
         found.append(json.loads(res.stdout.strip().splitlines()[-1]))
     (clean_form, clean_n, _), (leaky_form, leaky_n, leaky_branches) = found

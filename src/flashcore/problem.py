@@ -116,6 +116,12 @@ class Problem:
         return self.secure and self.causal and self.seqlen_q == self.seqlen_k and self.self_attention
 
     @property
+    def secret_diagonal(self) -> bool:
+        """Secure causal dense attention whose diagonal is secret (explicit query lengths, or Sq != Sk): query i sees
+        key j iff j <= i + len_k - len_q, an offset only the device knows, so every key tile is visited."""
+        return self.secure and self.causal and not self.varlen and not self.public_diagonal
+
+    @property
     def work(self) -> int:
         """B * Hq * Sq * Sk: the size measure of the per-architecture tables."""
         return self.batch * self.num_heads_q * self.seqlen_q * self.seqlen_k

@@ -2,7 +2,8 @@
 bytes, and fresh processes (same seed, shifted allocations) reproduce the same bytes.
 
 Modes: ``secure`` (attention(..., secure=True), query lengths = key lengths), ``secure_causal``,
-``secure_cross`` (explicit seqlens_q), ``secure_decode`` (attention_with_kvcache(..., secure=True): one query
+``secure_cross`` (explicit seqlens_q), ``secure_cross_causal`` (the same, causal: the secret diagonal),
+``secure_decode`` (attention_with_kvcache(..., secure=True): one query
 token per sequence against the key lengths' cache), ``secure_prefill`` (the same with 128 query tokens: chunked
 prefill), ``fast_dense`` (secure=False on the padded tensors) and
 ``fast_varlen`` (attention_varlen on the packed true lengths). Each output is compared bitwise on the
@@ -19,7 +20,8 @@ import time
 
 from . import _inputs as I
 
-MODES = ("secure", "secure_causal", "secure_cross", "secure_decode", "secure_prefill", "fast_dense", "fast_varlen")
+MODES = ("secure", "secure_causal", "secure_cross", "secure_cross_causal", "secure_decode", "secure_prefill",
+         "fast_dense", "fast_varlen")
 _MARK = "FLASHCORE_REPRO_RESULT "
 
 
@@ -40,6 +42,8 @@ def _mode_call(mode: str, case, backend: str):
         return I.make_call("secure", case, causal=True, lens_mode="self", backend=backend)
     if mode == "secure_cross":
         return I.make_call("secure", case, causal=False, lens_mode="cross", backend=backend)
+    if mode == "secure_cross_causal":  # explicit query lengths, causal: the secret diagonal
+        return I.make_call("secure", case, causal=True, lens_mode="cross", backend=backend)
     if mode in I.KV_KINDS:
         return I.make_call(mode, case, causal=True, backend=backend)
     if mode == "fast_dense":

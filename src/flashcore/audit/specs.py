@@ -117,17 +117,22 @@ def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0), full: bool = False
                     # secure causal: V's padding in the kernel or by the pre-pass, both (the planner takes one by
                     # size, the secure_in_kernel_padding switch either)
                     paddings = (True, False) if secure and causal else (None,)
+                    # secure causal: the public diagonal (self-attention) and the secret one (explicit query lengths)
+                    diagonals = (False, True) if secure and causal else (False,)
                     for S, Hq, Hkv, lse in forms:
                         cfg = (tables.gluon_secure if secure else tables.gluon_ws)(hd, S, causal)
                         for sanitise in paddings:
-                            specs.append(gluon_spec(hd, causal, dtype, S, Hq, Hkv, lse, cfg=cfg, secure=secure,
-                                                    B=1 if Hq == 1 else 2, sanitise=sanitise))
+                            for secret_diag in diagonals:
+                                specs.append(gluon_spec(hd, causal, dtype, S, Hq, Hkv, lse, cfg=cfg, secure=secure,
+                                                        B=1 if Hq == 1 else 2, sanitise=sanitise,
+                                                        secret_diag=secret_diag))
                     for S, Hq, Hkv, lse, B in (_AUDIT_GLUON_ONE_WG if secure and hd == 64 else ()):
                         cfg = tables.hopper(hd, 2, causal, True, S, S, B * Hq)
                         assert cfg == tables.gluon_one_wg(), cfg  # the list follows the table
                         for sanitise in paddings:
-                            specs.append(gluon_spec(hd, causal, dtype, S, Hq, Hkv, lse, cfg=cfg, secure=True, B=B,
-                                                    sanitise=sanitise))
+                            for secret_diag in diagonals:
+                                specs.append(gluon_spec(hd, causal, dtype, S, Hq, Hkv, lse, cfg=cfg, secure=True, B=B,
+                                                        sanitise=sanitise, secret_diag=secret_diag))
                     for S, Hq, Hkv in (_AUDIT_PREFILL if secure else ()):
                         if S > 1024 and (hd != 64 or causal):  # (the same form as at 1024)
                             continue
@@ -144,7 +149,8 @@ def _hd_ones(dtype) -> tuple[int, ...]:
 
 def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096, Hq: int = 8, Hkv: int = 8,
                return_lse: bool = False, cfg=None, secure: bool = False, switches=None, B: int = 2,
-               key_lens: bool = False, page_size: int = 0, sanitise: bool | None = None) -> dict:
+               key_lens: bool = False, page_size: int = 0, sanitise: bool | None = None,
+               secret_diag: bool = False) -> dict:
     """The Gluon Hopper kernel as launched for these public facts, as a compile spec like
     :func:`audit_specs`' (plus ``maxnreg``); built from CPU tensors, no GPU needed. ``secure``: the
     constant-time kernel (secret: the data behind the descriptors and the lengths). ``switches``: the
@@ -152,7 +158,8 @@ def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096,
     per-sequence key lengths (``plan.prefill``; secret in secure mode); ``page_size``: that form reading a paged cache
     of this page size (``S`` keys per sequence, B * S / page_size pages); ``sanitise``: the secure causal form that
     writes V's padding in the kernel (no pre-pass; the key lengths secret too); None: as the planner chooses
-    (``plan.tables.secure_padding_in_kernel``)."""
+    (``plan.tables.secure_padding_in_kernel``); ``secret_diag``: the secure causal form whose diagonal is secret
+    (explicit query lengths: every key tile, each masked with both secret lengths)."""
     q, k = torch.empty(B, Hq, S, head_dim, dtype=dtype), torch.empty(B, Hkv, S, head_dim, dtype=dtype)
     table = None
     if page_size:  # [num_pages, Hkv, page_size, D] views of a [num_pages, page_size, Hkv, D] cache, and its table
@@ -161,19 +168,22 @@ def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096,
     lse = torch.empty(B, Hq, S, dtype=torch.float32) if return_lse else None
     cfg = cfg or (tables.gluon_secure if secure and not key_lens else tables.gluon_ws)(head_dim, S, causal)
     if sanitise is None:
-        sanitise = secure and causal and not key_lens and tables.secure_padding_in_kernel(cfg, B * Hq * S * S)
+        sanitise = secure and causal and not key_lens and tables.secure_padding_in_kernel(cfg, B * Hq * S * S,
+                                                                                          secret_diag)
     launch = GluonLaunch(q, k, k, q, lse, scale=head_dim ** -0.5, causal=causal, seqlen_q=S, seqlen_k=S, batch=B,
                          num_heads_q=Hq, num_heads_kv=Hkv, lse_strides=(Hq * S, S), cfg=cfg, secure=secure,
                          switches=switches, key_lens=key_lens, page_size=page_size,
-                         table_stride=table.stride(0) if table is not None else 0, sanitise=sanitise)
+                         table_stride=table.stride(0) if table is not None else 0, sanitise=sanitise,
+                         secret_diag=secret_diag)
     step = launch.step
     lens = torch.full((B,), S, dtype=torch.int32)
     w = torch.empty(launch.key_weights_shape, dtype=dtype) if launch.key_weights_shape else None
-    args = [*launch.descriptors(q, k, k, q, w), lse if lse is not None else q, lens, table, lens if sanitise else None,
-            *step.scalars]
+    args = [*launch.descriptors(q, k, k, q, w), lse if lse is not None else q, lens, table,
+            lens if sanitise or secret_diag else None, *step.scalars]
     # secure: the key weights and the lengths are secret too (the query lengths; with key_lens the key lengths)
     mode = "secure" if secure else "fast"
     form = (f"_keylens{f'_page{page_size}' if page_size else ''}") if key_lens else "_sanitise" if sanitise else ""
+    form += "_secretdiag" if secret_diag else ""
     name = (f"{mode}_gluon_ws_{_ELT[dtype]}_d{head_dim}_{'causal' if causal else 'full'}_s{S}_gqa{Hq // Hkv}"
             f"{'_lse' if return_lse else ''}{'_b1' if B == 1 else ''}_{cfg.block_m // 64}wg{form}")
     spec = _spec_from_launch(name, cfg, args, step.constexprs, SM90_FWD.secrets(secure), fn=step.fn)

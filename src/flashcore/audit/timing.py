@@ -111,10 +111,13 @@ class Slots:
     """
 
     def __init__(self, kernel: str, sa: ClassSpec, sb: ClassSpec, *, P: int, B, H, Hkv, S_max, D, dtype, causal,
-                 backend, seed, secure=True, device="cuda", page_size=0):
+                 backend, seed, secure=True, device="cuda", page_size=0, lens_mode="self"):
         import torch
 
         self.secure_mode = secure  # the secure kernel's ``secure=`` value: True, or "strict"
+        # dense secure kernel: "self" passes the key lengths only (self-attention: the causal diagonal is public),
+        # "cross" the query lengths too, equal in value (causal: the secret-diagonal form)
+        self.lens_mode = lens_mode
         self.page_size = page_size  # KV-cache kernels: pages of this many positions, in order (0: a contiguous cache)
 
         if kernel not in (*SECURE_KERNELS, "fast_varlen", "gemm_control"):
@@ -176,9 +179,12 @@ class Slots:
         elif self.kernel == "secure":
             sk = torch.full((self.B,), spec.length, dtype=torch.int32, device=self.dev)
             slot["sk"] = sk
+            sq = None
+            if self.lens_mode == "cross":  # a tensor of its own, rewritten with the class like sk
+                sq = slot["sq"] = sk.clone()
 
-            def fn(q=q, k=k, v=v, sk=sk):
-                return flashcore.attention(q, k, v, causal=causal, seqlens_k=sk, secure=self.secure_mode,
+            def fn(q=q, k=k, v=v, sk=sk, sq=sq):
+                return flashcore.attention(q, k, v, causal=causal, seqlens_q=sq, seqlens_k=sk, secure=self.secure_mode,
                                            backend=backend)
         elif self.kernel in I.KV_KINDS:
             sk = torch.full((self.B,), spec.length, dtype=torch.int32, device=self.dev)
@@ -222,6 +228,8 @@ class Slots:
                 for t in (slot["q"], slot["k"], slot["v"]):
                     t[:, :, L:, :] = 0
             slot["sk"].fill_(spec.length)
+            if "sq" in slot:
+                slot["sq"].fill_(spec.length)
         if self.kernel in I.KV_KINDS:  # the cache's positions past its length are the padding
             if spec.pad == "zeros":
                 for t in (slot["k"], slot["v"]):
@@ -450,6 +458,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "contiguous)")
     p.add_argument("--strict", action="store_true", help="time secure=\"strict\" (q's and k's padding replaced "
                    "before the kernels) instead of secure=True")
+    p.add_argument("--lens-mode", choices=("self", "cross"), default="self",
+                   help="--kernel dense: 'self' passes the key lengths only (the self-attention form: a causal "
+                   "diagonal that is public), 'cross' the query lengths too (causal: the secret-diagonal form)")
     p.add_argument("--threshold", type=float, default=S.T_THRESHOLD)
 
 
@@ -474,6 +485,7 @@ def run(a) -> int:
     report = {"gate": "timing", "env": I.environment(), "gpu_state_start": I.gpu_state(),
               "shape": {"B": a.batch, "H": a.heads, "Hkv": Hkv, "S_max": a.seqlen, "D": a.head_dim, "dtype": a.dtype},
               "secure": "strict" if a.strict else True, "kernel": a.kernel, "page_size": a.page_size,
+              "lens_mode": a.lens_mode,
               "threshold": a.threshold, "pool": a.pool, "batch_pairs": a.batch_pairs, "budget_s": a.budget_s,
               "tests": []}
     rng = np.random.default_rng(a.seed)
@@ -493,7 +505,8 @@ def run(a) -> int:
         try:
             sa, sb = control_specs(test) if kernel == "gemm_control" else class_specs(test, a.seqlen)
             kw = dict(B=a.batch, H=a.heads, Hkv=Hkv, S_max=a.seqlen, D=a.head_dim, dtype=dtype, causal=causal,
-                      backend=a.backend, secure="strict" if a.strict else True, page_size=a.page_size)
+                      backend=a.backend, secure="strict" if a.strict else True, page_size=a.page_size,
+                      lens_mode=a.lens_mode if kernel == "secure" else "self")
             slots = Slots(kernel, sa, sb, P=a.pool, seed=a.seed, **kw)
             cap_err = None if a.no_graphs else slots.capture()
             if a.no_graphs:

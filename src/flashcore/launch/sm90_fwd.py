@@ -74,7 +74,10 @@ class GluonLaunch:
     def __init__(self, q, k, v, o, lse, *, scale: float, causal: bool, seqlen_q: int, seqlen_k: int,
                  batch: int, num_heads_q: int, num_heads_kv: int, lse_strides, cfg, secure: bool = False,
                  sum_mma: bool | None = None, switches: GluonSwitches | None = None, key_lens: bool = False,
-                 page_size: int = 0, table_stride: int = 0, sanitise: bool = False):
+                 page_size: int = 0, table_stride: int = 0, sanitise: bool = False, secret_diag: bool = False):
+        """``secret_diag``: secure causal attention whose diagonal is secret (explicit query lengths, or Sq != Sk):
+        every key tile visited, each masked by select with both secret lengths (the kernel's SECRET_DIAG; its
+        schedule and trip counts the non-causal ones)."""
         sw = self.switches = switches if switches is not None else gluon_switches()
         D = q.shape[-1]
         err = gluon_config_error(cfg, D)
@@ -87,6 +90,13 @@ class GluonLaunch:
             raise ValueError("sanitise (secure mode's V padding written in the kernel) takes secure=True, causal=True "
                              f"and a dense problem (no key_lens, no page_size) only (got secure={secure}, "
                              f"causal={causal}, key_lens={key_lens}, page_size={page_size})")
+
+        if secret_diag and (not secure or not causal or key_lens or page_size):
+            raise ValueError("secret_diag (causal with a secret diagonal) takes secure=True, causal=True and a dense "
+                             f"problem (no key_lens, no page_size) only (got secure={secure}, causal={causal}, "
+                             f"key_lens={key_lens}, page_size={page_size})")
+        # the schedule's causality: a secret diagonal visits every key tile, as non-causal attention does
+        sched_causal = bool(causal) and not secret_diag
 
         gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
         bm, bn = 64, cfg.block_n
@@ -130,19 +140,20 @@ class GluonLaunch:
         # pairing each causal item is its own program and the hardware balances them.
         # (one row tile per head has nothing to pair with; Triton also specialises num_m_tiles == 1 to a
         # constant, which folds the pairing arithmetic into a branch its lowering rejects)
-        paired = bool(causal) and sw.causal_pairs and num_m_tiles > 1
+        paired = sched_causal and sw.causal_pairs and num_m_tiles > 1
         units = batch * num_heads_q * -(-num_m_tiles // 2) if paired else num_tiles
-        grid = (num_tiles if causal and not paired else min(units, PROGRAMS_PER_SM[num_wg] * sm_count(q.device)), 1)
+        grid = (num_tiles if sched_causal and not paired else min(units, PROGRAMS_PER_SM[num_wg] * sm_count(q.device)),
+                1)
         dummy = lse if lse is not None else q  # the lengths pointer is read only in secure mode
         w = torch.empty(self.key_weights_shape, dtype=q.dtype) if self.key_weights_shape else None
         # the page table is a per-call pointer (None when not paged: a constexpr, as table_stride then)
         table = torch.empty(1, dtype=torch.int32) if page_size else None
-        key_lengths = dummy if sanitise else None
+        key_lengths = dummy if sanitise or secret_diag else None
         args = [*self.descriptors(q, k, v, o, w), dummy, dummy, table, key_lengths, scale * LOG2E, seqlen_q, seqlen_k,
                 num_heads_q, num_heads_q // num_heads_kv, *lse_strides, num_m_tiles, units,
                 table_stride if page_size else None]
         constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, K_STAGES=cfg.num_stages,
-                          V_STAGES=v_depth, CAUSAL=bool(causal),
+                          V_STAGES=v_depth, CAUSAL=sched_causal,
                           RETURN_LSE=lse is not None, NUM_WG=num_wg, PAIRED=paired)
         consumer_regs, maxnreg = REGISTERS[num_wg]
         loader_regs = LOADER_REGS_PAGED if page_size else LOADER_REGS
@@ -159,7 +170,7 @@ class GluonLaunch:
                           TRACE=bool(sw.trace) and not secure and not key_lens,
                           EARLY_LOADS=bool(sw.early_loads) and not secure,
                           STAGGER=0 if secure or D != 64 else int(sw.stagger), KEY_LENS=bool(key_lens),
-                          PAGE_SIZE=int(page_size), SANITISE=bool(sanitise))
+                          PAGE_SIZE=int(page_size), SANITISE=bool(sanitise), SECRET_DIAG=bool(secret_diag))
         self.step = KernelStep(attn_fwd_hopper_kernel, grid, args, PER_CALL_ARGS, constexprs, cfg.num_warps, 1,
                                options=dict(maxnreg=maxnreg))
         self.trace_slots = grid[0] * num_wg * TRACE_SLOTS if constexprs["TRACE"] else 0
@@ -173,12 +184,11 @@ class GluonLaunch:
 
     def run(self, ptrs, device, key_weights=None, page_table=None) -> None:
         """``ptrs``: q, k, v, o, lse, seqlens_q (with ``key_lens``: the int32 key lengths), seqlens_k, ... (unused
-        ones: any tensor; seqlens_k is read with ``sanitise`` only); ``key_weights``: the pre-pass's, where the plan
+        ones: any tensor; seqlens_k is read with ``sanitise`` or ``secret_diag`` only); ``key_weights``: the pre-pass's, where the plan
         has them (secure, non-causal); ``page_table``: the int32 page table of a paged plan (its rows
         ``table_stride`` apart, as planned)."""
         q, k, v, o, lse, sq = ptrs[:6]
-        sanitise = self.step.constexprs["SANITISE"]
-        sk = ptrs[6] if sanitise else None
+        sk = ptrs[6] if self.step.constexprs["SANITISE"] or self.step.constexprs["SECRET_DIAG"] else None
         pt = page_table if self.step.constexprs["PAGE_SIZE"] else None
         if self.step.constexprs["PAGE_SIZE"] and page_table is None:
             raise ValueError("a paged Gluon launch needs its page table (page_table=)")

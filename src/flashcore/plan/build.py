@@ -123,7 +123,8 @@ def build(problem: Problem, q, k, v, o, lse, *, seqlens_q=None, seqlens_k=None, 
                                      x_strides=p.k_strides[:3], name="k_clean")
         # (sanitise: causal, the kernel's loader warpgroup writes V's padding; no pre-pass)
         sanitise = p.secure and p.causal and _in_kernel_padding(cfg, strict_k, pad,
-                                                                p.batch * p.num_heads_q * p.seqlen_q * p.seqlen_k)
+                                                                p.batch * p.num_heads_q * p.seqlen_q * p.seqlen_k,
+                                                                p.secret_diagonal)
         if p.secure and not p.causal:  # no key mask in the kernel: K, V and key weights
             prepass, k_in, v_in = prepass_kv(k, v, seqlens_k, batch=p.batch, num_heads_kv=p.num_heads_kv,
                                              seqlen_k=p.seqlen_k, k_strides=p.k_strides[:3], v_strides=p.v_strides[:3])
@@ -133,7 +134,8 @@ def build(problem: Problem, q, k, v, o, lse, *, seqlens_q=None, seqlens_k=None, 
         elif p.secure and not sanitise:
             prepass, v_in = prepass_v(v, seqlens_k, batch=p.batch, num_heads_kv=p.num_heads_kv, seqlen_k=p.seqlen_k,
                                       v_strides=p.v_strides[:3])
-        main = GluonLaunch(q_in, k_in, v_in, o, lse, cfg=cfg, secure=p.secure, sanitise=sanitise, **kw)
+        main = GluonLaunch(q_in, k_in, v_in, o, lse, cfg=cfg, secure=p.secure, sanitise=sanitise,
+                           secret_diag=p.secret_diagonal, **kw)
     else:
         q_strides, k_strides, v_strides = p.q_strides[:3], p.k_strides[:3], p.v_strides[:3]
         if strict_q:  # the kernel masks by select; the copies keep the caller's padding out of its products
@@ -158,17 +160,18 @@ def build(problem: Problem, q, k, v, o, lse, *, seqlens_q=None, seqlens_k=None, 
     return Plan(p, sel, prepass, main, out_shape, lse_shape, validate, fill_q, fill_k)
 
 
-def _in_kernel_padding(cfg, filled_v: bool, pad, work: int) -> bool:
+def _in_kernel_padding(cfg, filled_v: bool, pad, work: int, secret_diag: bool = False) -> bool:
     """Secure mode, causal, on the Gluon kernel: the loader warpgroup writes V's padding
     (``GluonLaunch(sanitise=True)``) where the planner chooses it (or the ``secure_in_kernel_padding`` switch forces
     it), with the default padding only: the strict form's V stand-ins (``filled_v``) and the audit knobs' other
-    paddings keep the pre-passes."""
+    paddings keep the pre-passes. ``secret_diag``: the form that visits every key tile (tables'
+    secure_padding_in_kernel says where its loader's rewrite pays)."""
     mode = gluon_switches().secure_in_kernel_padding
     if mode not in ("auto", "on", "off"):
         raise ValueError(f"the secure_in_kernel_padding switch takes 'auto', 'on' or 'off', got {mode!r}")
     if filled_v or pad != SecurePadding():
         return False
-    return mode == "on" or (mode == "auto" and secure_padding_in_kernel(cfg, work))
+    return mode == "on" or (mode == "auto" and secure_padding_in_kernel(cfg, work, secret_diag))
 
 
 def _contiguous_strides(heads: int, seqlen: int, head_dim: int) -> tuple:

@@ -73,9 +73,8 @@ def sm90_rejection(problem: Problem, cfg: Config) -> str | None:
         return f"supports {'/'.join(caps.dtypes)} at head dims {caps.head_dims}"
     if not problem.tma_addressable:
         return "needs tensors the copy engine can address (16-byte aligned base and strides, unit last stride)"
-    if problem.secure and not (cfg.v_prepass and (not problem.causal or problem.public_diagonal)):
-        # secure causal only in the self-attention form, whose diagonal is public
-        return "secure causal needs the public diagonal (self-attention, Sq == Sk)"
+    if problem.secure and not cfg.v_prepass:  # (the Gluon kernel has no in-loop V select)
+        return "secure mode takes the V pre-pass form (v_prepass) on this kernel"
     return tables.gluon_config_error(cfg, problem.head_dim)
 
 

@@ -159,8 +159,10 @@ def hopper(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q
       = S_max): 1x8x512x64 0.69 vs 0.65 (Triton), 1x16x1024x64 0.76 vs 0.71, causal 1x16x1024x64 0.82 vs 0.61,
       causal 4x16x1024x64 0.87 vs 0.77 (two warpgroups); at 4x16x1024x64 non-causal, outside the range, two
       warpgroups keep it (0.77 vs 0.74).
-    The caller still falls back to the Triton kernel when the inputs are not TMA-addressable (and, in
-    secure mode, for causal attention with a secret diagonal: explicit query lengths)."""
+    The caller still falls back to the Triton kernel when the inputs are not TMA-addressable. Secure causal
+    attention with a secret diagonal (explicit query lengths) runs the Gluon kernel's SECRET_DIAG form since v36 in
+    the configuration these facts give (causal), every key tile visited (1.04-1.41x the secure Triton kernel it ran
+    on before, H100)."""
     work = batch_heads * seqlen_q * seqlen_k
     lo, hi = ONE_WG_WORK[bool(causal)]
     # (decode-like query blocks, Sq < 128, were not measured on it: they keep the older rule below)
@@ -184,13 +186,21 @@ ONE_WG_WORK = {False: (1 << 21, 1 << 26), True: (1 << 24, 1 << 30)}
 SECURE_IN_KERNEL_PADDING_WORK = 1 << 28
 
 
-def secure_padding_in_kernel(cfg: Config, work: int) -> bool:
+def secure_padding_in_kernel(cfg: Config, work: int, secret_diag: bool = False) -> bool:
     """Secure mode, causal, on the Gluon kernel: whether the loader warpgroup writes V's padding
     (kernels/sm90/secure_pad.py) instead of the V pre-pass, by the problem's B*Hq*Sq*Sk (perf-notes v34; H100,
     secure / fast in one run): below 2^28 it wins (1x16x1024x64 0.92 against 0.80, 4x16x1024x64 0.93 against 0.84,
     1x16x2048x64 0.92 against 0.88, 2x16x2048x128 0.88 against 0.80), from 2^30 it loses or ties (16x16x2048x64
     0.89 against 0.92, 4x32x4096x64 0.89 against 0.96, 2x32x4096x128 0.88 against 0.89): there the pre-pass's cost
-    is amortised and the loader's rewrite of every tile is not."""
+    is amortised and the loader's rewrite of every tile is not.
+
+    ``secret_diag`` (causal with a secret diagonal, perf-notes v36: every key tile visited, so the loader rewrites
+    twice the tiles of the public-diagonal form): the one-warpgroup layout only. Measured on one H100, secure at
+    true length = S_max, the V pre-pass against the loader (same run): two consumer warpgroups, D=128, 3x6x1536
+    60.0 against 62.9 us, 2x16x2048 146.6 against 156.7, 4x32x4096 2029 against 2123, 1x32x8192 1948 against 2095;
+    one warpgroup, D=64, 1x16x1024 23.8 against 22.0, 4x16x1024 68.1 against 67.0."""
+    if secret_diag and cfg.block_m > 64:
+        return False
     return cfg.kernel == "gluon_ws" and work < SECURE_IN_KERNEL_PADDING_WORK
 
 

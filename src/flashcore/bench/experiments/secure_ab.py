@@ -12,6 +12,9 @@ Writes ``secure-ab.json`` to --out and prints a table last (µs, and secure / fa
     python -m flashcore.bench.experiments.secure_ab --out $OUT [--shapes 1x8x512x64,...] \
         [--configs auto,gluon_ws_64x128s2,...] [--rounds 3] [--padding]
 
+``--explicit-q`` (perf-notes v36): secure calls pass the query lengths too (``seqlens_q``, = S_max), so a causal
+call's diagonal is secret (every key tile visited; the fast path as planned, causal on its public diagonal).
+
 ``--padding`` (perf-notes v34): every secure variant also with its padding forced into the kernel (``:ink``, the
 Gluon switch ``secure_in_kernel_padding="on"``: causal forms only, non-causal ones keep the pre-pass) and forced to
 the pre-pass (``:pre``).
@@ -56,7 +59,7 @@ def _variants(configs, strict=False, padding=False):
     return out
 
 
-def time_shape(shape, configs, rounds, timer, profile=False, strict=False, padding=False):
+def time_shape(shape, configs, rounds, timer, profile=False, strict=False, padding=False, explicit_q=False):
     B, H, S, D, causal = shape.B, shape.Hq, shape.Sq, shape.D, shape.causal
     g = torch.Generator(device="cuda").manual_seed(int(time.time() * 1e3) % 2**31)
     io_bytes = 4 * B * H * S * D * 2
@@ -64,20 +67,25 @@ def time_shape(shape, configs, rounds, timer, profile=False, strict=False, paddi
     sets = [tuple(torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
             for _ in range(n_sets)]
     lens = torch.full((B,), S, dtype=torch.int32, device="cuda")
+    lens_q = lens.clone()  # (explicit_q: a tensor of its own; the same tensor as seqlens_k is self-attention)
     q0, k0, v0 = sets[0]
     ref = reference_attention(q0.double(), k0.double(), v0.double(), causal=causal)
     fns, errs, kernels = {}, {}, {}
     for tag, (cfg, secure, pad_mode) in _variants(configs, strict, padding).items():
         try:
             with override(secure_in_kernel_padding=pad_mode):
-                plans = [ops.dense_plan(q, k, v, None, lens if secure else None, causal, D ** -0.5, False, secure,
-                                        False, config=cfg, validate=False) for q, k, v in sets]
+                sk = lens if secure else None
+                sq = lens_q if secure and explicit_q else None
+                plans = [ops.dense_plan(q, k, v, sq, sk, causal, D ** -0.5, False, secure, False, config=cfg,
+                                        validate=False) for q, k, v in sets]
             kernels[tag] = plans[0].selection.explain()
+            if getattr(plans[0].main, "step", None) is not None and plans[0].main.step.constexprs.get("SECRET_DIAG"):
+                kernels[tag] += " [SECRET_DIAG]"  # (the secret-diagonal form: every key tile)
             out0 = torch.full_like(q0, float("nan"))
-            plans[0](q0, k0, v0, None, lens if secure else None, out0)
+            plans[0](q0, k0, v0, sq, sk, out0)
             errs[tag] = ((out0.double() - ref).norm() / ref.norm()).item()
             if errs[tag] < TOLERANCE:
-                fns[tag] = [(lambda p=p, q=q, k=k, v=v, s=secure: p(q, k, v, None, lens if s else None))
+                fns[tag] = [(lambda p=p, q=q, k=k, v=v, sq=sq, sk=sk: p(q, k, v, sq, sk))
                             for p, (q, k, v) in zip(plans, sets)]
         except Exception as e:  # noqa: BLE001 - a config that cannot run here is data
             errs[tag] = f"{type(e).__name__}: {str(e)[:200]}"
@@ -88,7 +96,7 @@ def time_shape(shape, configs, rounds, timer, profile=False, strict=False, paddi
     us = {n: statistics.median(v) for n, v in rounds_us.items()}
     kernel_us = {n: kernel_times(fn[0]) for n, fn in fns.items()} if profile else {}
     ratio = {n: us["fast"] / u for n, u in us.items() if "fast" in us}
-    return dict(shape=[B, H, S, D], causal=causal, input_sets=n_sets, us=us, secure_over_fast=ratio,
+    return dict(shape=[B, H, S, D], causal=causal, explicit_q=explicit_q, input_sets=n_sets, us=us, secure_over_fast=ratio,
                 rounds=rounds_us, rel_err=errs, kernels=kernels, kernel_us=kernel_us)
 
 
@@ -120,12 +128,14 @@ def main(argv=None):
     ap.add_argument("--padding", action="store_true",
                     help="also each secure variant with its padding forced into the kernel (:ink) and to the pre-pass "
                          "(:pre)")
+    ap.add_argument("--explicit-q", action="store_true",
+                    help="secure calls pass seqlens_q too: causal shapes then have a secret diagonal")
     a = ap.parse_args(argv)
     configs = [c.strip() for c in a.configs.split(",") if c.strip()]
     timer = Timer()
     rows = []
     for s in parse_shapes(a.shapes):
-        rows.append(time_shape(s, configs, a.rounds, timer, a.profile, a.strict, a.padding))
+        rows.append(time_shape(s, configs, a.rounds, timer, a.profile, a.strict, a.padding, a.explicit_q))
         print(json.dumps(rows[-1]), flush=True)
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "secure-ab.json")

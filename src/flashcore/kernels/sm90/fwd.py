@@ -66,6 +66,7 @@ def _consumer(shared, form, WG: gl.constexpr):
     TRACE: gl.constexpr = form.TRACE
     STAGGER: gl.constexpr = form.STAGGER
     KEY_LENS: gl.constexpr = form.KEY_LENS
+    SECRET_DIAG: gl.constexpr = form.SECRET_DIAG
     q_desc = shared.q_desc
     o_desc = shared.o_desc
     q_smem = shared.q_smem
@@ -82,6 +83,7 @@ def _consumer(shared, form, WG: gl.constexpr):
     v_clean = shared.v_clean
     lse_ptr = shared.lse_ptr
     seqlens_q_ptr = shared.seqlens_q_ptr
+    seqlens_k_ptr = shared.seqlens_k_ptr
     qk_scale = shared.qk_scale
     seqlen_q = shared.seqlen_q
     seqlen_k = shared.seqlen_k
@@ -124,7 +126,7 @@ def _consumer(shared, form, WG: gl.constexpr):
                                   q_empty, k_ready, v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr,
                                   qk_scale, seqlen_q, seqlen_k, num_heads, lse_stride_b, lse_stride_h, BLOCK_M,
                                   BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, SECURE, SUM_MMA,
-                                  TRACE, STAGGER, WG, KEY_LENS, v_clean)
+                                  TRACE, STAGGER, WG, KEY_LENS, v_clean, seqlens_k_ptr, SECRET_DIAG)
                 kc += n
                 it += 1
         if CARRY:
@@ -170,7 +172,8 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
                   lse_stride_b, lse_stride_h, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                   K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr,
                   NUM_WG: gl.constexpr, SECURE: gl.constexpr, SUM_MMA: gl.constexpr, TRACE: gl.constexpr,
-                  STAGGER: gl.constexpr, WG: gl.constexpr, KEY_LENS: gl.constexpr, v_clean):
+                  STAGGER: gl.constexpr, WG: gl.constexpr, KEY_LENS: gl.constexpr, v_clean, seqlens_k_ptr,
+                  SECRET_DIAG: gl.constexpr):
     """One work item for this warpgroup: BLOCK_M query rows against all their key tiles. ``kc`` is the
     ring position of the item's first K/V tile, ``it`` the item's index (Q slot and phase). Returns the
     number of K/V tiles it consumed (where the next item's tiles start in the rings).
@@ -180,9 +183,9 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
     ``attn_secure_sanitize_kv_kernel``) made every padding key a copy of the first key and V's padding
     rows cancel in pairs, so the unmasked row max is the true one and padding adds nothing to P V; the row sum is the
     MMA ``P W`` against the pre-pass's 0/1 key weights (SUM_MMA), which replaces the per-score adds.
-    Causal runs here only in the self-attention form (len_q == len_k, Sq == Sk, public diagonal), where a
-    row i < len sees keys j <= i < len only. Either way the loop is the fast kernel's, and the true query
-    length enters only the epilogue's selects: rows at or past it output zeros.
+    Causal, the self-attention form (len_q == len_k, Sq == Sk, public diagonal): a row i < len sees keys
+    j <= i < len only. Either way the loop is the fast kernel's, and the true query length enters only the
+    epilogue's selects: rows at or past it output zeros. (A secret diagonal: SECRET_DIAG below.)
 
     KEY_LENS (chunked prefill against a KV cache, ``plan.prefill``): the pointer argument holds each sequence's key
     length, and keys at or past it are what keys past ``seqlen_k`` are otherwise: never visited beyond the last
@@ -192,7 +195,14 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
     the length in every tile (``pipeline._sanitise_v``). Unlike rows past
     ``seqlen_k``, which the copy engine fills with zeros, the last tile's rows past a key length are cache memory
     that may hold anything (NaN in a stale or never-written slot, and 0 * NaN = NaN in P V), so the consumers clear
-    those rows of V before the last P V (_clear_rows_past_length)."""
+    those rows of V before the last P V (_clear_rows_past_length).
+
+    SECRET_DIAG (SECURE, causal attention whose diagonal is secret: explicit query lengths, or Sq != Sk): query row i
+    sees key j iff j < len_k and j <= i + len_k - len_q, both lengths secret (``seqlens_q_ptr``, ``seqlens_k_ptr``).
+    That offset can be anything in [-Sq, Sk], so the item visits every key tile (the form's CAUSAL is False: the
+    non-causal trip counts and schedule) and every tile is masked by select with the secret length and diagonal,
+    as SECURE with KEY_LENS is. V's padding rows come finite from the V pre-pass or the loader (SANITISE), K as given
+    (a masked score is a select); rows at or past len_q output zeros, as in the other secure forms."""
     dtype: gl.constexpr = q_desc.dtype
     W_ROWS: gl.constexpr = 8  # the narrowest wgmma (N = 8); = kernels.secure.prepass.W_ROWS, the host's key-weight rows
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -208,6 +218,9 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
     # the whole cache (seqlen_k, the capacity: public), and its key length enters the masks only (every tile masked,
     # by select); the loader warpgroup has cleared V's rows past the length in every tile (pipeline._sanitise_v)
     SECRET_KEY_LENS: gl.constexpr = SECURE and KEY_LENS
+    # (SECRET_DIAG: the same masked step on every tile, the diagonal from both secret lengths; see above)
+    MASK_EVERY_TILE: gl.constexpr = SECRET_KEY_LENS or (SECURE and SECRET_DIAG)
+    MASK_CAUSAL: gl.constexpr = CAUSAL or SECRET_DIAG
     m_wg = pid_m * NUM_WG * BLOCK_M + WG * BLOCK_M
     row = m_wg + gl.arange(0, BLOCK_M, layout=row_layout)
     if SECRET_KEY_LENS:  # clamped into the cache arithmetically
@@ -218,6 +231,9 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
     diag = seqlen_k - seqlen_q
     if SECURE and not KEY_LENS:  # secret: clamped arithmetically into [0, padded length]
         len_q = gl.minimum(gl.maximum(gl.load(seqlens_q_ptr + b), 0), seqlen_q)
+        if SECRET_DIAG:  # the key length too, and the diagonal from both
+            len_k = gl.minimum(gl.maximum(gl.load(seqlens_k_ptr + b), 0), seqlen_k)
+            diag_k = len_k - len_q
 
     n_blocks = _kv_blocks(pid_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, NUM_WG)
     # Tiles before n_full need no mask for any of this warpgroup's rows.
@@ -254,9 +270,9 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
     _stamp(seqlens_q_ptr, tb + 1, TRACE, WG, NUM_WG)
     mbarrier.arrive(k_empty.index(ks0), count=1)
     _stagger_arrive(stagger, it, 1, STAGGER, WG, NUM_WG)
-    if SECRET_KEY_LENS:
-        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, len_k, diag_k, qk_scale, True, CAUSAL, not SUM_MMA,
-                                           BLOCK_N, s_layout)
+    if MASK_EVERY_TILE:
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, len_k, diag_k, qk_scale, True, MASK_CAUSAL,
+                                           not SUM_MMA, BLOCK_N, s_layout)
     elif n_full > 0:
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, row, seqlen_k, diag, qk_scale, False, False, not SUM_MMA,
                                            BLOCK_N, s_layout)
@@ -287,9 +303,9 @@ def _consume_tile(pid_m, b, h, kc, it, q_desc, o_desc, q_smem, k_smem, v_smem, w
             s = warpgroup_mma_wait(1, deps=(s_tok, ))
         _stamp_step(seqlens_q_ptr, tb, j, 0, TRACE, WG, NUM_WG)
         mbarrier.arrive(k_empty.index(ks), count=1)
-        if SECRET_KEY_LENS:
-            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, len_k, diag_k, qk_scale, True, CAUSAL,
-                                               not SUM_MMA, BLOCK_N, s_layout)
+        if MASK_EVERY_TILE:
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, len_k, diag_k, qk_scale, True,
+                                               MASK_CAUSAL, not SUM_MMA, BLOCK_N, s_layout)
         elif j < n_full:
             p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, row, seqlen_k, diag, qk_scale, False, False,
                                                not SUM_MMA, BLOCK_N, s_layout)
@@ -376,7 +392,7 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
                            SECURE: gl.constexpr, SUM_MMA: gl.constexpr, CONSUMER_WG_REGS: gl.constexpr,
                            LOADER_WG_REGS: gl.constexpr, TRACE: gl.constexpr, EARLY_LOADS: gl.constexpr = False,
                            STAGGER: gl.constexpr = 0, KEY_LENS: gl.constexpr = False, PAGE_SIZE: gl.constexpr = 0,
-                           SANITISE: gl.constexpr = False):
+                           SANITISE: gl.constexpr = False, SECRET_DIAG: gl.constexpr = False):
     """Persistent: program i takes scheduling units i, i + grid, ... (a unit = one work item of
     NUM_WG*BLOCK_M query rows of one head, or with PAIRED two causal items of equal total cost), so one
     item's epilogue and the next one's loads overlap instead of costing a launch.
@@ -396,6 +412,10 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
     box is one page (or one tile of a larger page), read through ``page_table`` (int32 ``[B, table_stride]``
     rows of physical page indices; ``seqlen_k`` is the capacity, the table's width times PAGE_SIZE). Otherwise
     ``page_table`` and ``table_stride`` are None.
+
+    SECRET_DIAG (SECURE, causal with a secret diagonal; CAUSAL is then False: every key tile is visited):
+    ``seqlens_k_ptr`` holds the secret key lengths beside the query lengths, and every tile is masked by select
+    (_consume_tile).
 
     ``CONSUMER_WG_REGS`` / ``LOADER_WG_REGS``: the register requests per worker warpgroup (setmaxnreg).
     """
@@ -462,7 +482,7 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
     # tests/test_machine_code.py). The partition list itself stays literal, one per layout: Triton 3.6's
     # warp_specialize needs it so.
     form = Form(BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA,
-                TRACE, EARLY_LOADS, STAGGER, KEY_LENS, PAGE_SIZE, SANITISE)
+                TRACE, EARLY_LOADS, STAGGER, KEY_LENS, PAGE_SIZE, SANITISE, SECRET_DIAG)
     shared = Shared(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready,
                     v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads,
                     group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, v_clean, page_table, table_stride,
@@ -512,7 +532,7 @@ CAPABILITIES = Capabilities(
     name="sm90_fwd", module=__name__,
     role="forward, Hopper: warp-specialised (TMA loader warp, wgmma consumer warpgroups), persistent",
     dtypes=("fp16", "bf16"), head_dims=(64, 128), archs=(9,),
-    features=("causal", "gqa", "secure", "lse", "secure_causal_public_diagonal_only", "key_lens", "paged",
+    features=("causal", "gqa", "secure", "lse", "secure_secret_diagonal", "key_lens", "paged",
               "secure_key_lens"),
     needs=("tma",),
     secret=("q_desc", "k_desc", "v_desc"), secret_secure=("w_desc", "seqlens_q_ptr", "seqlens_k_ptr"))
