@@ -5,7 +5,7 @@ IEEE-division slow path in the secure kernel passes every test and only the CLI 
 
 The subset: every kernel family in the list (the secure Triton kernel, both pre-passes, the secure Gluon
 kernel, the KV-cache split and combine kernels), both dtype families, every head-dim class of the default audit (8, 64, 72: a masked head dim,
-128, 256), every causal mode (none, secret diagonal, public diagonal), GQA and not, both sequence lengths
+128, 256), every causal mode (none, secret diagonal, public diagonal; on the Gluon kernel too), GQA and not, both sequence lengths
 (a tile multiple and a partial tile). A negative control (the fast kernel's varlen form, whose loop bounds
 come from the cumulative lengths) must be flagged, so the gate is not passing because it sees nothing.
 
@@ -41,6 +41,9 @@ SECURE_SUBSET = (
     # causal, below 2^28: the loader warpgroup writes V's padding (perf-notes v34; the secret key lengths in the
     # loader's selects)
     "secure_gluon_ws_bf16_d128_causal_s1000_gqa4_lse_2wg_sanitise",
+    # causal with a secret diagonal (explicit query lengths, perf-notes v36): every key tile, masked with both secret
+    # lengths; the one-warpgroup form with V's padding by the loader
+    "secure_gluon_ws_fp16_d64_causal_secretdiag_s1000_gqa4_lse_1wg_sanitise",
     "secure_gluon_ws_fp16_d64_full_s4096_gqa1_",
     # secure chunked prefill (plan.prefill): secret key lengths, V cleared by the loader warpgroup; the paged form (a
     # TMA copy per page, page indices read by the loader, its elected copies' operands in registers that hold secret

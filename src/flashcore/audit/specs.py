@@ -183,8 +183,8 @@ def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096,
     # secure: the key weights and the lengths are secret too (the query lengths; with key_lens the key lengths)
     mode = "secure" if secure else "fast"
     form = (f"_keylens{f'_page{page_size}' if page_size else ''}") if key_lens else "_sanitise" if sanitise else ""
-    form += "_secretdiag" if secret_diag else ""
-    name = (f"{mode}_gluon_ws_{_ELT[dtype]}_d{head_dim}_{'causal' if causal else 'full'}_s{S}_gqa{Hq // Hkv}"
+    diagonal = "causal_secretdiag" if secret_diag else "causal" if causal else "full"
+    name = (f"{mode}_gluon_ws_{_ELT[dtype]}_d{head_dim}_{diagonal}_s{S}_gqa{Hq // Hkv}"
             f"{'_lse' if return_lse else ''}{'_b1' if B == 1 else ''}_{cfg.block_m // 64}wg{form}")
     spec = _spec_from_launch(name, cfg, args, step.constexprs, SM90_FWD.secrets(secure), fn=step.fn)
     spec["num_stages"] = 1
