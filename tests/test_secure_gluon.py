@@ -159,9 +159,12 @@ def test_secret_diagonal_runs_the_gluon_kernel(monkeypatch):
     monkeypatch.setattr(problem, "device_arch", lambda device: (9, 0))
     for var in (knobs.SECURE_KERNEL_ENV, knobs.SECURE_PAD_ENV, knobs.SECURE_V_ZEROING_ENV):
         monkeypatch.delenv(var, raising=False)
-    # (V's padding: the loader's with one consumer warpgroup, the V pre-pass with two: tables.secure_padding_in_kernel)
-    for B, H, Sq, Sk, D, in_kernel in ((3, 6, 1536, 1536, 128, False), (4, 32, 4096, 4096, 128, False),
-                                      (2, 16, 1000, 3000, 64, True), (1, 16, 1024, 1024, 64, True)):
+    # (V's padding: the loader's with one consumer warpgroup, the V pre-pass with two: tables.secure_padding_in_kernel;
+    # the layout: the non-causal work's one-warpgroup range, two warpgroups above it; 1x8x512x64 ran the Triton kernel
+    # before v36.1, 2x16x1000x3000x64 one warpgroup)
+    for B, H, Sq, Sk, D, in_kernel, num_wg in ((3, 6, 1536, 1536, 128, False, 2), (4, 32, 4096, 4096, 128, False, 2),
+                                               (2, 16, 1000, 3000, 64, False, 2), (1, 16, 1024, 1024, 64, True, 1),
+                                               (1, 8, 512, 512, 64, True, 1)):
         q, k = torch.empty(B, H, Sq, D, dtype=torch.bfloat16), torch.empty(B, H, Sk, D, dtype=torch.bfloat16)
         lq, lk = torch.full((B,), Sq, dtype=torch.int32), torch.full((B,), Sk, dtype=torch.int32)
         plan = ops.dense_plan(q, k, k, lq, lk, True, D ** -0.5, False, True, False)
@@ -172,15 +175,15 @@ def test_secret_diagonal_runs_the_gluon_kernel(monkeypatch):
         assert ce["SECURE"] and ce["SECRET_DIAG"] and not ce["CAUSAL"] and not ce["PAIRED"] and not ce["SUM_MMA"]
         assert plan.main.key_weights_shape is None
         assert step.grid[0] <= sm90_fwd.PROGRAMS_PER_SM[ce["NUM_WG"]] * 132  # persistent, as non-causal
-        cfg = tables.hopper(D, 2, True, True, Sq, Sk, B * H)
-        assert plan.selection.config == cfg
+        cfg = tables.hopper(D, 2, True, True, Sq, Sk, B * H, secret_diagonal=True)
+        assert plan.selection.config == cfg and ce["NUM_WG"] == num_wg
         assert ce["SANITISE"] == in_kernel and (plan.prepass is None) == in_kernel
         if not in_kernel:
             assert isinstance(plan.prepass, SecurePrepass) and plan.prepass.key_weights_shape is None
         self_plan = ops.dense_plan(q[:, :, :Sk] if Sq >= Sk else q, k, k, None, lk, True, D ** -0.5, False, True,
                                    False)
         if Sq == Sk:  # (the self-attention form: the public diagonal, as before)
-            assert self_plan.main.step.constexprs["CAUSAL"] and not self_plan.main.step.constexprs["SECRET_DIAG"]
+            assert self_plan.main.step.constexprs["CAUSAL"] and not self_plan.main.step.constexprs.get("SECRET_DIAG")
     q = torch.empty(2, 4, 1000, 128, dtype=torch.bfloat16)
     qs = torch.empty(2, 4, 1000, 132, dtype=torch.bfloat16)[..., :128]  # a row stride the copy engine cannot take
     lens = torch.full((2,), 1000, dtype=torch.int32)

@@ -27,15 +27,16 @@ class Selection:
         return f"{self.kernel} {tables.config_name(self.config)}" + (f" (not {why})" if why else "")
 
 
-def table_config(arch, **facts) -> Config:
+def table_config(arch, *, secret_diagonal: bool = False, **facts) -> Config:
     """The configuration the architecture's table gives these facts (``Problem.table_facts``), with the
     knobs applied (a Gluon config where the table prefers the sm_90 kernel). ``arch``: the compute
-    capability, None for CPU tensors and the interpreter."""
+    capability, None for CPU tensors and the interpreter. ``secret_diagonal``: secure causal attention whose
+    diagonal is secret (``Problem.secret_diagonal``; the Hopper table's own rows for it)."""
     kw, secure = facts, facts.get("secure")
     if arch is None:
         cfg = tables.INTERPRETER
     elif tables.is_hopper(arch):
-        cfg = tables.hopper(**kw)
+        cfg = tables.hopper(**kw, secret_diagonal=secret_diagonal)
     else:
         cfg = tables.generic(**kw)
     if tables.is_hopper(arch):
@@ -81,7 +82,7 @@ def sm90_rejection(problem: Problem, cfg: Config) -> str | None:
 def select(problem: Problem, config: Config | None = None) -> Selection:
     """The kernel and configuration that run ``problem``. ``config`` (benchmarks, sweeps) replaces the
     table's; a Gluon config still falls back to the Triton kernel where the Gluon kernel cannot run."""
-    cfg = config or table_config(problem.arch, **problem.table_facts())
+    cfg = config or table_config(problem.arch, **problem.table_facts(), secret_diagonal=problem.secret_diagonal)
     if cfg.kernel == "triton":
         return Selection(TRITON, cfg, ((SM90, "the table chose the Triton kernel"),))
     why = sm90_rejection(problem, cfg)

@@ -128,7 +128,7 @@ def gluon_secure(head_dim: int, seqlen_q: int = 0, causal: bool = False) -> Conf
 
 
 def hopper(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q: int, seqlen_k: int,
-           batch_heads: int = 1) -> Config:
+           batch_heads: int = 1, secret_diagonal: bool = False) -> Config:
     """H100/H200: the warp-specialised Gluon kernel where it is measured faster, else the Triton
     kernel's table. Measured 2026-11-21 (docs/perf-notes.md, v4, v7 and v8):
 
@@ -160,11 +160,14 @@ def hopper(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q
       causal 4x16x1024x64 0.87 vs 0.77 (two warpgroups); at 4x16x1024x64 non-causal, outside the range, two
       warpgroups keep it (0.77 vs 0.74).
     The caller still falls back to the Triton kernel when the inputs are not TMA-addressable. Secure causal
-    attention with a secret diagonal (explicit query lengths) runs the Gluon kernel's SECRET_DIAG form since v36 in
-    the configuration these facts give (causal), every key tile visited (1.04-1.41x the secure Triton kernel it ran
-    on before, H100)."""
+    attention with a secret diagonal (explicit query lengths) runs the Gluon kernel's SECRET_DIAG form since v36,
+    every key tile visited (1.05-1.60x the secure Triton kernel it ran on before, H100). It does the non-causal work,
+    so it takes the non-causal one-warpgroup range (``secret_diagonal``), and above it the causal layout (two consumer warpgroups: the masked step on every tile, never the three-warpgroup
+    form's 160 registers). Measured on one H100 (perf-notes v36.1, secure / fast causal, same run), D=64: 1x8x512
+    one warpgroup 11.0 us (0.96) against the secure Triton kernel's 15.1 (0.70); 1x16x1024 one 21.9 against two 22.3;
+    4x16x1024 two 64.7 against one 66.8; 2x16x2048 two 112.0 against one 125.9; 16x16x2048 two 808."""
     work = batch_heads * seqlen_q * seqlen_k
-    lo, hi = ONE_WG_WORK[bool(causal)]
+    lo, hi = ONE_WG_WORK[bool(causal) and not secret_diagonal]
     # (decode-like query blocks, Sq < 128, were not measured on it: they keep the older rule below)
     if dtype_bytes == 2 and head_dim == 64 and lo <= work < hi and seqlen_q >= 128:
         return gluon_one_wg()
