@@ -159,8 +159,9 @@ def test_every_secure_chunked_prefill_form_is_in_the_gates_list():
 def test_every_secure_dense_selection_runs_a_form_the_gate_lists(dtype_name):
     """What ``select`` launches in secure mode on sm_90 is a form ``audit_specs(secure=True)`` compiles: the Triton
     kernel in its own table's form (the one ``audit.specs.triton_config`` lists), the Gluon kernel in a layout the
-    list holds for that dtype, head dim and causal mode. Small and large problems, explicit query lengths (the
-    Gluon kernel cannot take them causal, and the Triton kernel runs instead) and self-attention."""
+    list holds for that dtype, head dim and causal mode. Small and large problems, explicit query lengths (causal:
+    the secret-diagonal form, since v36 on the Gluon kernel in the layouts of tables.hopper(secret_diagonal=True))
+    and self-attention."""
     import torch
 
     from flashcore.audit.specs import _on_arch, audit_specs
@@ -180,7 +181,8 @@ def test_every_secure_dense_selection_runs_a_form_the_gate_lists(dtype_name):
                     sel = select(p)
                     what = f"{B}x{H}x{S}x{hd} {dtype_name} causal={causal} self={self_attention}: {sel.explain()}"
                     if sel.kernel == SM90:
-                        form = f"secure_gluon_ws_{elt}_d{hd}_{'causal' if causal else 'full'}_"
+                        mode = ("causal_secretdiag" if p.secret_diagonal else "causal") if causal else "full"
+                        form = f"secure_gluon_ws_{elt}_d{hd}_{mode}_s"
                         wg = f"_{sel.config.block_m // 64}wg"
                         assert any(n.startswith(form) and n.endswith(wg) for n in listed), what
                     else:

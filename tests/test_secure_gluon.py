@@ -512,29 +512,29 @@ def pad_v_tile(tile, col, len_k, row0, salt, BLOCK_N: gl.constexpr):
 """
 
 
-def test_static_gate_passes_the_in_kernel_padding_and_sees_a_length_dependent_skip(tmp_path):
-    """Gate 1 on the secure causal form whose loader writes V's padding (sm_90a, no GPU): clean; the same form with
-    a padding function that skips the row groups below the secret key length (a leak the loader could have) is
-    caught as branches on the secret."""
+def _gate_clean_and_leaky(tmp_path, module: str, source: str, patch: str, spec_call: str, flag: str) -> None:
+    """Gate 1 on a Gluon form built by ``spec_call`` (an ``audit.specs.gluon_spec(...)`` expression), as shipped and
+    with one device function replaced (``patch``: a statement run after ``import <module>``, the module written from
+    ``source``), each in a process of its own (compiled kernels are cached per process): the shipped form has no
+    violation, the mutated one has branches on the secret; the form's constexpr ``flag`` is on in both."""
     import json
     import os
     import subprocess
     import sys
 
-    (tmp_path / "leaky_pad.py").write_text(_LEAKY_PAD)
-    code = """
+    (tmp_path / f"{module}.py").write_text(source)
+    code = f"""
 import json, sys
 from flashcore.audit import specs
 from flashcore.audit.sass import sass_taint
-from flashcore.kernels.sm90 import pipeline
-if sys.argv[1] == "leaky":  # (a process of its own: compiled kernels are cached per process)
-    import leaky_pad
-    pipeline.pad_v_tile = leaky_pad.pad_v_tile
-spec = specs.gluon_spec(64, True, S=1024, Hq=16, Hkv=16, B=1, cfg=specs.tables.gluon_one_wg(), secure=True,
-                        sanitise=True)
+from flashcore.kernels.sm90 import fwd, pipeline
+if sys.argv[1] == "leaky":
+    import {module}
+    {patch}
+spec = {spec_call}
 r = sass_taint(spec["fn"], spec["signature"], spec["constexprs"], spec["secret"], attrs=spec["attrs"],
                maxnreg=spec["maxnreg"])
-print(json.dumps((spec["constexprs"]["SANITISE"], len(r.violations), sum(v.kind == "branch" for v in r.violations))))
+print(json.dumps((spec["constexprs"]["{flag}"], len(r.violations), sum(v.kind == "branch" for v in r.violations))))
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
@@ -548,6 +548,15 @@ print(json.dumps((spec["constexprs"]["SANITISE"], len(r.violations), sum(v.kind 
     assert clean_form and leaky_form
     assert clean_n == 0
     assert leaky_n > 0 and leaky_branches > 0
+
+
+def test_static_gate_passes_the_in_kernel_padding_and_sees_a_length_dependent_skip(tmp_path):
+    """Gate 1 on the secure causal form whose loader writes V's padding (sm_90a, no GPU): clean; the same form with
+    a padding function that skips the row groups below the secret key length (a leak the loader could have) is
+    caught as branches on the secret."""
+    _gate_clean_and_leaky(tmp_path, "leaky_pad", _LEAKY_PAD, "pipeline.pad_v_tile = leaky_pad.pad_v_tile",
+                          "specs.gluon_spec(64, True, S=1024, Hq=16, Hkv=16, B=1, cfg=specs.tables.gluon_one_wg(), "
+                          "secure=True, sanitise=True)", "SANITISE")
 
 
 _LEAKY_SOFTMAX = """
@@ -575,39 +584,10 @@ def test_static_gate_passes_the_secret_diagonal_and_sees_a_diagonal_dependent_sk
     """Gate 1 on the SECRET_DIAG form (sm_90a, no GPU): clean; the same form whose softmax skips the mask on tiles
     left of the secret diagonal (what the fast path does on its public one) is caught as branches on the secret
     (so the key lengths pointer is declared secret and followed)."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    (tmp_path / "leaky_softmax.py").write_text(_LEAKY_SOFTMAX)
-    code = """
-import json, sys
-from flashcore.audit import specs
-from flashcore.audit.sass import sass_taint
-from flashcore.kernels.sm90 import fwd
-if sys.argv[1] == "leaky":  # (a process of its own: compiled kernels are cached per process)
-    import leaky_softmax
-    fwd._softmax_step = leaky_softmax.leaky_softmax_step
-spec = specs.gluon_spec(int(sys.argv[2]), True, S=1000, Hq=8, Hkv=2, return_lse=True, secure=True,
-                        sanitise=sys.argv[3] == "1", secret_diag=True)
-r = sass_taint(spec["fn"], spec["signature"], spec["constexprs"], spec["secret"], attrs=spec["attrs"],
-               maxnreg=spec["maxnreg"])
-print(json.dumps((spec["constexprs"]["SECRET_DIAG"], len(r.violations), sum(v.kind == "branch" for v in r.violations))))
-"""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, str(tmp_path), env.get("PYTHONPATH")) if p)
-    found = []
-    for variant in ("clean", "leaky"):
-        res = subprocess.run([sys.executable, "-c", code, variant, str(head_dim), str(int(sanitise))],
-                             capture_output=True, text=True, env=env)
-        assert res.returncode == 0, res.stderr[-3000:]
-        found.append(json.loads(res.stdout.strip().splitlines()[-1]))
-    (clean_form, clean_n, _), (leaky_form, leaky_n, leaky_branches) = found
-    assert clean_form and leaky_form
-    assert clean_n == 0
-    assert leaky_n > 0 and leaky_branches > 0
+    _gate_clean_and_leaky(tmp_path, "leaky_softmax", _LEAKY_SOFTMAX,
+                          "fwd._softmax_step = leaky_softmax.leaky_softmax_step",
+                          f"specs.gluon_spec({head_dim}, True, S=1000, Hq=8, Hkv=2, return_lse=True, secure=True, "
+                          f"sanitise={sanitise}, secret_diag=True)", "SECRET_DIAG")
 
 
 @gpu

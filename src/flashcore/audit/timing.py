@@ -184,8 +184,8 @@ class Slots:
                 sq = slot["sq"] = sk.clone()
 
             def fn(q=q, k=k, v=v, sk=sk, sq=sq):
-                return flashcore.attention(q, k, v, causal=causal, seqlens_q=sq, seqlens_k=sk, secure=self.secure_mode,
-                                           backend=backend)
+                return flashcore.attention(q, k, v, causal=causal, seqlens_q=sq, seqlens_k=sk,
+                                           secure=self.secure_mode, backend=backend)
         elif self.kernel in I.KV_KINDS:
             sk = torch.full((self.B,), spec.length, dtype=torch.int32, device=self.dev)
             slot["sk"] = sk

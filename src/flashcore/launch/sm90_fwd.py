@@ -184,9 +184,9 @@ class GluonLaunch:
 
     def run(self, ptrs, device, key_weights=None, page_table=None) -> None:
         """``ptrs``: q, k, v, o, lse, seqlens_q (with ``key_lens``: the int32 key lengths), seqlens_k, ... (unused
-        ones: any tensor; seqlens_k is read with ``sanitise`` or ``secret_diag`` only); ``key_weights``: the pre-pass's, where the plan
-        has them (secure, non-causal); ``page_table``: the int32 page table of a paged plan (its rows
-        ``table_stride`` apart, as planned)."""
+        ones: any tensor; seqlens_k is read with ``sanitise`` or ``secret_diag`` only); ``key_weights``: the
+        pre-pass's, where the plan has them (secure, non-causal); ``page_table``: the int32 page table of a
+        paged plan (its rows ``table_stride`` apart, as planned)."""
         q, k, v, o, lse, sq = ptrs[:6]
         sk = ptrs[6] if self.step.constexprs["SANITISE"] or self.step.constexprs["SECRET_DIAG"] else None
         pt = page_table if self.step.constexprs["PAGE_SIZE"] else None

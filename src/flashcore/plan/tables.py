@@ -162,8 +162,9 @@ def hopper(head_dim: int, dtype_bytes: int, causal: bool, secure: bool, seqlen_q
     The caller still falls back to the Triton kernel when the inputs are not TMA-addressable. Secure causal
     attention with a secret diagonal (explicit query lengths) runs the Gluon kernel's SECRET_DIAG form since v36,
     every key tile visited (1.05-1.60x the secure Triton kernel it ran on before, H100). It does the non-causal work,
-    so it takes the non-causal one-warpgroup range (``secret_diagonal``), and above it the causal layout (two consumer warpgroups: the masked step on every tile, never the three-warpgroup
-    form's 160 registers). Measured on one H100 (perf-notes v36.1, secure / fast causal, same run), D=64: 1x8x512
+    so it takes the non-causal one-warpgroup range (``secret_diagonal``), and above it the causal layout (two
+    consumer warpgroups: the masked step on every tile, never the three-warpgroup form's 160 registers). Measured
+    on one H100 (perf-notes v36.1, secure / fast causal, same run), D=64: 1x8x512
     one warpgroup 11.0 us (0.96) against the secure Triton kernel's 15.1 (0.70); 1x16x1024 one 21.9 against two 22.3;
     4x16x1024 two 64.7 against one 66.8; 2x16x2048 two 112.0 against one 125.9; 16x16x2048 two 808."""
     work = batch_heads * seqlen_q * seqlen_k

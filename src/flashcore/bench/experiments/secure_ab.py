@@ -96,8 +96,8 @@ def time_shape(shape, configs, rounds, timer, profile=False, strict=False, paddi
     us = {n: statistics.median(v) for n, v in rounds_us.items()}
     kernel_us = {n: kernel_times(fn[0]) for n, fn in fns.items()} if profile else {}
     ratio = {n: us["fast"] / u for n, u in us.items() if "fast" in us}
-    return dict(shape=[B, H, S, D], causal=causal, explicit_q=explicit_q, input_sets=n_sets, us=us, secure_over_fast=ratio,
-                rounds=rounds_us, rel_err=errs, kernels=kernels, kernel_us=kernel_us)
+    return dict(shape=[B, H, S, D], causal=causal, explicit_q=explicit_q, input_sets=n_sets, us=us,
+                secure_over_fast=ratio, rounds=rounds_us, rel_err=errs, kernels=kernels, kernel_us=kernel_us)
 
 
 def kernel_times(fn, calls: int = 20) -> dict:
