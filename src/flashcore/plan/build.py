@@ -160,18 +160,18 @@ def build(problem: Problem, q, k, v, o, lse, *, seqlens_q=None, seqlens_k=None, 
     return Plan(p, sel, prepass, main, out_shape, lse_shape, validate, fill_q, fill_k)
 
 
-def _in_kernel_padding(cfg, filled_v: bool, pad, work: int, secret_diag: bool = False) -> bool:
+def _in_kernel_padding(cfg, filled_v: bool, pad, work: int, secret_diagonal: bool = False) -> bool:
     """Secure mode, causal, on the Gluon kernel: the loader warpgroup writes V's padding
     (``GluonLaunch(sanitise=True)``) where the planner chooses it (or the ``secure_in_kernel_padding`` switch forces
     it), with the default padding only: the strict form's V stand-ins (``filled_v``) and the audit knobs' other
-    paddings keep the pre-passes. ``secret_diag``: the form that visits every key tile (tables'
+    paddings keep the pre-passes. ``secret_diagonal``: the form that visits every key tile (tables'
     secure_padding_in_kernel says where its loader's rewrite pays)."""
     mode = gluon_switches().secure_in_kernel_padding
     if mode not in ("auto", "on", "off"):
         raise ValueError(f"the secure_in_kernel_padding switch takes 'auto', 'on' or 'off', got {mode!r}")
     if filled_v or pad != SecurePadding():
         return False
-    return mode == "on" or (mode == "auto" and secure_padding_in_kernel(cfg, work, secret_diag))
+    return mode == "on" or (mode == "auto" and secure_padding_in_kernel(cfg, work, secret_diagonal))
 
 
 def _contiguous_strides(heads: int, seqlen: int, head_dim: int) -> tuple:

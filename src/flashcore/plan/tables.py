@@ -190,7 +190,7 @@ ONE_WG_WORK = {False: (1 << 21, 1 << 26), True: (1 << 24, 1 << 30)}
 SECURE_IN_KERNEL_PADDING_WORK = 1 << 28
 
 
-def secure_padding_in_kernel(cfg: Config, work: int, secret_diag: bool = False) -> bool:
+def secure_padding_in_kernel(cfg: Config, work: int, secret_diagonal: bool = False) -> bool:
     """Secure mode, causal, on the Gluon kernel: whether the loader warpgroup writes V's padding
     (kernels/sm90/secure_pad.py) instead of the V pre-pass, by the problem's B*Hq*Sq*Sk (perf-notes v34; H100,
     secure / fast in one run): below 2^28 it wins (1x16x1024x64 0.92 against 0.80, 4x16x1024x64 0.93 against 0.84,
@@ -198,12 +198,12 @@ def secure_padding_in_kernel(cfg: Config, work: int, secret_diag: bool = False) 
     0.89 against 0.92, 4x32x4096x64 0.89 against 0.96, 2x32x4096x128 0.88 against 0.89): there the pre-pass's cost
     is amortised and the loader's rewrite of every tile is not.
 
-    ``secret_diag`` (causal with a secret diagonal, perf-notes v36: every key tile visited, so the loader rewrites
+    ``secret_diagonal`` (causal with a secret diagonal, perf-notes v36: every key tile visited, so the loader rewrites
     twice the tiles of the public-diagonal form): the one-warpgroup layout only. Measured on one H100, secure at
     true length = S_max, the V pre-pass against the loader (same run): two consumer warpgroups, D=128, 3x6x1536
     60.0 against 62.9 us, 2x16x2048 146.6 against 156.7, 4x32x4096 2029 against 2123, 1x32x8192 1948 against 2095;
     one warpgroup, D=64, 1x16x1024 23.8 against 22.0, 4x16x1024 68.1 against 67.0."""
-    if secret_diag and cfg.block_m > 64:
+    if secret_diagonal and cfg.block_m > 64:
         return False
     return cfg.kernel == "gluon_ws" and work < SECURE_IN_KERNEL_PADDING_WORK
 
