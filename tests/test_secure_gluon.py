@@ -265,10 +265,11 @@ def force_secure_gluon(monkeypatch):
         yield
 
 
-def _inputs(B, Hq, Hkv, S, D, dtype, seed):
+def _inputs(B, Hq, Hkv, S, D, dtype, seed, Sk=None):
+    """q [B, Hq, S, D], k and v [B, Hkv, Sk (default S), D], random."""
     g = torch.Generator(device="cuda").manual_seed(seed)
-    mk = lambda h: torch.randn(B, h, S, D, device="cuda", generator=g, dtype=torch.float32).to(dtype)
-    return mk(Hq), mk(Hkv), mk(Hkv)
+    mk = lambda h, s: torch.randn(B, h, s, D, device="cuda", generator=g, dtype=torch.float32).to(dtype)  # noqa
+    return mk(Hq, S), mk(Hkv, Sk or S), mk(Hkv, Sk or S)
 
 
 def _runs_secure_gluon(q, k, v, causal, lens) -> bool:
@@ -389,10 +390,9 @@ SECRET_DIAG_CASES = [
 
 def _secret_diag_inputs(case, dtype=torch.bfloat16):
     B, Hq, Hkv, Sq, Sk, D, lq, lk = case
-    g = torch.Generator(device="cuda").manual_seed(hash((str(case), str(dtype))) % 2**31)
-    mk = lambda h, s: torch.randn(B, h, s, D, device="cuda", generator=g, dtype=torch.float32).to(dtype)  # noqa
-    return (mk(Hq, Sq), mk(Hkv, Sk), mk(Hkv, Sk), torch.tensor(lq, dtype=torch.int32, device="cuda"),
-            torch.tensor(lk, dtype=torch.int32, device="cuda"))
+    q, k, v = _inputs(B, Hq, Hkv, Sq, D, dtype, hash((str(case), str(dtype))) % 2**31, Sk=Sk)
+    lens = (torch.tensor(x, dtype=torch.int32, device="cuda") for x in (lq, lk))
+    return (q, k, v, *lens)
 
 
 @gpu

@@ -85,16 +85,14 @@ class GluonLaunch:
             raise ValueError(err)
         v_depth = v_stages(cfg.num_stages, cfg.block_m, cfg.block_n, D)
         num_wg = cfg.block_m // 64
-        # secure mode's V padding written in the kernel (no pre-pass): the dense causal secure form only
-        if sanitise and (not secure or not causal or key_lens or page_size):
-            raise ValueError("sanitise (secure mode's V padding written in the kernel) takes secure=True, causal=True "
-                             f"and a dense problem (no key_lens, no page_size) only (got secure={secure}, "
-                             f"causal={causal}, key_lens={key_lens}, page_size={page_size})")
-
-        if secret_diag and (not secure or not causal or key_lens or page_size):
-            raise ValueError("secret_diag (causal with a secret diagonal) takes secure=True, causal=True and a dense "
-                             f"problem (no key_lens, no page_size) only (got secure={secure}, causal={causal}, "
-                             f"key_lens={key_lens}, page_size={page_size})")
+        # secure mode's V padding written in the kernel (no pre-pass), and the secret diagonal: dense secure causal
+        # forms only
+        for name, what, on in (("sanitise", "secure mode's V padding written in the kernel", sanitise),
+                               ("secret_diag", "causal with a secret diagonal", secret_diag)):
+            if on and (not secure or not causal or key_lens or page_size):
+                raise ValueError(f"{name} ({what}) takes secure=True, causal=True and a dense problem (no key_lens, "
+                                 f"no page_size) only (got secure={secure}, causal={causal}, key_lens={key_lens}, "
+                                 f"page_size={page_size})")
         # the schedule's causality: a secret diagonal visits every key tile, as non-causal attention does
         sched_causal = bool(causal) and not secret_diag
 
