@@ -51,6 +51,27 @@ def test_tables_name_the_fastest_peer_and_the_ratio():
     assert "0.75x sdpa-cudnn" in console.export_text()
 
 
+def test_sustained_rows_join_the_tables_when_the_run_has_them():
+    """A run with --sustained reports the steady-load backward and forward+backward beside do_bench's, each with
+    its own fastest peer (the peer can differ between the two ways of timing)."""
+    doc = _doc()
+    doc["config"]["sustained_s"] = 2.0
+    r = doc["results"][0]["backends"]
+    r["flashcore"].update(bwd_sustained_tflops=380.0, fwdbwd_sustained_tflops=350.0)
+    r["sdpa-cudnn"].update(bwd_sustained_tflops=400.0, fwdbwd_sustained_tflops=360.0)
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(results_table(doc))
+    text = console.export_text()
+    assert "bwd, sustained" in text and "0.95x sdpa-cudnn" in text and "0.75x sdpa-cudnn" in text
+    assert "| 1x2x64x64 | 380 | 400 | unavailable | 0.95x (sdpa-cudnn) |" in markdown_table(doc, "bwd_sustained_tflops")
+    del doc["config"]["sustained_s"]  # a run without it: no sustained rows
+    console = Console(width=200, record=True)
+    console.print(results_table(doc))
+    assert "sustained" not in console.export_text()
+
+
 def test_readme_backward_table_is_the_committed_run():
     readme = open(os.path.join(ROOT, "README.md")).read()
     m = re.search(r"<!-- train-table: (\S+) -->\n(.*?)\n<!-- /train-table -->", readme, re.S)
@@ -61,6 +82,17 @@ def test_readme_backward_table_is_the_committed_run():
     intro = readme[:m.start()].rsplit("\n\n", 1)[-1]  # the paragraph that introduces the table names its GPU
     assert gpu.removeprefix("NVIDIA ") in intro and doc["environment"]["git_sha"] in intro
     assert m.group(2).strip() == markdown_table(doc).strip(), "README's backward table is stale: regenerate it"
+
+
+def test_readme_sustained_backward_table_is_the_committed_run():
+    """The steady-load table (``--sustained``) is generated from a committed run that has those timings."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    m = re.search(r"<!-- train-sustained-table: (\S+) -->\n(.*?)\n<!-- /train-sustained-table -->", readme, re.S)
+    assert m, "README lost its generated steady-load backward table"
+    doc = json.load(open(os.path.join(ROOT, m.group(1))))
+    assert doc["config"]["sustained_s"] > 0 and doc["config"]["sustained_rounds"] >= 2
+    assert doc["environment"]["gpu"]["name"].removeprefix("NVIDIA ") in readme[m.start() - 1500:m.start()]
+    assert m.group(2).strip() == markdown_table(doc, "bwd_sustained_tflops").strip(), "stale: regenerate it"
 
 
 def test_cli_refuses_a_suite_it_does_not_know():

@@ -607,3 +607,22 @@ def test_strict_is_secure_bit_for_bit_and_ignores_padding(case):
     for b, n in enumerate(lengths):
         q[b, :, n:] = float("nan"); k[b, :, n:] = float("inf"); v[b, :, n:] = float("nan")
     assert torch.equal(flashcore.attention(q, k, v, causal=causal, secure="strict", seqlens_k=lens), ref)
+
+
+@gpu
+@pytest.mark.parametrize("case", SECRET_DIAG_CASES[:4])
+def test_strict_with_a_secret_diagonal_is_secure_bit_for_bit_and_ignores_padding(case):
+    """secure="strict" with explicit query lengths (the SECRET_DIAG form, as the planner chooses it): the padding rows
+    of q (past each query length) and of k and v (past each key length) are replaced before the kernel, which changes
+    no output bit against secure=True, and NaN/Inf in every padding row changes none either."""
+    q, k, v, lq, lk = _secret_diag_inputs(case)
+    lq_list, lk_list = case[6], case[7]
+    ref = flashcore.attention(q, k, v, causal=True, secure=True, seqlens_q=lq, seqlens_k=lk)
+    plan = flashcore.plan_attention(q, k, v, causal=True, secure="strict", seqlens_q=lq, seqlens_k=lk)
+    assert plan.fill_q is not None and isinstance(plan.main, sm90_fwd.GluonLaunch)
+    assert plan.main.step.constexprs["SECRET_DIAG"]
+    out = flashcore.attention(q, k, v, causal=True, secure="strict", seqlens_q=lq, seqlens_k=lk)
+    assert torch.equal(out, ref)
+    for b, (n, m) in enumerate(zip(lq_list, lk_list)):
+        q[b, :, n:] = float("nan"); k[b, :, m:] = float("inf"); v[b, :, m:] = float("nan")
+    assert torch.equal(flashcore.attention(q, k, v, causal=True, secure="strict", seqlens_q=lq, seqlens_k=lk), ref)

@@ -53,6 +53,10 @@ def _register_bench(sub) -> None:
                    help="the training benchmark: the forward that saves for the backward, the backward, or both "
                         "(backward FLOPs counted as 2.5x the forward's, FlashAttention's convention); suites "
                         "train (default; also 'seed'), train-large (also 'large'), all")
+    p.add_argument("--sustained", type=float, default=0.0, metavar="SECONDS",
+                   help="--pass bwd/fwd+bwd: also time each backend at a steady load, interleaved in rounds "
+                        "(warm-up, then SECONDS of forward+backward steps and SECONDS of backward alone; an H100 "
+                        "at training load runs at its power cap; default: 0, off)")
     p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16", help="input dtype (default: bf16)")
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"result directory (default: {DEFAULT_OUT})")
     p.add_argument("--plot", action="store_true", help="also write a PNG chart next to the JSON")

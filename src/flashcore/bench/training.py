@@ -5,6 +5,18 @@ Conventions (FlashAttention's, as in ANCHORS.md): backward time = (forward + bac
 of ``triton.testing.do_bench`` (L2 flushed before every call); FLOPs: forward ``4 B Hq D x pairs`` (pairs: the
 (query, key) pairs the mask keeps, so causal counts about half), backward 2.5x the forward, forward+backward 3.5x.
 
+Sustained mode (``--sustained SECONDS``, 0 = off): an H100 at training load runs at its power cap (700 W), where
+the SM clock settles at 1.3-1.7 GHz after about a second and each backend's steady state differs; do_bench's
+100 ms windows catch each backend at a different point of that descent (perf-notes v37: at 1x32x16384x128 causal
+the do_bench forward+backward of flashcore and cuDNN differed by 13%, by 2.5% after a second of each at its own
+load). So after the do_bench timings every backend that passed is also timed in rounds, backends interleaved: each
+window first warms the GPU with that backend's forward+backward for a third of ``SECONDS``, then times
+forward+backward steps for ``SECONDS`` and the backward alone (one forward, then ``backward(retain_graph=True)``
+with the gradients cleared every step, as FlashAttention's ``benchmark_backward``) for ``SECONDS``: CUDA events
+around the whole window, divided by its steps; the median over rounds is reported (``*_sustained_us``). The host
+must keep ahead of the GPU for this to be GPU time: true for the large shapes (~1.3 ms of host per step), not for
+the smallest training shapes.
+
 Correctness comes first: every backend's output and gradients on one GQA group (batch 0, key head 0 and its
 query heads) are compared by relative error with an fp32 PyTorch computation of the same math (float64 is too
 large at 16k); a backend over the tolerance is reported ``wrong`` and not timed.
@@ -185,6 +197,68 @@ def time_backend(case, fn, q, k, v, do, passes, rep_ms: float) -> dict:
     return res
 
 
+def _window_us(fn, seconds: float, est_us: float) -> tuple[float, int]:
+    """(µs per call, calls) of ``fn`` called back to back for about ``seconds``, CUDA events around the window."""
+    import torch
+
+    n = max(5, int(seconds * 1e6 / max(est_us, 1.0)))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(n):
+        fn()
+    end.record()
+    end.synchronize()
+    return 1000.0 * start.elapsed_time(end) / n, n
+
+
+def sustained_backend(fn, q, k, v, do, seconds: float, est_fwdbwd_us: float) -> dict:
+    """One sustained window of a backend (module docstring): warm-up, forward+backward steps, then the backward
+    alone; µs per step and the steps timed."""
+    import torch
+
+    def step():
+        for t in (q, k, v):
+            t.grad = None
+        fn(q, k, v).backward(do)
+
+    with torch.enable_grad():
+        _window_us(step, seconds / 3, est_fwdbwd_us)  # warm-up: the GPU settles at this backend's load
+        fwdbwd_us, n_fb = _window_us(step, seconds, est_fwdbwd_us)
+        out = fn(q, k, v)
+
+        def bwd():
+            for t in (q, k, v):
+                t.grad = None
+            out.backward(do, retain_graph=True)
+
+        bwd_us, n_b = _window_us(bwd, seconds, est_fwdbwd_us)
+    for t in (q, k, v):
+        t.grad = None
+    return {"fwdbwd_sustained_us": fwdbwd_us, "bwd_sustained_us": bwd_us, "steps": [n_fb, n_b]}
+
+
+def sustained_rounds(case, fns: dict, q, k, v, do, seconds: float, rounds: int, estimates: dict) -> dict:
+    """Median over ``rounds`` interleaved windows per backend (``fns``: name -> call; ``estimates``: name ->
+    forward+backward µs from do_bench, to size the windows)."""
+    import statistics
+
+    runs = {n: [] for n in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            runs[name].append(sustained_backend(fn, q, k, v, do, seconds, estimates[name]))
+    out = {}
+    f = case.fwd_flops
+    for name, rs in runs.items():
+        fb = statistics.median(r["fwdbwd_sustained_us"] for r in rs)
+        b = statistics.median(r["bwd_sustained_us"] for r in rs)
+        out[name] = {"fwdbwd_sustained_us": fb, "bwd_sustained_us": b,
+                     "fwdbwd_sustained_tflops": (1 + BWD_FLOP_FACTOR) * f / fb / 1e6,
+                     "bwd_sustained_tflops": BWD_FLOP_FACTOR * f / b / 1e6,
+                     "sustained_rounds": [{key: (round(val, 1) if isinstance(val, float) else val)
+                                           for key, val in r.items()} for r in rs]}
+    return out
+
+
 def _warm_gpu(seconds: float = 1.0) -> None:
     """Bring the clocks up before the first case (an idle GPU ran the first case at half speed, v19)."""
     import torch
@@ -198,7 +272,8 @@ def _warm_gpu(seconds: float = 1.0) -> None:
 
 
 def run_training(cases, names=BACKENDS, *, passes=("fwd", "bwd"), dtype_name="bf16", rep_ms=100.0,
-                 tolerance=GRAD_TOLERANCE, console=None, seed: int = 0) -> dict:
+                 tolerance=GRAD_TOLERANCE, console=None, seed: int = 0, sustained_s: float = 0.0,
+                 sustained_rounds_n: int = 2) -> dict:
     """Check then time every backend on every case; returns the result document."""
     import torch
 
@@ -209,7 +284,8 @@ def run_training(cases, names=BACKENDS, *, passes=("fwd", "bwd"), dtype_name="bf
            "config": {"passes": list(passes), "dtype": dtype_name, "rep_ms": rep_ms, "tolerance": tolerance,
                       "backends": list(names), "bwd_flop_factor": BWD_FLOP_FACTOR,
                       "timing": "triton.testing.do_bench median, L2 flushed per call; bwd = (fwd+bwd) - fwd",
-                      "check": "rel. error vs fp32 PyTorch math on batch 0, key head 0 and its query heads"},
+                      "check": "rel. error vs fp32 PyTorch math on batch 0, key head 0 and its query heads",
+                      "sustained_s": sustained_s, "sustained_rounds": sustained_rounds_n if sustained_s else 0},
            "results": []}
     _warm_gpu()
     for i, case in enumerate(cases):
@@ -233,6 +309,11 @@ def run_training(cases, names=BACKENDS, *, passes=("fwd", "bwd"), dtype_name="bf
                                            "traceback": traceback.format_exc()[-2000:] if name.startswith(
                                                "flashcore") else None}
             torch.cuda.empty_cache()
+        if sustained_s and passes != ("fwd",):
+            ok = {n: _call(n, case) for n, r in entry["backends"].items() if r.get("status") == "ok"}
+            est = {n: entry["backends"][n]["fwdbwd_us"] for n in ok}
+            for n, r in sustained_rounds(case, ok, q, k, v, do, sustained_s, sustained_rounds_n, est).items():
+                entry["backends"][n].update(r)
         doc["results"].append(entry)
         if console is not None:
             console.print(_line(entry), markup=False, highlight=False)
@@ -265,6 +346,8 @@ def results_table(doc):
     passes = doc["config"]["passes"]
     fields = [("fwd_tflops", "fwd")] + ([("bwd_tflops", "bwd"), ("fwdbwd_tflops", "fwd+bwd")]
                                         if passes != ["fwd"] else [])
+    if doc["config"].get("sustained_s"):
+        fields += [("bwd_sustained_tflops", "bwd, sustained"), ("fwdbwd_sustained_tflops", "fwd+bwd, sustained")]
     names = doc["config"]["backends"]
     t = Table(title=f"training passes, TFLOP/s (bwd = {BWD_FLOP_FACTOR}x fwd FLOPs)")
     t.add_column("shape")
@@ -319,7 +402,8 @@ def run_cli(args, console) -> int:
         return 2
     t0 = time.time()
     doc = run_training(cases, names, passes=passes, dtype_name=args.dtype,
-                       rep_ms=100.0 if args.rep_ms is None else args.rep_ms, console=console)
+                       rep_ms=100.0 if args.rep_ms is None else args.rep_ms, console=console,
+                       sustained_s=getattr(args, "sustained", 0.0) or 0.0)
     doc["elapsed_s"] = round(time.time() - t0, 1)
     doc["config"]["pass"] = args.bench_pass
     path = save(doc, args.out)
