@@ -88,3 +88,16 @@ def test_fp8_page_gather_keeps_a_tile_in_flight_while_it_computes(page, splits):
     waits = [int(w, 16) for body in loops for i in body for w in re.findall(r"DEPBAR\.LE SB0, (0x[0-9a-f]+)", i)]
     assert waits, "the key loop has no cp.async wait: the copies are no longer what this test reads"
     assert min(waits) >= 1, f"the key loop waits for every copy in flight (DEPBAR.LE SB0 {waits})"
+
+
+@pytest.mark.parametrize("page", [16, 64])
+def test_secure_fp8_page_gather_with_splits_keeps_a_tile_in_flight(page):
+    """The secure form of that gather with splits (B1-like), as the planner launches it: its page indices are register
+    loads, not a pipeline stage, so three stages keep the next tile's copies in flight while a tile computes
+    (``DEPBAR.LE SB0, n`` with n >= 1). With the two stages it had before, every tile waited for its whole load
+    (n = 0): B1 64k page 16 ran 74.0 us against 62.0 with three (H100, graph replays, docs/perf-notes.md v37)."""
+    loops = [body for body in loop_bodies(decode_fp8_sass(True, "paged", page, 7)) if any("HMMA" in i for i in body)]
+    assert loops, "no MMA loop found"
+    waits = [int(w, 16) for body in loops for i in body for w in re.findall(r"DEPBAR\.LE SB0, (0x[0-9a-f]+)", i)]
+    assert waits, "the key loop has no cp.async wait: the copies are no longer what this test reads"
+    assert min(waits) >= 1, f"the key loop waits for every copy in flight (DEPBAR.LE SB0 {waits})"

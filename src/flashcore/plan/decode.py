@@ -55,6 +55,12 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
     num_warps, num_stages = (4, 2) if shape.fp32 or gather and num_splits > 1 else (8, 3)
     if one_wave_gather and num_splits > 1:
         num_warps, num_stages = 8, 5
+    if gather and num_splits > 1 and shape.secure and shape.fp8 and block_m == 16 and d <= 128:
+        # Secure FP8 gathers with splits (B1-like): its page indices are register loads (reg_pages), not a pipeline
+        # stage, so three stages hold two K/V slots, and two programs still fit an SM (four and five stages leave one).
+        # H100, 2026-11-28, B1 64k page 16, 33 splits, graph replays (docs/perf-notes.md v37): 62.1 us against 74.0
+        # (2 stages), 87.0 (4), 90.0 (5); fast FP8 60.5
+        num_stages = 3
     if shape.fp8 and block_m == 16 and d <= 128 and not (shape.secure and shape.paged):
         # An FP8 tile is half the bytes for the same widening and MMA work, so more programs per SM pay (H200,
         # 2026-11-26, 64x32/8 D128 16k, two runs, docs/perf-notes.md v24): fast at one split 64-key tiles, 4 warps, 4

@@ -220,6 +220,18 @@ CONFIG_CASES = {
     "fp8_b64_16k_p1": ((64, 32, 8, 128, 16384, 1, 1, True), [CFG(16, 128, 8, 3, 1)]),
     "fp8_b64_16k_p32": ((64, 32, 8, 128, 16384, 1, 32, True), [CFG(16, 128, 8, 3, 1)]),
     "fp8_b1_64k_p16": ((1, 32, 8, 128, 65536, 1, 16, True), []),
+    # v37: secure FP8 B1 64k page 16, the one secure decode row under 0.9x of fast on the H100 (0.88): the planner's
+    # per-key gather runs 4 warps, 2 stages, 33 splits, where the fast form's needed 5 stages (v25.2)
+    "secure_fp8_b1_64k_p16": ((1, 32, 8, 128, 65536, 1, 16, True, True),
+                              [CFG(16, 128, 4, 3, 33), CFG(16, 128, 4, 4, 33), CFG(16, 128, 4, 5, 33),
+                               CFG(16, 128, 8, 5, 16), CFG(16, 128, 8, 3, 16), CFG(16, 64, 4, 4, 33),
+                               CFG(16, 16, 4, 4, 33), CFG(16, 16, 4, 4, 16)]),
+    # v37, after the planner took 3 stages there: the other gathers of that form, and v36's 2 stages against it
+    "secure_fp8_b1_64k_p16_b": ((1, 32, 8, 128, 65536, 1, 16, True, True), [CFG(16, 128, 4, 2, 33)]),
+    "secure_fp8_b1_64k_p64": ((1, 32, 8, 128, 65536, 1, 64, True, True), [CFG(16, 128, 4, 2, 33)]),
+    "secure_fp8_b1_64k_p1": ((1, 32, 8, 128, 65536, 1, 1, True, True), [CFG(16, 128, 4, 2, 33)]),
+    "secure_fp8_b1_4k_p16": ((1, 32, 8, 128, 4096, 1, 16, True, True), [CFG(16, 128, 4, 2, 16)]),
+    "fp8_b1_64k_p16_b": ((1, 32, 8, 128, 65536, 1, 16, True), [CFG(16, 128, 4, 3, 33)]),
     "bf16_b1_64k_p16": ((1, 32, 8, 128, 65536, 1, 16, False), []),
     # v25: paged B1 64k is 10-11% behind contiguous at every tile shape tried (v22.5): the kernel's gather, or
     # where the pages lie? The same configurations on a contiguous cache, and on a paged cache with pages in order
