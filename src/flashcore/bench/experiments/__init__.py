@@ -35,6 +35,7 @@ to ``--out`` (default ``$OUT`` or ``.``). docs/perf-notes.md says which version 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 
 
@@ -45,3 +46,12 @@ def parser(module: str, doc: str, out_default: str = ".") -> argparse.ArgumentPa
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT") or out_default, help=f"where the files go (default: $OUT, else {out_default})")
     return ap
+
+
+def write_json(out_dir: str, name: str, doc) -> str:
+    """``doc`` as ``out_dir/name`` (indented JSON; the directory made if needed); returns the path."""
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, name)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+    return path

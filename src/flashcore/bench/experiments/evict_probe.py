@@ -9,12 +9,12 @@ policy on plain loads only: its ``cp.async`` lowering drops it, perf-notes v37.)
 
 Writes ``evict_probe.json``."""
 import json
-import os
 import statistics
 
 import torch
 import triton
 import triton.language as tl
+
 
 @triton.jit
 def stream_sum(X, OUT, BLOCK: tl.constexpr, ITERS: tl.constexpr, EVICT: tl.constexpr):
@@ -27,7 +27,7 @@ def stream_sum(X, OUT, BLOCK: tl.constexpr, ITERS: tl.constexpr, EVICT: tl.const
     tl.store(OUT + pid * BLOCK + tl.arange(0, BLOCK), acc)
 
 def main(argv=None) -> int:
-    from . import parser
+    from . import parser, write_json
 
     ap = parser(__name__, __doc__)
     ap.add_argument("--ptx", action="store_true", help="print the loads' PTX, compiled on the CPU, instead of timing")
@@ -71,13 +71,11 @@ def main(argv=None) -> int:
                         e.record()
                         e.synchronize()
                         ts.append(s.elapsed_time(e) * 1e3)
-                    r = dict(mb=mb, flush=fl, evict=ev or "normal", round=rnd, us=statistics.median(ts),
-                             tbs=n * 2 / statistics.median(ts) / 1e6)
+                    us = statistics.median(ts)
+                    r = {"mb": mb, "flush": fl, "evict": ev or "normal", "round": rnd, "us": us, "tbs": n * 2 / us / 1e6}
                     rows.append(r)
                     print(json.dumps(r), flush=True)
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "evict_probe.json"), "w") as f:
-        json.dump(rows, f, indent=1)
+    write_json(a.out, "evict_probe.json", rows)
     return 0
 
 

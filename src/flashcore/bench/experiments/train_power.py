@@ -9,7 +9,6 @@ Writes ``train_power.json``; prints one JSON row per window."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 
@@ -17,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 import flashcore
-from . import parser
+
+from . import parser, write_json
 
 SHAPES = [(1, 32, 16384, 128, True), (4, 32, 4096, 128, False)]  # B, H, S, D, causal (bshd, bf16)
 
@@ -52,43 +52,45 @@ def window(name: str, fn, q, k, v, do, seconds: float) -> dict:
     p.terminate()
     samples = [line.split(", ") for line in p.communicate()[0].strip().splitlines() if line.count(",") >= 4]
     clk, pw = [float(s[1]) for s in samples], [float(s[2]) for s in samples]
-    return dict(backend=name, step_ms=round(dt / n * 1e3, 3), n=n, samples=len(samples),
-                sm_clock_mhz_mean=round(sum(clk) / max(len(clk), 1), 1), sm_clock_min=min(clk or [0]),
-                sm_clock_max=max(clk or [0]), power_w_mean=round(sum(pw) / max(len(pw), 1), 1),
-                temp_c_max=max([float(s[3]) for s in samples] or [0]),
-                throttle_reasons=sorted({s[4] for s in samples}))
+    return {"backend": name, "step_ms": round(dt / n * 1e3, 3), "n": n, "samples": len(samples),
+            "sm_clock_mhz_mean": round(sum(clk) / max(len(clk), 1), 1), "sm_clock_min": min(clk or [0]),
+            "sm_clock_max": max(clk or [0]), "power_w_mean": round(sum(pw) / max(len(pw), 1), 1),
+            "temp_c_max": max([float(s[3]) for s in samples] or [0]),
+            "throttle_reasons": sorted({s[4] for s in samples})}
+
+
+def backends(q, k, v, causal: bool) -> tuple:
+    """(name, forward) pairs on [B, S, H, D] tensors, in the order the windows run (flashcore first and last)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def fc():
+        return flashcore.attention(q, k, v, causal=causal, layout="bshd")
+
+    def cudnn():
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                  is_causal=causal).transpose(1, 2)
+
+    return ("flashcore", fc), ("sdpa-cudnn", cudnn), ("flashcore", fc)
 
 
 def main(argv=None) -> int:
     ap = parser(__name__, __doc__)
     ap.add_argument("--seconds", type=float, default=3.0)
     a = ap.parse_args(argv)
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     rows = []
     for B, H, S, D, causal in SHAPES:
         g = torch.Generator(device="cuda").manual_seed(5)
         q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(True)
                    for _ in range(3))
         do = torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16, generator=g)
-
-        def fc():
-            return flashcore.attention(q, k, v, causal=causal, layout="bshd")
-
-        def cudnn():
-            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                      is_causal=causal).transpose(1, 2)
-
-        for name, fn in (("flashcore", fc), ("sdpa-cudnn", cudnn), ("flashcore", fc)):
-            r = dict(shape=[B, H, S, D, causal], **window(name, fn, q, k, v, do, a.seconds))
+        for name, fn in backends(q, k, v, causal):
+            r = {"shape": [B, H, S, D, causal], **window(name, fn, q, k, v, do, a.seconds)}
             rows.append(r)
             print(json.dumps(r), flush=True)
         del q, k, v, do
         torch.cuda.empty_cache()
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "train_power.json"), "w") as f:
-        json.dump(rows, f, indent=1)
+    write_json(a.out, "train_power.json", rows)
     return 0
 
 
