@@ -99,3 +99,12 @@ def test_cli_refuses_a_suite_it_does_not_know():
     r = subprocess.run([sys.executable, "-m", "flashcore", "bench", "--pass", "bwd", "--suite", "decode"],
                        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src")))
     assert r.returncode == 2 and "training suites" in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "two"])
+def test_cli_refuses_a_sustained_window_that_is_not_a_number_of_seconds(value):
+    """--sustained takes seconds (0 turns it off): a negative, NaN, infinite or non-number is refused by name, before any
+    GPU."""
+    r = subprocess.run([sys.executable, "-m", "flashcore", "bench", "--pass", "bwd", "--sustained", value],
+                       capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src")))
+    assert r.returncode == 2 and "--sustained" in r.stderr

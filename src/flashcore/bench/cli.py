@@ -53,7 +53,7 @@ def _register_bench(sub) -> None:
                    help="the training benchmark: the forward that saves for the backward, the backward, or both "
                         "(backward FLOPs counted as 2.5x the forward's, FlashAttention's convention); suites "
                         "train (default; also 'seed'), train-large (also 'large'), all")
-    p.add_argument("--sustained", type=float, default=0.0, metavar="SECONDS",
+    p.add_argument("--sustained", type=_seconds_or_zero, default=0.0, metavar="SECONDS",
                    help="--pass bwd/fwd+bwd: also time each backend at a steady load, interleaved in rounds "
                         "(warm-up, then SECONDS of forward+backward steps and SECONDS of backward alone; an H100 "
                         "at training load runs at its power cap; default: 0, off)")
@@ -85,6 +85,19 @@ def _register_bench(sub) -> None:
 def _register_info(sub) -> None:
     p = sub.add_parser("info", help="show the device, library versions and available benchmark backends")
     p.set_defaults(func=run_info)
+
+
+def _seconds_or_zero(text: str) -> float:
+    """A number of seconds, 0 allowed (off)."""
+    try:
+        if float(text) == 0.0:
+            return 0.0
+    except ValueError:
+        pass  # _positive_float names the problem
+    value = _positive_float(text)
+    if value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds, got {text}")
+    return value
 
 
 def _positive_float(text: str) -> float:
