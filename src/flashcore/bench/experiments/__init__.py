@@ -27,8 +27,6 @@ to ``--out`` (default ``$OUT`` or ``.``). docs/perf-notes.md says which version 
   beside SDPA's backward, with each gradient's error against an fp32 reference (docs/perf-notes.md v26);
 * ``train_power``: SM clock, power draw and active clock limit while flashcore's and cuDNN's forward+backward run
   at a steady load (docs/perf-notes.md v37: an H100 at training load runs at its power cap);
-* ``evict_probe``: a streaming read with and without an L2 evict-first hint, after a dirty and a clean L2 flush
-  (docs/perf-notes.md v37);
 * ``hf_generate``: transformers generation (a random 8-layer Llama of 8B width, bf16) with flashcore as the
   attention implementation beside ``sdpa``: prefill and decode tokens/s, batch 1 and 32, prompt 2048, 256 new tokens.
 """

@@ -1,20 +1,11 @@
-"""Does an L2 evict-first hint speed up a streaming read, and does it spare the write-back of a dirty L2 (the bench
-harness's flush leaves 50 MB of dirty lines)? docs/perf-notes.md v37. A streaming sum over 16 or 268 MB (the K/V
-bytes of decode at B1 4k and B1 64k) after a dirty flush (256 MB ``zero_``) or a clean one (256 MB read), with plain
-loads (``num_stages=1``: ``ld.global.L2::cache_hint`` with a ``createpolicy``) of eviction policy normal,
-``evict_first`` and ``evict_last``; CUDA events, median of 30, three interleaved rounds. (Triton 3.6 keeps the
-policy on plain loads only: its ``cp.async`` lowering drops it, perf-notes v37.)
-
-    python -m flashcore.bench.experiments.evict_probe --out $OUT [--ptx]   # --ptx: the CPU-compiled loads' PTX
-
-Writes ``evict_probe.json``."""
-import json
-import statistics
-
-import torch
-import triton
-import triton.language as tl
-
+"""The script that produced l2-evict-probe-v37-h100.json (docs/perf-notes.md v37), kept beside its results: a
+standalone probe, not part of the library (its kernel is no flashcore kernel). Does an L2 evict-first hint on
+streaming reads speed them up, and spare the write-back of a dirty L2 (the bench harness's flush leaves 50 MB of
+dirty lines)? A streaming sum over 16 or 268 MB after a dirty flush (256 MB zero_) or a clean one (256 MB read),
+plain loads with eviction_policy '', 'evict_first', 'evict_last' (num_stages=1: ld.global.L2::cache_hint with a
+createpolicy; Triton 3.6's cp.async lowering drops the policy). Run on a GPU: OUT=dir python3 l2-evict-probe-v37.py;
+`python3 l2-evict-probe-v37.py ptx` prints the loads' PTX, compiled on the CPU."""
+import json, os, sys, statistics, torch, triton, triton.language as tl
 
 @triton.jit
 def stream_sum(X, OUT, BLOCK: tl.constexpr, ITERS: tl.constexpr, EVICT: tl.constexpr):
@@ -26,13 +17,8 @@ def stream_sum(X, OUT, BLOCK: tl.constexpr, ITERS: tl.constexpr, EVICT: tl.const
         acc += tl.load(X + offs, eviction_policy=EVICT).to(tl.float32)
     tl.store(OUT + pid * BLOCK + tl.arange(0, BLOCK), acc)
 
-def main(argv=None) -> int:
-    from . import parser, write_json
-
-    ap = parser(__name__, __doc__)
-    ap.add_argument("--ptx", action="store_true", help="print the loads' PTX, compiled on the CPU, instead of timing")
-    a = ap.parse_args(argv)
-    if a.ptx:
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "ptx":
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
         for ev in ("", "evict_first"):
@@ -41,8 +27,8 @@ def main(argv=None) -> int:
             c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 1})
             ptx = c.asm["ptx"]
             print(repr(ev), "createpolicy", ptx.count("createpolicy"), "cache_hint", ptx.count("cache_hint"),
-                  [line.strip() for line in ptx.splitlines() if "ld.global" in line][:1])
-        return 0
+                  [l.strip() for l in ptx.splitlines() if "ld.global" in l][:1])
+        return
     dev = "cuda"
     flush = torch.empty(256 * 2**20 // 4, dtype=torch.int32, device=dev)
     rows = []
@@ -71,13 +57,12 @@ def main(argv=None) -> int:
                         e.record()
                         e.synchronize()
                         ts.append(s.elapsed_time(e) * 1e3)
-                    us = statistics.median(ts)
-                    r = {"mb": mb, "flush": fl, "evict": ev or "normal", "round": rnd, "us": us, "tbs": n * 2 / us / 1e6}
+                    r = dict(mb=mb, flush=fl, evict=ev or "normal", round=rnd, us=statistics.median(ts),
+                             tbs=n * 2 / statistics.median(ts) / 1e6)
                     rows.append(r)
                     print(json.dumps(r), flush=True)
-    write_json(a.out, "evict_probe.json", rows)
-    return 0
-
+    with open(os.path.join(os.environ.get("OUT", "/tmp"), "evict_probe.json"), "w") as f:
+        json.dump(rows, f, indent=1)
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()
