@@ -5,11 +5,11 @@ Conventions (FlashAttention's, as in ANCHORS.md): backward time = (forward + bac
 of ``triton.testing.do_bench`` (L2 flushed before every call); FLOPs: forward ``4 B Hq D x pairs`` (pairs: the
 (query, key) pairs the mask keeps, so causal counts about half), backward 2.5x the forward, forward+backward 3.5x.
 
-Sustained mode (``--sustained SECONDS``, 0 = off): an H100 at training load runs at its power cap (700 W), where
-the SM clock settles at 1.3-1.7 GHz after about a second and each backend's steady state differs; do_bench's
-100 ms windows catch each backend at a different point of that descent (perf-notes v37: at 1x32x16384x128 causal
-the do_bench forward+backward of flashcore and cuDNN differed by 13%, by 2.5% after a second of each at its own
-load). So after the do_bench timings every backend that passed is also timed in rounds, backends interleaved: each
+Sustained mode (``--sustained SECONDS``, 0 = off): an H100 at training load runs at its power cap (700 W): over
+3 s windows of forward+backward steps its SM clock averaged 1.56-1.62 GHz against a 1.98 GHz maximum, differently
+per backend (perf-notes v37). do_bench's 100 ms windows catch each backend wherever its clock is, and the derived
+backward inherits that: in one run (v37) FA4's 1x32x16384x128 backward read 531 TF by do_bench and 602 TF at a
+steady load. So after the do_bench timings every backend that passed is also timed in rounds, backends interleaved: each
 window first warms the GPU with that backend's forward+backward for a third of ``SECONDS``, then times
 forward+backward steps for ``SECONDS`` and the backward alone (one forward, then ``backward(retain_graph=True)``
 with the gradients cleared every step, as FlashAttention's ``benchmark_backward``) for ``SECONDS``: CUDA events

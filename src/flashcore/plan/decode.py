@@ -57,7 +57,8 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
         num_warps, num_stages = 8, 5
     if gather and num_splits > 1 and shape.secure and shape.fp8 and block_m == 16 and d <= 128:
         # Secure FP8 gathers with splits (B1-like): its page indices are register loads (reg_pages), not a pipeline
-        # stage, so three stages hold two K/V slots, and two programs still fit an SM (four and five stages leave one).
+        # stage, so a third stage keeps the next tile's copies in flight (the key loop's cp.async wait: 0 outstanding
+        # groups at 2 stages, 2 at 3), and two programs still fit an SM (104 KB of shared memory; 136 KB at 4 stages).
         # H100, 2026-11-28, B1 64k page 16, 33 splits, graph replays (docs/perf-notes.md v37): 62.1 us against 74.0
         # (2 stages), 87.0 (4), 90.0 (5); fast FP8 60.5
         num_stages = 3
