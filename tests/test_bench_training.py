@@ -108,3 +108,12 @@ def test_cli_refuses_a_sustained_window_that_is_not_a_number_of_seconds(value):
     r = subprocess.run([sys.executable, "-m", "flashcore", "bench", "--pass", "bwd", "--sustained", value],
                        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src")))
     assert r.returncode == 2 and "--sustained" in r.stderr
+
+
+@pytest.mark.parametrize("argv", [["--sustained", "2"], ["--pass", "fwd", "--sustained", "2"],
+                                  ["--suite", "decode", "--sustained", "2"]])
+def test_cli_refuses_sustained_without_a_backward_pass(argv):
+    """--sustained times training steps: without --pass bwd or fwd+bwd it is an error, not silently ignored."""
+    r = subprocess.run([sys.executable, "-m", "flashcore", "bench", *argv], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src")))
+    assert r.returncode == 2 and "--sustained" in r.stdout + r.stderr

@@ -127,6 +127,8 @@ def _usage_error(message: str) -> int:
 
 # ---------------------------------------------------------------- bench
 def run_bench(args) -> int:
+    if args.sustained and args.bench_pass not in ("bwd", "fwd+bwd"):
+        return _usage_error("--sustained times training steps: it goes with --pass bwd or --pass fwd+bwd")
     if args.compare:
         return run_compare(*args.compare)
     if args.bench_pass is not None:
