@@ -626,3 +626,43 @@ def test_cross_lens_mode_times_and_reproduces_the_secret_diagonal_call():
         ref = flashcore.reference.attention(case.q, case.k, case.v, causal=True, seqlens_q=case.seqlens_q,
                                             seqlens_k=case.seqlens_k)
     assert torch.allclose(out.double(), ref, atol=1e-5)
+
+
+def test_fp8_decode_input_descales_from_the_valid_rows_only():
+    """kv_dtype="fp8": the gates' FP8 caches (float8_e4m3fn, descales per (sequence, K/V head)) take their descales
+    from the true lengths' rows only, so NaN/Inf padding changes neither a descale nor a valid byte, and the padding
+    family's outputs stay equal bit for bit (here on the CPU reference), contiguous or as shuffled pages; the FP8 cache
+    is the case's cache within e4m3's rounding; the option is refused outside the KV-cache kinds."""
+    import warnings
+
+    from flashcore.audit import _inputs as I
+    from flashcore.audit import repro
+
+    assert {"secure_decode_fp8", "secure_decode_fp8_page16"} <= set(repro.MODES)
+    cases = {c: I.build_case(c, B=2, H=4, Hkv=2, S=64, D=16, dtype=torch.float16, seed=7)
+             for c in ("len_half", "nan_pad", "inf_pad", "empty_keys")}
+    caches = {c: I.fp8_cache(case.k.transpose(1, 2).contiguous(), case.lens_k) for c, case in cases.items()}
+    ref_cache, ref_scale = caches["len_half"]
+    assert ref_cache.dtype == torch.float8_e4m3fn and ref_scale.shape == (2, 2) and ref_scale.dtype == torch.float32
+    for c in ("nan_pad", "inf_pad"):
+        cache, scale = caches[c]
+        assert torch.equal(scale, ref_scale)
+        assert torch.equal(cache[:, :32].view(torch.uint8), ref_cache[:, :32].view(torch.uint8))
+    assert torch.isnan(caches["nan_pad"][0][:, 32:].float()).all()
+    assert torch.equal(caches["empty_keys"][1][0], torch.ones(2))  # no valid row: descale 1
+    k = cases["len_half"].k.transpose(1, 2)[:, :32].float()
+    back = ref_cache[:, :32].float() * ref_scale[:, None, :, None]
+    assert torch.allclose(back, k, rtol=0.07, atol=1e-6) and not torch.equal(back, k)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for page in (0, 16):
+            outs = {c: I.make_call("secure_decode", case, causal=True, backend="reference", kv_dtype="fp8",
+                                   page_size=page)() for c, case in cases.items()}
+            assert torch.equal(outs["len_half"], outs["nan_pad"]) and torch.equal(outs["len_half"], outs["inf_pad"])
+            assert not torch.isnan(outs["len_half"]).any() and bool((outs["empty_keys"][0] == 0).all())
+        flat = I.make_call("secure_decode", cases["len_half"], causal=True, backend="reference")()
+        assert torch.allclose(outs["len_half"], flat, rtol=0.1, atol=0.05) and not torch.equal(outs["len_half"], flat)
+    with pytest.raises(ValueError, match="kv_dtype"):
+        I.make_call("secure", cases["len_half"], causal=False, lens_mode="self", kv_dtype="fp8")
+    with pytest.raises(ValueError, match="kv_dtype"):
+        I.make_call("secure_decode", cases["len_half"], causal=True, kv_dtype="e5m2")

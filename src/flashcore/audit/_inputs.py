@@ -236,9 +236,31 @@ def paged_cache(t: Tensor, page_size: int, seed: int = 12345) -> tuple:
         raise ValueError(f"S_max={S} must be a multiple of the page size {page_size}")
     n = S // page_size
     perm = torch.randperm(B * n, generator=torch.Generator().manual_seed(seed)).to(t.device)
-    pages = torch.empty((B * n, page_size, *t.shape[2:]), dtype=t.dtype, device=t.device)
-    pages[perm] = t.reshape(B * n, page_size, *t.shape[2:])
-    return pages, perm.view(B, n).to(torch.int32)
+    src = t.view(torch.uint8) if t.element_size() == 1 else t  # (index_put has no float8 kernel)
+    pages = torch.empty((B * n, page_size, *t.shape[2:]), dtype=src.dtype, device=t.device)
+    pages[perm] = src.reshape(B * n, page_size, *t.shape[2:])
+    return pages.view(t.dtype), perm.view(B, n).to(torch.int32)
+
+
+# KV-cache caches' element types the gates can audit: "same" as q, or "fp8" (float8_e4m3fn with per-(sequence, K/V
+# head) descales, the FP8 cache's own kernels: uint16 pairs widened in the loop, issue 22)
+KV_DTYPES = ("same", "fp8")
+FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
+
+
+def fp8_cache(t: Tensor, lens: list) -> tuple:
+    """A cache ``[B, S, Hkv, D]`` as float8_e4m3fn and its fp32 descales ``[B, Hkv]``: each (sequence, K/V head)
+    scaled by the largest magnitude of its first ``lens[b]`` rows (its true length), so the padding, whatever it
+    holds (NaN, Inf), changes no descale, and the padding family's classes get the same descales and valid bytes.
+    A sequence with no valid row gets descale 1."""
+    B, _, Hkv, _ = t.shape
+    x = t.float()
+    descale = torch.ones(B, Hkv, dtype=torch.float32, device=t.device)
+    for b, n in enumerate(lens):
+        if n > 0:
+            m = x[b, :n].abs().amax(dim=(0, 2))
+            descale[b] = torch.where(m > 0, m / FP8_MAX, torch.ones_like(m))
+    return (x / descale[:, None, :, None]).to(torch.float8_e4m3fn), descale.contiguous()
 
 
 def prefill_queries(q: Tensor, n: int = PREFILL_QUERIES) -> Tensor:
@@ -251,7 +273,7 @@ def prefill_queries(q: Tensor, n: int = PREFILL_QUERIES) -> Tensor:
 
 
 def make_call(kind: str, case: Case, *, causal: bool, lens_mode: str = "cross", backend: str = "auto",
-              page_size: int = 0):
+              page_size: int = 0, kv_dtype: str = "same"):
     """Return a zero-argument callable running kernel ``kind`` on ``case`` (inputs bound now).
 
     secure: ``attention(..., secure=True)``; lens_mode "self" passes seqlens_q=None (query lengths
@@ -261,12 +283,17 @@ def make_call(kind: str, case: Case, *, causal: bool, lens_mode: str = "cross", 
     secure_decode: ``attention_with_kvcache(..., secure=True)``: one query token per sequence (q's row 0, valid in
     every class) against contiguous caches ``[B, S_max, Hkv, D]`` holding k and v, ``cache_seqlens`` = the key
     lengths (secret); the class's padding is the cache past them. ``page_size`` > 0: the caches as pages in a
-    public shuffled order with their page table (:func:`paged_cache`).
+    public shuffled order with their page table (:func:`paged_cache`). ``kv_dtype`` "fp8": the caches as float8_e4m3fn
+    with descales from their valid rows (:func:`fp8_cache`).
     secure_prefill: the same call with ``PREFILL_QUERIES`` query tokens per sequence (:func:`prefill_queries`:
     chunked prefill, the Gluon kernel's secure form on Hopper; causal bottom-right against each secret key length).
     """
     import flashcore
 
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
+    if kv_dtype != "same" and kind not in KV_KINDS:
+        raise ValueError(f"kv_dtype {kv_dtype!r} is for the KV-cache kernels {KV_KINDS}, not {kind!r}")
     if kind == "secure":
         if lens_mode == "self":
             if not case.same_lengths:
@@ -282,13 +309,15 @@ def make_call(kind: str, case: Case, *, causal: bool, lens_mode: str = "cross", 
     if kind in KV_KINDS:
         qd = (case.q[:, :, :1, :] if kind == "secure_decode" else prefill_queries(case.q)).transpose(1, 2).contiguous()
         kc, vc = (t.transpose(1, 2).contiguous() for t in (case.k, case.v))
-        sk, table = case.seqlens_k, None
+        sk, table, kd, vd = case.seqlens_k, None, None, None
+        if kv_dtype == "fp8":
+            (kc, kd), (vc, vd) = fp8_cache(kc, case.lens_k), fp8_cache(vc, case.lens_k)
         if page_size:
             (kc, table), (vc, _) = paged_cache(kc, page_size), paged_cache(vc, page_size)
 
         def call():
             return flashcore.attention_with_kvcache(qd, kc, vc, cache_seqlens=sk, page_table=table, causal=causal,
-                                                    secure=True, backend=backend)
+                                                    k_descale=kd, v_descale=vd, secure=True, backend=backend)
         return call
     if kind == "fast_varlen":
         qp, kp, vp, cq, ck, mq, mk = pack_varlen(case)

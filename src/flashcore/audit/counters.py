@@ -449,7 +449,8 @@ def child_main(argv=None) -> int:
             try:
                 fn = I.make_call(cfg["kernel"], cases[cname], causal=cfg["causal"],
                                  lens_mode=cfg["lens_mode"] if cfg["kernel"] == "secure" else "cross", backend=a.backend,
-                                 page_size=a.page_size if cfg["kernel"] in I.KV_KINDS else 0)
+                                 page_size=a.page_size if cfg["kernel"] in I.KV_KINDS else 0,
+                                 kv_dtype=a.kv_dtype if cfg["kernel"] in I.KV_KINDS else "same")
                 out = fn()
                 for _ in range(max(0, a.warmup - 1)):
                     out = fn()
@@ -527,6 +528,9 @@ def _add_shape_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="auto")
     p.add_argument("--page-size", type=int, default=0,
                    help="--secure-kernel decode or prefill: the caches as pages of this many positions (0: contiguous)")
+    p.add_argument("--kv-dtype", choices=I.KV_DTYPES, default="same",
+                   help="--secure-kernel decode or prefill: the caches' element type (same as q, or fp8: float8_e4m3fn "
+                        "with per-(sequence, K/V head) descales)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -567,7 +571,8 @@ def _child_cmd(a, kernel: str, manifest: Path) -> list:
            "--batch", str(a.batch), "--heads", str(a.heads), "--kv-heads", str(a.kv_heads), "--seqlen", str(a.seqlen),
            "--head-dim", str(a.head_dim), "--dtype", a.dtype, "--causal", a.causal, "--lens-modes", a.lens_modes,
            "--classes", a.classes, "--reps", str(a.reps if kernel in I.SECURE_KINDS else a.contrast_reps),
-           "--warmup", str(a.warmup), "--seed", str(a.seed), "--backend", a.backend, "--page-size", str(a.page_size)]
+           "--warmup", str(a.warmup), "--seed", str(a.seed), "--backend", a.backend, "--page-size", str(a.page_size),
+           "--kv-dtype", a.kv_dtype]
     return cmd
 
 
@@ -728,12 +733,17 @@ def run(a) -> int:
               "/opt/nvidia/nsight-compute/*/; pass --ncu PATH. Nothing was run.", file=sys.stderr)
         return 2
     secure_kind = {"decode": "secure_decode", "prefill": "secure_prefill"}.get(a.secure_kernel, "secure")
+    if a.kv_dtype != "same" and secure_kind not in I.KV_KINDS:
+        print(f"flashcore audit counters: --kv-dtype {a.kv_dtype} is for --secure-kernel decode or prefill (the "
+              "KV-cache kernels). Nothing was run.", file=sys.stderr)
+        return 2
     if a.kernel_regex is None:
         a.kernel_regex = "attn|decode_" if secure_kind == "secure_decode" else "attn"
     report = {"gate": "counters", "ncu": {"path": ncu, "version": _ncu_version(ncu), "flags": NCU_FLAGS,
                                           "kernel_regex": a.kernel_regex},
               "shape": {"B": a.batch, "H": a.heads, "Hkv": a.kv_heads or a.heads, "S_max": a.seqlen, "D": a.head_dim,
-                        "dtype": a.dtype, "causal": a.causal, "lens_modes": a.lens_modes, "page_size": a.page_size},
+                        "dtype": a.dtype, "causal": a.causal, "lens_modes": a.lens_modes, "page_size": a.page_size,
+                        "kv_dtype": a.kv_dtype},
               "reps": a.reps, "strict_memory": bool(a.strict_memory), "env": I.environment(),
               "gpu_state_start": I.gpu_state()}
     kernels = [secure_kind] + [k.strip() for k in a.contrast.split(",") if k.strip() and k.strip() != "none"]

@@ -5,7 +5,8 @@ Modes: ``secure`` (attention(..., secure=True), query lengths = key lengths), ``
 ``secure_cross`` (explicit seqlens_q), ``secure_cross_causal`` (the same, causal: the secret diagonal),
 ``secure_decode`` (attention_with_kvcache(..., secure=True): one query
 token per sequence against the key lengths' cache), ``secure_prefill`` (the same with 128 query tokens: chunked
-prefill), ``fast_dense`` (secure=False on the padded tensors) and
+prefill), ``secure_decode_fp8`` and ``secure_decode_fp8_page16`` (secure decode from a float8_e4m3fn cache,
+contiguous and as shuffled 16-position pages), ``fast_dense`` (secure=False on the padded tensors) and
 ``fast_varlen`` (attention_varlen on the packed true lengths). Each output is compared bitwise on the
 GPU with the first one (integer views, so NaN payloads and signed zeros count) and hashed with
 sha256 on the host. Exit code: 0 identical everywhere, 1 a difference (or a mode that raised), 2 no GPU.
@@ -21,7 +22,8 @@ import time
 from . import _inputs as I
 
 MODES = ("secure", "secure_causal", "secure_cross", "secure_cross_causal", "secure_decode", "secure_prefill",
-         "fast_dense", "fast_varlen")
+         "secure_decode_fp8", "secure_decode_fp8_page16", "fast_dense", "fast_varlen")
+# (the FP8 decode modes: a float8_e4m3fn cache, contiguous and as shuffled 16-position pages: the per-key page gather)
 _MARK = "FLASHCORE_REPRO_RESULT "
 
 
@@ -46,6 +48,10 @@ def _mode_call(mode: str, case, backend: str):
         return I.make_call("secure", case, causal=True, lens_mode="cross", backend=backend)
     if mode in I.KV_KINDS:
         return I.make_call(mode, case, causal=True, backend=backend)
+    if mode == "secure_decode_fp8":
+        return I.make_call("secure_decode", case, causal=True, backend=backend, kv_dtype="fp8")
+    if mode == "secure_decode_fp8_page16":
+        return I.make_call("secure_decode", case, causal=True, backend=backend, kv_dtype="fp8", page_size=16)
     if mode == "fast_dense":
         return I.make_call("fast_dense", case, causal=False, backend=backend)
     if mode == "fast_varlen":

@@ -3,6 +3,11 @@ the same shape, profiled in fresh processes (pipe utilisation, issue slots, inst
 occupancy). Writes one text report per subject to --out and prints the key metrics as a table.
 Used for the "why is it where it is" entries of docs/perf-notes.md.
 
+``--pass bwd`` profiles the backward instead: every kernel of one backward call (inside an NVTX range, after two
+warm-up steps) of each ``--peer`` (``flashcore``, ``sdpa-cudnn``, ``fa4``; the training bench's callables, causal with
+``--causal``), with the heaviest kernel's metrics in the table and every kernel's time beside it, so that a
+backward's main loop and its side passes (pre-pass, zeroing, dQ conversion) are read apart.
+
     python -m flashcore.bench.experiments.ncu_compare --shape 16,16,2048,64 --config 128x128w8s2_r128 --out $OUT
 
 A config is written as in ``flashcore bench sweep`` (plan.tables.config_name):
@@ -49,6 +54,19 @@ KEY_METRICS = [
     "dram__bytes_write.sum",
     "lts__t_sector_hit_rate.pct",
 ]
+# the backward's consumers wait on shared memory, barriers and the copy engine more than the forward's (v35)
+BWD_METRICS = KEY_METRICS + [
+    "sm__pipe_shared_cycles_active.avg.pct_of_peak_sustained_active",
+    "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum",
+    "smsp__inst_executed_pipe_lsu.sum",
+    "smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_membar_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_sleeping_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_selected_per_issue_active.ratio",
+]
+PEERS = ("flashcore", "sdpa-cudnn", "fa4")
+_KERNEL_HEADER = re.compile(r"^\s{0,4}(\S.*?)\s+\((\d+), (\d+), (\d+)\)x\((\d+), (\d+), (\d+)\), (?:Context|Device)", re.M)
 
 
 def parse_config(text):
@@ -74,9 +92,95 @@ def child(shape, subject):
     torch.cuda.synchronize()
 
 
+def metric_values(text, metrics):
+    """``{metric: value string}`` read from one kernel's ncu details text ("?" where absent)."""
+    vals = {}
+    for m in metrics:
+        hit = re.search(rf"^\s*{re.escape(m)}\s+\S*\s+([\d,.]+)\s*$", text, re.M)
+        vals[m] = hit.group(1) if hit else "?"
+    return vals
+
+
+def kernel_blocks(text):
+    """ncu's details output split per profiled kernel: ``[(name, grid, block, text)]`` in launch order."""
+    heads = list(_KERNEL_HEADER.finditer(text))
+    out = []
+    for i, h in enumerate(heads):
+        end = heads[i + 1].start() if i + 1 < len(heads) else len(text)
+        grid = tuple(int(x) for x in h.groups()[1:4])
+        block = tuple(int(x) for x in h.groups()[4:7])
+        out.append((h.group(1), grid, block, text[h.start():end]))
+    return out
+
+
+def _number(v):
+    return float(v.replace(",", "")) if v not in ("?", "") else float("nan")
+
+
+def child_bwd(shape, peer, causal):
+    """The profiled process of ``--pass bwd``: two forward+backward steps, then the third's backward inside the NVTX
+    range ``bwd`` (ncu profiles every kernel in it)."""
+    from ..training import TrainCase, _call, _inputs
+
+    B, H, S, D = shape
+    case = TrainCase(B, H, H, S, D, causal)
+    fn = _call(peer, case)
+    if fn is None:
+        raise SystemExit(f"{peer} is not installed here")
+    (q, k, v), do = _inputs(case, torch.bfloat16, 1234)
+    for i in range(3):
+        out = fn(q, k, v)
+        if i == 2:
+            torch.cuda.synchronize()
+            torch.cuda.nvtx.range_push("bwd")
+        out.backward(do)
+        if i == 2:
+            torch.cuda.nvtx.range_pop()
+        q.grad = k.grad = v.grad = None
+    torch.cuda.synchronize()
+
+
+def main_bwd(a, shape):
+    """``--pass bwd``: every kernel of one backward per peer; the table holds each peer's heaviest kernel."""
+    rows, kernels = {}, {}
+    for peer in a.peer or list(PEERS):
+        cmd = ["ncu", "--clock-control", "none", "--cache-control", a.cache, "--nvtx", "--nvtx-include", "bwd/",
+               "--section", "SpeedOfLight", "--section", "ComputeWorkloadAnalysis", "--section", "InstructionStats",
+               "--section", "WarpStateStats", "--section", "SchedulerStats", "--section", "Occupancy",
+               "--section", "LaunchStats", "--metrics", ",".join(BWD_METRICS), "--print-units", "base",
+               sys.executable, "-m", __spec__.name, "--pass", "bwd", "--shape", a.shape, "--child", peer]
+        if a.causal:
+            cmd.append("--causal")
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        text = res.stdout + res.stderr
+        tag = f"ncu-bwd-{'x'.join(map(str, shape))}{'-causal' if a.causal else ''}-{peer}-cache-{a.cache}.txt"
+        with open(os.path.join(a.out, tag), "w") as f:
+            f.write(text)
+        blocks = [(name, metric_values(body, BWD_METRICS)) for name, _, _, body in kernel_blocks(text)]
+        if not blocks:
+            print(f"{peer}: no kernel profiled (see {tag})")
+            continue
+        kernels[peer] = [(name[:60], _number(vals["gpu__time_duration.sum"]) / 1e3) for name, vals in blocks]
+        rows[peer] = max(blocks, key=lambda b: _number(b[1]["gpu__time_duration.sum"]))[1]
+    for peer, ks in kernels.items():
+        total = sum(t for _, t in ks)
+        print(f"{peer}: {len(ks)} kernels, {total:.1f} us in all")
+        for name, t in ks:
+            print(f"  {t:10.1f} us  {name}")
+    names = list(rows)
+    print(f"{'metric (heaviest kernel)':<80}" + "".join(f"{n:>20}" for n in names))
+    for m in BWD_METRICS:
+        print(f"{m:<80}" + "".join(f"{rows[n][m]:>20}" for n in names))
+
+
 def main(argv=None):
     ap = parser(__spec__.name, __doc__)
-    ap.add_argument("--shape", required=True, help="B,H,S,D (bf16, non-causal)")
+    ap.add_argument("--shape", required=True, help="B,H,S,D (bf16; non-causal unless --causal, --pass bwd only)")
+    ap.add_argument("--pass", dest="pass_", choices=("fwd", "bwd"), default="fwd",
+                    help="fwd: one forward kernel (default); bwd: every kernel of one backward, per --peer")
+    ap.add_argument("--peer", action="append", default=[], choices=PEERS,
+                    help="--pass bwd: the backends to profile (default: all three)")
+    ap.add_argument("--causal", action="store_true", help="--pass bwd: causal (bottom-right)")
     ap.add_argument("--config", action="append", default=[], help="flashcore config(s); SDPA is always profiled")
     ap.add_argument("--cache", choices=("all", "none"), default="all",
                     help="ncu --cache-control: all = caches flushed before the kernel (cold, the default), none = warm")
@@ -84,8 +188,16 @@ def main(argv=None):
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     shape = tuple(int(x) for x in a.shape.split(","))
+    if a.pass_ == "fwd" and (a.peer or a.causal):
+        ap.error("--peer and --causal are for --pass bwd")
     if a.child:
-        child(shape, a.child)
+        if a.pass_ == "bwd":
+            child_bwd(shape, a.child, a.causal)
+        else:
+            child(shape, a.child)
+        return
+    if a.pass_ == "bwd":
+        main_bwd(a, shape)
         return
     rows = {}
     for subject in ["sdpa"] + (a.config or ["auto"]):
@@ -112,11 +224,7 @@ def main(argv=None):
             os.remove(rep + ".ncu-rep")
         with open(os.path.join(a.out, tag), "w") as f:
             f.write(text)
-        vals = {}
-        for m in KEY_METRICS:
-            hit = re.search(rf"^\s*{re.escape(m)}\s+\S*\s+([\d,.]+)\s*$", text, re.M)
-            vals[m] = hit.group(1) if hit else "?"
-        rows[subject] = vals
+        rows[subject] = metric_values(text, KEY_METRICS)
     names = list(rows)
     print(f"{'metric':<80}" + "".join(f"{n:>20}" for n in names))
     for m in KEY_METRICS:
