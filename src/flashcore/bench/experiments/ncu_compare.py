@@ -3,8 +3,8 @@ the same shape, profiled in fresh processes (pipe utilisation, issue slots, inst
 occupancy). Writes one text report per subject to --out and prints the key metrics as a table.
 Used for the "why is it where it is" entries of docs/perf-notes.md.
 
-``--pass bwd`` profiles the backward instead: every kernel of one backward call (inside an NVTX range, after two
-warm-up steps) of each ``--peer`` (``flashcore``, ``sdpa-cudnn``, ``fa4``; the training bench's callables, causal with
+``--pass bwd`` profiles the backward instead: every kernel of one backward call (between profiler start and stop,
+after two warm-up steps) of each ``--peer`` (``flashcore``, ``sdpa-cudnn``, ``fa4``; the training bench's callables, causal with
 ``--causal``), with the heaviest kernel's metrics in the table and every kernel's time beside it, so that a
 backward's main loop and its side passes (pre-pass, zeroing, dQ conversion) are read apart.
 
@@ -66,6 +66,8 @@ BWD_METRICS = KEY_METRICS + [
     "smsp__average_warps_issue_stalled_selected_per_issue_active.ratio",
 ]
 PEERS = ("flashcore", "sdpa-cudnn", "fa4")
+# each peer's main backward kernel, by name (ncu -k): flashcore's Gluon dK/dV(+dQ) kernel, cuDNN's and FA4's bprop
+MAIN_BWD_KERNEL = {"flashcore": "regex:attn_bwd_dkdv", "sdpa-cudnn": "regex:bprop", "fa4": "regex:bwd_sm90"}
 _KERNEL_HEADER = re.compile(r"^\s{0,4}(\S.*?)\s+\((\d+), (\d+), (\d+)\)x\((\d+), (\d+), (\d+)\), (?:Context|Device)", re.M)
 
 
@@ -118,8 +120,8 @@ def _number(v):
 
 
 def child_bwd(shape, peer, causal):
-    """The profiled process of ``--pass bwd``: two forward+backward steps, then the third's backward inside the NVTX
-    range ``bwd`` (ncu profiles every kernel in it)."""
+    """The profiled process of ``--pass bwd``: two forward+backward steps, then the third's backward between
+    ``cudaProfilerStart`` and ``Stop`` (ncu, started with profiling off, profiles every kernel in between)."""
     from ..training import TrainCase, _call, _inputs
 
     B, H, S, D = shape
@@ -130,12 +132,13 @@ def child_bwd(shape, peer, causal):
     (q, k, v), do = _inputs(case, torch.bfloat16, 1234)
     for i in range(3):
         out = fn(q, k, v)
-        if i == 2:
+        if i == 2:  # (a profiler range, not NVTX: autograd launches the backward from its own thread)
             torch.cuda.synchronize()
-            torch.cuda.nvtx.range_push("bwd")
+            torch.cuda.profiler.start()
         out.backward(do)
         if i == 2:
-            torch.cuda.nvtx.range_pop()
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
         q.grad = k.grad = v.grad = None
     torch.cuda.synchronize()
 
@@ -144,16 +147,27 @@ def main_bwd(a, shape):
     """``--pass bwd``: every kernel of one backward per peer; the table holds each peer's heaviest kernel."""
     rows, kernels = {}, {}
     for peer in a.peer or list(PEERS):
-        cmd = ["ncu", "--clock-control", "none", "--cache-control", a.cache, "--nvtx", "--nvtx-include", "bwd/",
+        cmd = ["ncu", "--clock-control", "none", "--cache-control", a.cache, "--profile-from-start", "off",
                "--section", "SpeedOfLight", "--section", "ComputeWorkloadAnalysis", "--section", "InstructionStats",
                "--section", "WarpStateStats", "--section", "SchedulerStats", "--section", "Occupancy",
                "--section", "LaunchStats", "--metrics", ",".join(BWD_METRICS), "--print-units", "base",
                sys.executable, "-m", __spec__.name, "--pass", "bwd", "--shape", a.shape, "--child", peer]
         if a.causal:
             cmd.append("--causal")
+        tag = f"ncu-bwd-{'x'.join(map(str, shape))}{'-causal' if a.causal else ''}-{peer}-cache-{a.cache}.txt"
+        rep = os.path.join(a.out, tag[:-4])
+        if a.source:  # the per-instruction page of the main kernel only
+            cmd[1:1] = ["--section", "SourceCounters", "-f", "-o", rep, "-k", MAIN_BWD_KERNEL[peer]]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         text = res.stdout + res.stderr
-        tag = f"ncu-bwd-{'x'.join(map(str, shape))}{'-causal' if a.causal else ''}-{peer}-cache-{a.cache}.txt"
+        if a.source:
+            page = subprocess.run(["ncu", "--import", rep + ".ncu-rep", "--csv", "--page", "source",
+                                   "--print-source", "sass"], capture_output=True, text=True, timeout=300)
+            with open(os.path.join(a.out, "ncu-src-" + tag[4:-4] + ".csv"), "w") as f:
+                f.write(page.stdout + page.stderr)
+            text = subprocess.run(["ncu", "--import", rep + ".ncu-rep", "--print-units", "base", "--page", "details",
+                                   "--print-details", "all"], capture_output=True, text=True, timeout=300).stdout
+            os.remove(rep + ".ncu-rep")
         with open(os.path.join(a.out, tag), "w") as f:
             f.write(text)
         blocks = [(name, metric_values(body, BWD_METRICS)) for name, _, _, body in kernel_blocks(text)]
