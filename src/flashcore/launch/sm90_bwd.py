@@ -39,10 +39,6 @@ FUSED_FORM = {False: dict(rs_dv=True, dq_swizzle=32), True: dict(rs_dv=False, dq
 # without it; CPU compile). They run the non-causal form with the 32-byte staging tile only (2% faster than v33's on
 # 3.6, H100); not timed on 3.9.
 RS_DV_SPILLS = ("3.9", )
-# Fused dQ: the kernel adds each step's dQ share unscaled, and the fp32 buffer's conversion to the gradient's dtype
-# applies the softmax scale (one multiply per element in a pass that reads every element anyway, instead of 32 FMULs
-# per step on each warpgroup's dQ tail); True keeps the scale in the kernel (the A/B's other arm, perf-notes v38)
-DQ_SCALED_IN_KERNEL = False
 # consumer warpgroups -> (consumer registers, launch register cap): 2 x 128 x 240 + 128 x 24 fits the 64K file
 REGISTERS = {1: (232, 128), 2: (240, 168)}
 
@@ -60,7 +56,7 @@ class HopperDkdvLaunch:
     """A planned launch of :func:`attn_bwd_dkdv_hopper_kernel`; ``run(q, k, v, dout, dk, dv, lse2, delta)`` with
     [B, H, S, D] views shaped and strided as planned; lse2/delta are the pre-pass's outputs in contiguous buffers of
     ``ws_shape`` ([B, H, S_pad], S_pad a multiple of the query tile)."""
-    __slots__ = ("step", "geom", "dq_scaled")
+    __slots__ = ("step", "geom")
 
     def __init__(self, q, k, v, dout, dk, dv, ws_shape, *, seqlen_q: int, seqlen_k: int, scale: float,
                  qk_scale: float, causal: bool, block_m: int, block_n: int, num_warps: int, stages: int,
@@ -107,13 +103,10 @@ class HopperDkdvLaunch:
                 scale, seqlen_q, seqlen_k, num_heads_kv, num_heads_q // num_heads_kv, HEAD_CHUNK, dk.stride(0),
                 dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), *dq_strides]
         consumer_regs, maxnreg = REGISTERS[num_wg]
-        # with fused dQ, whether the buffer holds scale * dQ (else the caller scales it in the conversion)
-        self.dq_scaled = not fused or DQ_SCALED_IN_KERNEL
         constexprs = dict(BLOCK_M=block_m, HEAD_DIM=D, STAGES=stages, CAUSAL=bool(causal), NUM_WG=num_wg,
                           CONSUMER_WG_REGS=consumer_regs, LOADER_WG_REGS=LOADER_REGS, FUSED_DQ=fused, DQ_TMA=dq_tma,
                           OPERANDS_SMEM=num_wg in OPERANDS_SMEM_WG, DS_SETS=DS_SETS, SPLIT_GROUP=split,
-                          RS_DV=fused and FUSED_FORM[bool(causal)]["rs_dv"] and triton_minor() not in RS_DV_SPILLS,
-                          DQ_SCALED=self.dq_scaled)
+                          RS_DV=fused and FUSED_FORM[bool(causal)]["rs_dv"] and triton_minor() not in RS_DV_SPILLS)
         self.step = KernelStep(attn_bwd_dkdv_hopper_kernel, grid, args, DESC_ARGS + 3, constexprs, 4, 1,
                                options=dict(maxnreg=maxnreg))
 

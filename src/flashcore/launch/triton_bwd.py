@@ -32,13 +32,12 @@ class BackwardLaunch:
     them to the kernels' views ([B, H, S, D] dense, packed varlen), ``out``/``dout`` are such views already, ``lse`` is the forward's
     natural-log logsumexp ([B, H, S] or [H, total], contiguous) and ``has_dlse`` says whether its gradient comes
     too. ``seqlen_*``: the dense lengths, or the varlen maxima."""
-    __slots__ = ("varlen", "as_view", "atomic", "split", "pre", "dkdv", "hopper_dkdv", "dq", "empty", "ws_shape",
-                 "scale")
+    __slots__ = ("varlen", "as_view", "atomic", "split", "pre", "dkdv", "hopper_dkdv", "dq", "empty", "ws_shape")
 
     def __init__(self, dout, q_user, k_user, v_user, out, lse, *, has_dlse: bool, as_view, varlen: bool,
                  num_seqs: int, seqlen_q: int, seqlen_k: int, scale: float, causal: bool, config: BwdConfig):
         cfg = config
-        self.varlen, self.as_view, self.scale = varlen, as_view, scale
+        self.varlen, self.as_view = varlen, as_view
         q, k, v = as_view(q_user), as_view(k_user), as_view(v_user)
         head_dim = q.shape[-1]
         bd = block_d(head_dim)
@@ -128,10 +127,7 @@ class BackwardLaunch:
         else:
             self.dkdv.run((q, k, v, dout, dk, dv, dq_target, lse2, delta, cu_q, cu_k), device)
         if self.atomic:
-            if self.hopper_dkdv is not None and not self.hopper_dkdv.dq_scaled:  # the scale in the conversion
-                torch.mul(dq_target, self.scale, out=dq)
-            else:
-                dq.copy_(dq_target)
+            dq.copy_(dq_target)
         else:
             self.dq.run((q, k, v, dout, dq, lse2, delta, cu_q, cu_k), device)
         return dq_user, dk_user, dv_user

@@ -128,35 +128,29 @@ def _loader(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, q_smem, do_s
 
 
 @gluon.jit
-def _add_dq(dq, dq_base, hq, m0, dq_row, dq_col, seqlen_q, stride_dqh, stride_dqs):
-    """``dq`` (one step's dQ share: query rows ``m0 ...`` of head ``hq``) added into the fp32 buffer."""
+def _add_dq(dq, dq_base, hq, m0, dq_row, dq_col, scale, seqlen_q, stride_dqh, stride_dqs):
+    """``scale * dq`` (one step's dQ share: query rows ``m0 ...`` of head ``hq``) added into the fp32 buffer."""
     rows = m0 + dq_row
     ptrs = (dq_base + hq.to(gl.int64) * stride_dqh + gl.expand_dims(rows.to(gl.int64) * stride_dqs, 1)
             + gl.expand_dims(dq_col, 0))
-    gl.atomic_add(ptrs, dq, mask=gl.expand_dims(rows < seqlen_q, 1), sem="relaxed")
+    gl.atomic_add(ptrs, dq * scale, mask=gl.expand_dims(rows < seqlen_q, 1), sem="relaxed")
 
 
 @gluon.jit
 def _out_dq(dq, dq_base, dq_desc, dq_smem, b, hq, m0, dq_row, dq_col, scale, seqlen_q, stride_dqh, stride_dqs,
-            BLOCK_M: gl.constexpr, DQ_COLS: gl.constexpr, DQ_TMA: gl.constexpr, WG: gl.constexpr,
-            DQ_SCALED: gl.constexpr):
+            BLOCK_M: gl.constexpr, DQ_COLS: gl.constexpr, DQ_TMA: gl.constexpr, WG: gl.constexpr):
     """One step's dQ share out: by the copy engine's reduce-add from shared memory (DQ_TMA; rows past the end are
-    clipped by it), or by per-thread atomics. Without DQ_SCALED it goes out unscaled: the fp32 buffer's conversion
-    applies the softmax scale (one multiply per element there instead of one per step here)."""
+    clipped by it), or by per-thread atomics."""
     if DQ_TMA:
         # the previous reduce has read the staging tile: its wait is the issuing thread's, the barrier everyone's
         tma.store_wait(0)
         thread_barrier()
-        if DQ_SCALED:
-            dq = dq * scale
-        dq_smem.index(WG).reshape([BLOCK_M, DQ_COLS]).store(dq)
+        dq_smem.index(WG).reshape([BLOCK_M, DQ_COLS]).store(dq * scale)
         fence_async_shared()
         thread_barrier()  # every warp's rows are staged before the one thread issues the reduce
         async_atomic_add(dq_desc, [b, hq, m0, WG * DQ_COLS], dq_smem.index(WG))
     else:
-        if DQ_SCALED:
-            dq = dq * scale
-        _add_dq(dq, dq_base, hq, m0, dq_row, dq_col, seqlen_q, stride_dqh, stride_dqs)
+        _add_dq(dq, dq_base, hq, m0, dq_row, dq_col, scale, seqlen_q, stride_dqh, stride_dqs)
 
 
 @gluon.jit
@@ -166,7 +160,7 @@ def _consumer(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, 
               stride_dqb, stride_dqh, stride_dqs, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
               NUM_WG: gl.constexpr, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr, DQ_TMA: gl.constexpr,
               OPERANDS_SMEM: gl.constexpr, DS_SETS: gl.constexpr, SPLIT_GROUP: gl.constexpr, WG: gl.constexpr,
-              RS_DV: gl.constexpr, DQ_SCALED: gl.constexpr):
+              RS_DV: gl.constexpr):
     """A consumer partition (warpgroup ``WG``): dK and dV of key rows ``n0 + 64 WG ...`` over every step, and with
     FUSED_DQ this warpgroup's columns of every step's dQ as well (:func:`_consumer_fused_dq`)."""
     if FUSED_DQ:
@@ -174,7 +168,7 @@ def _consumer(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, 
                            delta_smem, ds_smem, p_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale,
                            scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb, stride_dkh,
                            stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M,
-                           HEAD_DIM, STAGES, NUM_WG, CAUSAL, DQ_TMA, DS_SETS, SPLIT_GROUP, WG, RS_DV, DQ_SCALED)
+                           HEAD_DIM, STAGES, NUM_WG, CAUSAL, DQ_TMA, DS_SETS, SPLIT_GROUP, WG, RS_DV)
     else:
         _consumer_dkdv(q_desc, dk_ptr, dv_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem, delta_smem, ds_smem,
                        p_smem, ready, empty, kv_ready, qk_scale, scale, seqlen_q, seqlen_k, num_heads_kv, group,
@@ -337,7 +331,7 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
                        stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M: gl.constexpr,
                        HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NUM_WG: gl.constexpr, CAUSAL: gl.constexpr,
                        DQ_TMA: gl.constexpr, DS_SETS: gl.constexpr, SPLIT_GROUP: gl.constexpr,
-                       WG: gl.constexpr, RS_DV: gl.constexpr, DQ_SCALED: gl.constexpr):
+                       WG: gl.constexpr, RS_DV: gl.constexpr):
     """dK, dV and this warpgroup's share of dQ (five products per tile pair; not deterministic: the order of the
     additions into the fp32 ``dq_ptr`` buffer varies).
 
@@ -422,7 +416,7 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
         if j > 0:
             mbarrier.arrive(ds_free.index(prev), count=1)
             _out_dq(dq, dq_base, dq_desc, dq_smem, b, hq0 + (j - 1) // n_m, (m_first + (j - 1) % n_m) * BLOCK_M,
-                    dq_row, dq_col, scale, seqlen_q, stride_dqh, stride_dqs, BLOCK_M, DQ_COLS, DQ_TMA, WG, DQ_SCALED)
+                    dq_row, dq_col, scale, seqlen_q, stride_dqh, stride_dqs, BLOCK_M, DQ_COLS, DQ_TMA, WG)
 
     dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
     if n_steps > 0:  # the last step's dQ share
@@ -431,7 +425,7 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
         dq = _dq_product(ds_smem, k_smem, dq_zero, last, KEYS, HEAD_DIM, DQ_COLS, NUM_WG, WG)
         dq = warpgroup_mma_wait(0, deps=(dq, ))
         _out_dq(dq, dq_base, dq_desc, dq_smem, b, hq0 + (n_steps - 1) // n_m, (m_first + (n_steps - 1) % n_m) * BLOCK_M,
-                dq_row, dq_col, scale, seqlen_q, stride_dqh, stride_dqs, BLOCK_M, DQ_COLS, DQ_TMA, WG, DQ_SCALED)
+                dq_row, dq_col, scale, seqlen_q, stride_dqh, stride_dqs, BLOCK_M, DQ_COLS, DQ_TMA, WG)
     if DQ_TMA:  # the last reduce must have read its tile before the program exits
         tma.store_wait(0)
     # (SPLIT_GROUP: this query head's share of its K/V head's dK/dV, added into fp32 buffers)
@@ -448,7 +442,7 @@ def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delt
                                 LOADER_WG_REGS: gl.constexpr, FUSED_DQ: gl.constexpr = False,
                                 DQ_TMA: gl.constexpr = False, OPERANDS_SMEM: gl.constexpr = False,
                                 DS_SETS: gl.constexpr = 2, SPLIT_GROUP: gl.constexpr = False,
-                                RS_DV: gl.constexpr = False, DQ_SCALED: gl.constexpr = True):
+                                RS_DV: gl.constexpr = False):
     """One program per (key tile of ``64 NUM_WG`` keys, batch entry x K/V head); see the module's docstring."""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
@@ -499,13 +493,13 @@ def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delt
                          scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb, stride_dkh, stride_dks,
                          stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM,
                          STAGES, NUM_WG, CAUSAL, FUSED_DQ, DQ_TMA, OPERANDS_SMEM, DS_SETS, SPLIT_GROUP, 0,
-                         RS_DV, DQ_SCALED)),
+                         RS_DV)),
             (_consumer, (q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem,
                          delta_smem, ds_smem, p_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale,
                          scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb, stride_dkh, stride_dks,
                          stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM,
                          STAGES, NUM_WG, CAUSAL, FUSED_DQ, DQ_TMA, OPERANDS_SMEM, DS_SETS, SPLIT_GROUP, 1,
-                         RS_DV, DQ_SCALED)),
+                         RS_DV)),
             (_loader, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                        lse2_smem, delta_smem, ready, empty, kv_ready, seqlen_q, seqlen_k, num_heads_kv, group,
                        head_chunk, BLOCK_M, STAGES, NUM_WG, CAUSAL, SPLIT_GROUP)),
@@ -517,7 +511,7 @@ def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delt
                          scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb, stride_dkh, stride_dks,
                          stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM,
                          STAGES, NUM_WG, CAUSAL, FUSED_DQ, DQ_TMA, OPERANDS_SMEM, DS_SETS, SPLIT_GROUP, 0,
-                         RS_DV, DQ_SCALED)),
+                         RS_DV)),
             (_loader, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                        lse2_smem, delta_smem, ready, empty, kv_ready, seqlen_q, seqlen_k, num_heads_kv, group,
                        head_chunk, BLOCK_M, STAGES, NUM_WG, CAUSAL, SPLIT_GROUP)),
