@@ -162,3 +162,26 @@ def test_audit_gpu_summary_rows(tmp_path):
         {"scope": "contrast", "max_abs_t": 40.0}]}))
     assert audit_gpu._summary_row("timing", tmp_path) == "secure max|t| 3.25 (t2, +4.0 ns); fast contrast max|t| 40.0"
     assert audit_gpu._summary_row("counters", tmp_path) == ""
+
+
+def test_ncu_compare_splits_a_backward_report_per_kernel():
+    """--pass bwd reads one ncu report holding every kernel of a backward: the committed H200 reports (perf-notes v38)
+    split into their kernels in launch order, with grids, and each kernel's own metric values, C++ template names
+    with spaces and parentheses (cuDNN's) included."""
+    import gzip
+
+    base = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "results", "sweeps",
+                        "ncu-bwd-v38-h200")
+    nc = ncu_compare
+    with gzip.open(os.path.join(base, "ncu-bwd-4x32x4096x128-fa4-cache-all.txt.gz"), "rt") as f:
+        blocks = nc.kernel_blocks(f.read())
+    assert [("preprocess" in n, "bwd_sm90" in n, "postprocess" in n) for n, *_ in blocks] == [
+        (True, False, False), (False, True, False), (False, False, True)]
+    assert [g for _, g, _, _ in blocks] == [(52, 32, 4), (32, 32, 4), (52, 32, 4)] and blocks[1][2] == (384, 1, 1)
+    vals = [nc.metric_values(body, nc.BWD_METRICS) for *_, body in blocks]
+    assert [v["gpu__time_duration.sum"] for v in vals] == ["155,616", "3,997,888", "93,664"]
+    assert vals[1]["sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"] == "77.52"
+    with gzip.open(os.path.join(base, "ncu-bwd-4x32x4096x128-sdpa-cudnn-cache-all.txt.gz"), "rt") as f:
+        names = [n for n, *_ in nc.kernel_blocks(f.read())]
+    assert len(names) == 3 and names[0].startswith("void cudnn::compute_dot_do_o_specialized<1, 128>(")
+    assert "bprop" in names[1] and "convert_dq" in names[2]

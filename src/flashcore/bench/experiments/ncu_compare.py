@@ -68,7 +68,8 @@ BWD_METRICS = KEY_METRICS + [
 PEERS = ("flashcore", "sdpa-cudnn", "fa4")
 # each peer's main backward kernel, by name (ncu -k): flashcore's Gluon dK/dV(+dQ) kernel, cuDNN's and FA4's bprop
 MAIN_BWD_KERNEL = {"flashcore": "regex:attn_bwd_dkdv", "sdpa-cudnn": "regex:bprop", "fa4": "regex:bwd_sm90"}
-_KERNEL_HEADER = re.compile(r"^\s{0,4}(\S.*?)\s+\((\d+), (\d+), (\d+)\)x\((\d+), (\d+), (\d+)\), (?:Context|Device)", re.M)
+_KERNEL_HEADER = re.compile(
+    r"^\s{0,4}(\S.*?)\s+\((\d+), (\d+), (\d+)\)x\((\d+), (\d+), (\d+)\), (?:Context|Device)", re.M)
 
 
 def parse_config(text):
