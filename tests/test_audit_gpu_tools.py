@@ -666,3 +666,34 @@ def test_fp8_decode_input_descales_from_the_valid_rows_only():
         I.make_call("secure", cases["len_half"], causal=False, lens_mode="self", kv_dtype="fp8")
     with pytest.raises(ValueError, match="kv_dtype"):
         I.make_call("secure_decode", cases["len_half"], causal=True, kv_dtype="e5m2")
+
+
+@pytest.mark.parametrize("page", [0, 16])
+def test_timing_slots_hold_an_fp8_cache(page):
+    """Gate 4's FP8 input (``kv_dtype="fp8"``): the KV-cache slots hold float8_e4m3fn caches with the same constant
+    descales for both classes, a class's zero padding is zero bytes past its length, and the slot's call attends to
+    the dequantised cache (here on the CPU reference); other kernels refuse the option."""
+    import warnings
+
+    a, b = T.class_specs("pad_zeros_vs_random", 64)
+    assert {a.pad, b.pad} == {"zeros", "values"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        slots = T.Slots("secure_decode", a, b, P=1, B=2, H=4, Hkv=2, S_max=64, D=16, dtype=torch.float16,
+                        causal=True, backend="reference", seed=0, device="cpu", page_size=page, kv_dtype="fp8")
+        for slot, fn in zip(slots.slots, slots.eager):
+            k, v, L = slot["k"], slot["v"], slot["spec"].length
+            assert k.dtype == v.dtype == torch.float8_e4m3fn
+            pad_bytes = k.view(torch.uint8)[:, L:]
+            assert bool((pad_bytes == 0).all()) == (slot["spec"].pad == "zeros")
+            assert not bool((k.view(torch.uint8)[:, :L] == 0).all())
+            out = fn()
+            kk, vv = (t[:, :L].float() * 0.25 for t in (k, v))
+            ref = torch.nn.functional.scaled_dot_product_attention(
+                slot["q"].float().transpose(1, 2), kk.transpose(1, 2).repeat_interleave(2, 1),
+                vv.transpose(1, 2).repeat_interleave(2, 1)).transpose(1, 2)
+            assert torch.allclose(out.float(), ref, atol=2e-3, rtol=1e-2)
+    for kernel, kv in (("secure", "fp8"), ("secure_decode", "e5m2")):
+        with pytest.raises(ValueError, match="kv_dtype"):
+            T.Slots(kernel, a, b, P=1, B=2, H=4, Hkv=2, S_max=64, D=16, dtype=torch.float16, causal=True,
+                    backend="reference", seed=0, device="cpu", kv_dtype=kv)

@@ -111,7 +111,7 @@ class Slots:
     """
 
     def __init__(self, kernel: str, sa: ClassSpec, sb: ClassSpec, *, P: int, B, H, Hkv, S_max, D, dtype, causal,
-                 backend, seed, secure=True, device="cuda", page_size=0, lens_mode="self"):
+                 backend, seed, secure=True, device="cuda", page_size=0, lens_mode="self", kv_dtype="same"):
         import torch
 
         self.secure_mode = secure  # the secure kernel's ``secure=`` value: True, or "strict"
@@ -119,6 +119,12 @@ class Slots:
         # "cross" the query lengths too, equal in value (causal: the secret-diagonal form)
         self.lens_mode = lens_mode
         self.page_size = page_size  # KV-cache kernels: pages of this many positions, in order (0: a contiguous cache)
+        if kv_dtype not in I.KV_DTYPES or (kv_dtype != "same" and kernel not in I.KV_KINDS):
+            raise ValueError(f"kv_dtype {kv_dtype!r}: one of {I.KV_DTYPES}, other than 'same' for the KV-cache "
+                             f"kernels {I.KV_KINDS} only, not {kernel!r}")
+        # KV-cache kernels: the caches as float8_e4m3fn ("fp8"), with descales that are the same constant for both
+        # classes (so the classes differ in the cache's bytes and lengths only)
+        self.kv_fp8 = kv_dtype == "fp8"
 
         if kernel not in (*SECURE_KERNELS, "fast_varlen", "gemm_control"):
             raise ValueError(f"timing supports kernels {', '.join(SECURE_KERNELS)}, fast_varlen and gemm_control, "
@@ -189,6 +195,11 @@ class Slots:
         elif self.kernel in I.KV_KINDS:
             sk = torch.full((self.B,), spec.length, dtype=torch.int32, device=self.dev)
             slot["sk"] = sk
+            kd = vd = None
+            if self.kv_fp8:
+                k, v = (torch.empty(t.shape, device=self.dev, dtype=torch.float8_e4m3fn) for t in (k, v))
+                slot["k"], slot["v"] = k, v
+                kd, vd = (torch.full((self.B, self.Hkv), 0.25, device=self.dev) for _ in range(2))
 
             table = None
             if self.page_size:  # the same memory as pages, in order: the table is public either way
@@ -196,9 +207,9 @@ class Slots:
                 table = torch.arange(self.B * n, dtype=torch.int32, device=self.dev).view(self.B, n)
                 k, v = (t.view(self.B * n, self.page_size, self.Hkv, self.D) for t in (k, v))
 
-            def fn(q=q, k=k, v=v, sk=sk, table=table):
+            def fn(q=q, k=k, v=v, sk=sk, table=table, kd=kd, vd=vd):
                 return flashcore.attention_with_kvcache(q, k, v, cache_seqlens=sk, page_table=table, causal=causal,
-                                                        secure=True, backend=backend)
+                                                        k_descale=kd, v_descale=vd, secure=True, backend=backend)
         else:
             L = spec.length
             cu = torch.arange(0, self.B + 1, dtype=torch.int32, device=self.dev) * L
@@ -211,12 +222,16 @@ class Slots:
 
     def _fill(self, slot: dict, spec: ClassSpec, gen) -> None:
         """Write a class's content into a slot: every byte of q, k, v is rewritten whatever the class."""
+        import torch
+
         src = self.fixed.get(spec.name)
         for i, t in enumerate((slot["q"], slot["k"], slot["v"])):
             if src is not None:
-                t.copy_(src[i])
+                t.copy_(src[i])  # (into an FP8 cache: converted)
             elif spec.values == "zeros":
-                t.zero_()
+                t.view(torch.uint8).zero_() if t.element_size() == 1 else t.zero_()  # (e4m3's 0x00 is +0)
+            elif t.element_size() == 1:  # N(0, 1) into an FP8 cache, converted
+                t.copy_(torch.randn(t.shape, generator=gen, device=t.device, dtype=torch.float32))
             else:
                 t.normal_(generator=gen)
         if self.kernel == "gemm_control" and spec.pad == "zeros":
@@ -233,7 +248,7 @@ class Slots:
         if self.kernel in I.KV_KINDS:  # the cache's positions past its length are the padding
             if spec.pad == "zeros":
                 for t in (slot["k"], slot["v"]):
-                    t[:, spec.length:] = 0
+                    (t.view(torch.uint8) if t.element_size() == 1 else t)[:, spec.length:] = 0
             slot["sk"].fill_(spec.length)
         slot["spec"] = spec
 
@@ -456,6 +471,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--page-size", type=int, default=0,
                    help="--kernel decode or prefill: the cache as pages of this many positions, in order (0: "
                    "contiguous)")
+    p.add_argument("--kv-dtype", choices=I.KV_DTYPES, default="same",
+                   help="--kernel decode or prefill: the cache's element type (same as q, or fp8: float8_e4m3fn with "
+                   "constant descales)")
     p.add_argument("--strict", action="store_true", help="time secure=\"strict\" (q's and k's padding replaced "
                    "before the kernels) instead of secure=True")
     p.add_argument("--lens-mode", choices=("self", "cross"), default="self",
@@ -476,6 +494,10 @@ def run(a) -> int:
     if a.kernel != "dense" and a.strict:
         print("[timing] --strict is for the dense kernel: the KV-cache path has no strict form", file=sys.stderr)
         return 2
+    if a.kernel == "dense" and a.kv_dtype != "same":
+        print(f"[timing] --kv-dtype {a.kv_dtype} is for --kernel decode or prefill (the KV-cache kernels)",
+              file=sys.stderr)
+        return 2
     secure_kernel = {"decode": "secure_decode", "prefill": "secure_prefill"}.get(a.kernel, "secure")
     plan = [(secure_kernel, t, c) for c in causals for t in a.tests.split(",") if t.strip()]
     if a.contrast and a.contrast != "none":
@@ -485,6 +507,7 @@ def run(a) -> int:
     report = {"gate": "timing", "env": I.environment(), "gpu_state_start": I.gpu_state(),
               "shape": {"B": a.batch, "H": a.heads, "Hkv": Hkv, "S_max": a.seqlen, "D": a.head_dim, "dtype": a.dtype},
               "secure": "strict" if a.strict else True, "kernel": a.kernel, "page_size": a.page_size,
+              "kv_dtype": a.kv_dtype,
               "lens_mode": a.lens_mode,
               "threshold": a.threshold, "pool": a.pool, "batch_pairs": a.batch_pairs, "budget_s": a.budget_s,
               "tests": []}
@@ -506,7 +529,8 @@ def run(a) -> int:
             sa, sb = control_specs(test) if kernel == "gemm_control" else class_specs(test, a.seqlen)
             kw = dict(B=a.batch, H=a.heads, Hkv=Hkv, S_max=a.seqlen, D=a.head_dim, dtype=dtype, causal=causal,
                       backend=a.backend, secure="strict" if a.strict else True, page_size=a.page_size,
-                      lens_mode=a.lens_mode if kernel == "secure" else "self")
+                      lens_mode=a.lens_mode if kernel == "secure" else "self",
+                      kv_dtype=a.kv_dtype if kernel in I.KV_KINDS else "same")
             slots = Slots(kernel, sa, sb, P=a.pool, seed=a.seed, **kw)
             cap_err = None if a.no_graphs else slots.capture()
             if a.no_graphs:
