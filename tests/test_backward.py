@@ -387,3 +387,23 @@ def test_hopper_dkdv_machine_code(head_dim, causal, fused, hkv):
     else:
         assert not reductions
         assert "STL" not in sass and "LDL" not in sass, "register spills"
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["d64-wide", "d64-wide-causal"])
+def test_hopper_wide_d64_step_fits_its_registers(causal):
+    """The fused-dQ form with 128-query steps at D=64 (FA4's step there; two consumer warpgroups of 64 keys,
+    ``launch.sm90_bwd.WIDE_STEP``), compiled for sm_90a here: it fits 240 registers only with its three savings
+    (perf-notes v38: without them it spills 215 words non-causal, 88 causal). dQ is split along the queries: each
+    warpgroup's dQ product is 64x64 (the head dimension whole), not 64x32 halves of it. No product is serialised, dQ
+    goes out by the copy engine's reduce-add, and at most a scalar or two spills (Triton 3.6: 0 non-causal, 1 causal;
+    the bound fails if a tile or an accumulator spills). Not in the planner's rows: a backward config selects it."""
+    from conftest import gluon_bwd_sass
+
+    sass = gluon_bwd_sass(64, causal, form=(128, 128, 8, 2), fused_dq=True, hkv=8)
+    hgmma = [ln.split("HGMMA.")[1] for ln in sass.splitlines() if "HGMMA." in ln]
+    assert 0 < sum("gsb0" in h for h in hgmma) <= len(hgmma) // 4, "products serialised"
+    # S^T and dP^T: 64x128 (128 queries); dQ: 64x64 per warpgroup and key block (both warpgroups' dS^T)
+    assert any(h.startswith("64x128x16") for h in hgmma) and any(h.startswith("64x64x16") for h in hgmma)
+    assert not any(h.startswith("64x32x16") for h in hgmma), "dQ split along the head dimension"
+    assert "UTMAREDG" in sass
+    assert sass.count("STL") <= 2 and sass.count("LDL") <= 4, (sass.count("STL"), sass.count("LDL"))

@@ -207,6 +207,52 @@ def test_the_default_d128_backward_adds_dq_inside_the_gluon_kernel(shape, monkey
         assert err <= 2 * base + 1e-3, f"{name}: error {err:.2e} > 2 x {base:.2e} + 1e-3"
 
 
+WIDE_D64_GRID = [
+    # B, Hq, Hkv, Sq, Sk, causal
+    (2, 4, 4, 256, 256, False),
+    (2, 4, 4, 300, 300, True),
+    (1, 8, 2, 511, 777, True),    # GQA, Sq != Sk, a partial last query tile
+    (1, 6, 1, 777, 511, True),    # MQA, rows that see no key
+    (1, 2, 2, 130, 2048, False),  # one whole and one partial 128-query tile
+]
+
+
+@pytest.mark.skipif(torch.cuda.get_device_capability()[0] != 9, reason="the Gluon dK/dV kernel is sm_90 only")
+@pytest.mark.parametrize("shape", WIDE_D64_GRID, ids=lambda s: "x".join(map(str, s[:5])) + ("c" if s[5] else ""))
+def test_the_wide_d64_fused_form_follows_the_rule(shape, monkeypatch):
+    """The fused-dQ form with 128-query steps at D=64 (``launch.sm90_bwd.WIDE_STEP``, selected by an explicit
+    config; perf-notes v38): its launch carries the fp32 dQ buffer, its gradients follow the FA rule and agree with
+    the dQ-kernel form's to rounding (P^T is rounded to bf16 before dS^T here, so not bitwise)."""
+    from dataclasses import replace
+
+    from flashcore import ops
+    from flashcore.launch import sm90_bwd
+    from flashcore.plan.backward import backward_config
+
+    B, Hq, Hkv, Sq, Sk, causal = shape
+    g = torch.Generator(device="cuda").manual_seed(hash(shape) % 2**31 + 11)
+    mk = lambda H, S: torch.randn(B, H, S, 64, device="cuda", generator=g).to(torch.bfloat16)  # noqa: E731
+    q, k, v, do = mk(Hq, Sq), mk(Hkv, Sk), mk(Hkv, Sk), mk(Hq, Sq)
+    out, lse = flashcore.attention(q, k, v, causal=causal, return_lse=True)
+    base = backward_config((9, 0), head_dim=64, dtype_name="bf16", causal=causal, deterministic=True)
+    wide = replace(base, atomic_dq=True, gluon_dkdv=(128, 128, 8, 2))
+    fused = []
+    real_run = sm90_bwd.HopperDkdvLaunch.run
+    monkeypatch.setattr(sm90_bwd.HopperDkdvLaunch, "run",
+                        lambda self, *a: (fused.append(len(a) > 8 and a[8] is not None), real_run(self, *a)))
+    _poison_allocator()
+    got = ops.dense_backward(do, q, k, v, out, lse, None, causal, 0.125, False, False, config=wide)
+    want = ops.dense_backward(do, q, k, v, out, lse, None, causal, 0.125, False, False, config=base)
+    assert fused == [True, False], fused
+    ref = _math(q, k, v, do, causal, torch.float32)
+    low = _math(q, k, v, do, causal, torch.bfloat16)
+    for i, name in enumerate(("dq", "dk", "dv")):
+        assert torch.isfinite(got[i]).all(), f"{name}: non-finite values"
+        assert _rel(got[i], want[i]) < 1e-2, f"{name}: {_rel(got[i], want[i]):.2e} from the dQ-kernel form's"
+        err, lo = _rel(got[i], ref[1 + i]), _rel(low[1 + i], ref[1 + i])
+        assert err <= 2 * lo + 1e-3, f"{name}: error {err:.2e} > 2 x {lo:.2e} + 1e-3"
+
+
 def test_varlen_gradients_with_empty_sequences_and_lse():
     torch.manual_seed(3)
     lq, lk = [100, 0, 257, 33], [130, 0, 200, 64]

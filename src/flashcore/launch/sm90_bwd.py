@@ -39,6 +39,14 @@ FUSED_FORM = {False: dict(rs_dv=True, dq_swizzle=32), True: dict(rs_dv=False, dq
 # without it; CPU compile). They run the non-causal form with the 32-byte staging tile only (2% faster than v33's on
 # 3.6, H100); not timed on 3.9.
 RS_DV_SPILLS = ("3.9", )
+# Fused dQ with steps of 64 queries per consumer warpgroup (BLOCK_M = 64 * NUM_WG, two warpgroups: the 128-query
+# step FA4 takes at D=64) fits the consumers' 240 registers only with three savings (perf-notes v38; CPU compile,
+# sm_90a: 215 words spilled non-causal, 88 causal, without them; none and 1 with them): dQ split along the queries
+# (each warpgroup its own 64 rows, every column: N = D, not D / 2), P^T rounded to 16 bits as soon as it is formed
+# (dS^T from it), and lse2 and delta as the S^T and dP^T products' starting values (held only while they are issued).
+# Not in the planner's rows: an explicit backward config selects it (bench.experiments.bwd_configs); not yet run on a
+# GPU.
+WIDE_STEP = dict(dq_split_q=True, p_bf16=True, bias_in_acc=True)
 # consumer warpgroups -> (consumer registers, launch register cap): 2 x 128 x 240 + 128 x 24 fits the 64K file
 REGISTERS = {1: (232, 128), 2: (240, 168)}
 
@@ -85,11 +93,14 @@ class HopperDkdvLaunch:
         # fused dQ: added by the copy engine (TMA reduce-add) where this Triton has it, else by atomics
         fused = dq_accum is not None
         dq_tma = fused and async_atomic_add is not None
+        wide = fused and num_wg > 1 and block_m == KEY_ROWS * num_wg
+        split_q = wide and WIDE_STEP["dq_split_q"]
         if dq_tma:
-            cols = D // num_wg
+            cols = D if split_q else D // num_wg
             lay_dq = gl.NVMMASharedLayout(swizzle_byte_width=FUSED_FORM[bool(causal)]["dq_swizzle"],
                                           element_bitwidth=32, rank=4)
-            self.geom += ((list(dq_accum.shape), list(dq_accum.stride()), [1, 1, block_m, cols], lay_dq), )
+            rows = block_m // num_wg if split_q else block_m
+            self.geom += ((list(dq_accum.shape), list(dq_accum.stride()), [1, 1, rows, cols], lay_dq), )
         batch, num_heads_q, num_heads_kv = q.shape[0], q.shape[1], k.shape[1]
         # one-dimensional, in chunks of HEAD_CHUNK heads (the kernel's _steps); split_group (the fused form with GQA,
         # v33.7): one program per query head, not per group, its dK/dV added into dk/dv, fp32 buffers then
@@ -106,7 +117,9 @@ class HopperDkdvLaunch:
         constexprs = dict(BLOCK_M=block_m, HEAD_DIM=D, STAGES=stages, CAUSAL=bool(causal), NUM_WG=num_wg,
                           CONSUMER_WG_REGS=consumer_regs, LOADER_WG_REGS=LOADER_REGS, FUSED_DQ=fused, DQ_TMA=dq_tma,
                           OPERANDS_SMEM=num_wg in OPERANDS_SMEM_WG, DS_SETS=DS_SETS, SPLIT_GROUP=split,
-                          RS_DV=fused and FUSED_FORM[bool(causal)]["rs_dv"] and triton_minor() not in RS_DV_SPILLS)
+                          RS_DV=fused and FUSED_FORM[bool(causal)]["rs_dv"] and triton_minor() not in RS_DV_SPILLS,
+                          DQ_SPLIT_Q=split_q, P_BF16=wide and WIDE_STEP["p_bf16"],
+                          BIAS_IN_ACC=wide and WIDE_STEP.get("bias_in_acc", False))
         self.step = KernelStep(attn_bwd_dkdv_hopper_kernel, grid, args, DESC_ARGS + 3, constexprs, 4, 1,
                                options=dict(maxnreg=maxnreg))
 

@@ -138,17 +138,24 @@ def _add_dq(dq, dq_base, hq, m0, dq_row, dq_col, scale, seqlen_q, stride_dqh, st
 
 @gluon.jit
 def _out_dq(dq, dq_base, dq_desc, dq_smem, b, hq, m0, dq_row, dq_col, scale, seqlen_q, stride_dqh, stride_dqs,
-            BLOCK_M: gl.constexpr, DQ_COLS: gl.constexpr, DQ_TMA: gl.constexpr, WG: gl.constexpr):
+            BLOCK_M: gl.constexpr, DQ_COLS: gl.constexpr, DQ_TMA: gl.constexpr, WG: gl.constexpr,
+            DQ_ROWS: gl.constexpr = 0):
     """One step's dQ share out: by the copy engine's reduce-add from shared memory (DQ_TMA; rows past the end are
     clipped by it), or by per-thread atomics."""
     if DQ_TMA:
         # the previous reduce has read the staging tile: its wait is the issuing thread's, the barrier everyone's
         tma.store_wait(0)
         thread_barrier()
-        dq_smem.index(WG).reshape([BLOCK_M, DQ_COLS]).store(dq * scale)
-        fence_async_shared()
-        thread_barrier()  # every warp's rows are staged before the one thread issues the reduce
-        async_atomic_add(dq_desc, [b, hq, m0, WG * DQ_COLS], dq_smem.index(WG))
+        if DQ_ROWS > 0:  # this warpgroup's query rows, every column
+            dq_smem.index(WG).reshape([DQ_ROWS, DQ_COLS]).store(dq * scale)
+            fence_async_shared()
+            thread_barrier()
+            async_atomic_add(dq_desc, [b, hq, m0 + WG * DQ_ROWS, 0], dq_smem.index(WG))
+        else:
+            dq_smem.index(WG).reshape([BLOCK_M, DQ_COLS]).store(dq * scale)
+            fence_async_shared()
+            thread_barrier()  # every warp's rows are staged before the one thread issues the reduce
+            async_atomic_add(dq_desc, [b, hq, m0, WG * DQ_COLS], dq_smem.index(WG))
     else:
         _add_dq(dq, dq_base, hq, m0, dq_row, dq_col, scale, seqlen_q, stride_dqh, stride_dqs)
 
@@ -160,7 +167,8 @@ def _consumer(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, 
               stride_dqb, stride_dqh, stride_dqs, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
               NUM_WG: gl.constexpr, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr, DQ_TMA: gl.constexpr,
               OPERANDS_SMEM: gl.constexpr, DS_SETS: gl.constexpr, SPLIT_GROUP: gl.constexpr, WG: gl.constexpr,
-              RS_DV: gl.constexpr):
+              RS_DV: gl.constexpr, DQ_SPLIT_Q: gl.constexpr = False, P_BF16: gl.constexpr = False,
+              BIAS_IN_ACC: gl.constexpr = False):
     """A consumer partition (warpgroup ``WG``): dK and dV of key rows ``n0 + 64 WG ...`` over every step, and with
     FUSED_DQ this warpgroup's columns of every step's dQ as well (:func:`_consumer_fused_dq`)."""
     if FUSED_DQ:
@@ -168,7 +176,8 @@ def _consumer(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, 
                            delta_smem, ds_smem, p_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale,
                            scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb, stride_dkh,
                            stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M,
-                           HEAD_DIM, STAGES, NUM_WG, CAUSAL, DQ_TMA, DS_SETS, SPLIT_GROUP, WG, RS_DV)
+                           HEAD_DIM, STAGES, NUM_WG, CAUSAL, DQ_TMA, DS_SETS, SPLIT_GROUP, WG, RS_DV, DQ_SPLIT_Q, P_BF16,
+                           BIAS_IN_ACC)
     else:
         _consumer_dkdv(q_desc, dk_ptr, dv_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem, delta_smem, ds_smem,
                        p_smem, ready, empty, kv_ready, qk_scale, scale, seqlen_q, seqlen_k, num_heads_kv, group,
@@ -225,14 +234,37 @@ def _issue_scores(k_t, v_t, q_smem, do_smem, ready, s_zero, j, STAGES: gl.conste
 
 
 @gluon.jit
+def _issue_scores_biased(k_t, v_t, q_smem, do_smem, lse2_smem, delta_smem, ready, j, qk_scale, STAGES: gl.constexpr,
+                         BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, s_layout: gl.constexpr,
+                         col_layout: gl.constexpr):
+    """:func:`_issue_scores` with the step's row statistics as the products' starting values: ``S^T - lse2 / scale``
+    and ``dP^T - delta`` come out of the tensor cores, so lse2 and delta are held only while the products are issued,
+    not through the exponentials and dS^T (the registers a 128-query step lacks, perf-notes v38)."""
+    s = j % STAGES
+    mbarrier.wait(ready.index(s), (j // STAGES) & 1)
+    q_t = q_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
+    do_t = do_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
+    lse2 = lse2_smem.index(s).reshape([BLOCK_M]).load(col_layout)
+    delta = delta_smem.index(s).reshape([BLOCK_M]).load(col_layout)
+    zero = gl.zeros([64, BLOCK_M], gl.float32, layout=s_layout)
+    # (lse2 = +inf past the last query row: -inf, whose probabilities are 0)
+    st = warpgroup_mma(k_t, q_t.permute((1, 0)), zero - gl.expand_dims(lse2 / qk_scale, 0), is_async=True)
+    dpt = warpgroup_mma(v_t, do_t.permute((1, 0)), zero - gl.expand_dims(delta, 0), is_async=True)
+    return s, q_t, do_t, st, dpt
+
+
+@gluon.jit
 def _probabilities(st, lse2_smem, s, key, qi, m0, n0, diag, qk_scale, seqlen_k, KEYS: gl.constexpr,
                    BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, CLEAR_PAST_END: gl.constexpr,
-                   col_layout: gl.constexpr):
+                   col_layout: gl.constexpr, BIASED: gl.constexpr = False):
     """``P^T = exp2(S^T * scale * log2e - lse2)`` of slot ``s``'s query rows, 0 above the bottom-right causal
     diagonal where the tile straddles it, and (CLEAR_PAST_END) 0 for keys past the end: they are the copy engine's
     zeros, and must add nothing to dQ, not even 0 * inf. Rows past the end: the pre-pass wrote lse2 = +inf there."""
-    lse2 = lse2_smem.index(s).reshape([BLOCK_M]).load(col_layout)
-    pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
+    if BIASED:  # st is S^T - lse2 / scale already
+        pt = gl.exp2(st * qk_scale)
+    else:
+        lse2 = lse2_smem.index(s).reshape([BLOCK_M]).load(col_layout)
+        pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
     if CAUSAL:
         if m0 + diag < n0 + KEYS - 1:  # the tile straddles the diagonal: key > query + diag is masked
             ok = gl.expand_dims(key, 1) <= gl.expand_dims(qi + diag, 0)
@@ -311,16 +343,20 @@ def _consumer_dkdv(q_desc, dk_ptr, dv_ptr, q_smem, do_smem, k_smem, v_smem, lse2
 
 @gluon.jit
 def _dq_product(ds_smem, k_smem, dq_zero, ds_set, KEYS: gl.constexpr, HEAD_DIM: gl.constexpr, DQ_COLS: gl.constexpr,
-                NUM_WG: gl.constexpr, WG: gl.constexpr):
+                NUM_WG: gl.constexpr, WG: gl.constexpr, DQ_ROWS: gl.constexpr = 0):
     """dQ columns ``WG * DQ_COLS ...`` of one step: ``dS K`` over every warpgroup's dS^T in set ``ds_set`` (issued,
-    not waited for)."""
+    not waited for). DQ_ROWS > 0: query rows ``WG * DQ_ROWS ...`` instead, every column (dQ split along the queries)."""
     for w in gl.static_range(NUM_WG):
-        k_cols = k_smem.index(w).reshape([KEYS, HEAD_DIM]).slice(WG * DQ_COLS, DQ_COLS, dim=1)
-        if w == 0:
-            dq = warpgroup_mma(ds_smem.index(ds_set * NUM_WG + w).permute((1, 0)), k_cols, dq_zero, use_acc=False,
-                               is_async=True)
+        if DQ_ROWS > 0:
+            k_cols = k_smem.index(w).reshape([KEYS, HEAD_DIM])
+            ds = ds_smem.index(ds_set * NUM_WG + w).slice(WG * DQ_ROWS, DQ_ROWS, dim=1).permute((1, 0))
         else:
-            dq = warpgroup_mma(ds_smem.index(ds_set * NUM_WG + w).permute((1, 0)), k_cols, dq, is_async=True)
+            k_cols = k_smem.index(w).reshape([KEYS, HEAD_DIM]).slice(WG * DQ_COLS, DQ_COLS, dim=1)
+            ds = ds_smem.index(ds_set * NUM_WG + w).permute((1, 0))
+        if w == 0:
+            dq = warpgroup_mma(ds, k_cols, dq_zero, use_acc=False, is_async=True)
+        else:
+            dq = warpgroup_mma(ds, k_cols, dq, is_async=True)
     return dq
 
 
@@ -331,7 +367,8 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
                        stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M: gl.constexpr,
                        HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NUM_WG: gl.constexpr, CAUSAL: gl.constexpr,
                        DQ_TMA: gl.constexpr, DS_SETS: gl.constexpr, SPLIT_GROUP: gl.constexpr,
-                       WG: gl.constexpr, RS_DV: gl.constexpr):
+                       WG: gl.constexpr, RS_DV: gl.constexpr, DQ_SPLIT_Q: gl.constexpr = False,
+                       P_BF16: gl.constexpr = False, BIAS_IN_ACC: gl.constexpr = False):
     """dK, dV and this warpgroup's share of dQ (five products per tile pair; not deterministic: the order of the
     additions into the fp32 ``dq_ptr`` buffer varies).
 
@@ -348,14 +385,23 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
     slower than the dQ kernel). dS^T has ``DS_SETS`` sets: step j writes set j % DS_SETS once every warpgroup's
     dQ product of step j - DS_SETS has read it (``ds_free``). The dQ product is then waited for while step j's dK
     runs on, and its share goes out: staged in shared memory and added by the copy engine (DQ_TMA), else by
-    per-thread atomics. Its accumulator lives only in that tail, which is what keeps the form near its registers."""
+    per-thread atomics. Its accumulator lives only in that tail, which is what keeps the form near its registers.
+
+    The 128-query step (BLOCK_M = 64 * NUM_WG, ``launch.sm90_bwd.WIDE_STEP``) needs three register savings to fit:
+    DQ_SPLIT_Q (each warpgroup's dQ product covers its own BLOCK_M / NUM_WG query rows and every column, reading its
+    rows of every warpgroup's dS^T), P_BF16 (P^T at 16 bits once formed; dS^T from it) and BIAS_IN_ACC (the S^T and
+    dP^T products start from -lse2 / scale and -delta: :func:`_issue_scores_biased`)."""
     dtype: gl.constexpr = q_desc.dtype
     KEYS: gl.constexpr = 64
     s_layout: gl.constexpr = acc_layout(BLOCK_M)
     kv_layout: gl.constexpr = acc_layout(HEAD_DIM)
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    DQ_COLS: gl.constexpr = HEAD_DIM // NUM_WG
+    # dQ split along the head dimension (each warpgroup DQ_COLS columns of every query row), or with DQ_SPLIT_Q along
+    # the queries (each warpgroup its DQ_ROWS rows, every column)
+    DQ_COLS: gl.constexpr = HEAD_DIM if DQ_SPLIT_Q else HEAD_DIM // NUM_WG
+    DQ_ROWS: gl.constexpr = BLOCK_M // NUM_WG if DQ_SPLIT_Q else 0
+    DQ_TILE_ROWS: gl.constexpr = DQ_ROWS if DQ_SPLIT_Q else BLOCK_M
     dq_layout: gl.constexpr = acc_layout(DQ_COLS)
 
     b, hkv, hq0, n0, m_first, n_m, n_steps = _steps(seqlen_q, seqlen_k, num_heads_kv, group, head_chunk,
@@ -366,22 +412,33 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
     s_zero = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
     dk = warpgroup_mma_init(gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout))
     dv = warpgroup_mma_init(gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout))
-    dq_zero = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=dq_layout)
-    dq_row = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
-    dq_col = WG * DQ_COLS + gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, dq_layout))
+    dq_zero = gl.zeros([DQ_TILE_ROWS, DQ_COLS], gl.float32, layout=dq_layout)
+    if DQ_SPLIT_Q:
+        dq_row = WG * DQ_ROWS + gl.arange(0, DQ_TILE_ROWS, layout=gl.SliceLayout(1, dq_layout))
+        dq_col = gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, dq_layout))
+    else:
+        dq_row = gl.arange(0, DQ_TILE_ROWS, layout=gl.SliceLayout(1, dq_layout))
+        dq_col = WG * DQ_COLS + gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, dq_layout))
     dq_base = dq_ptr + b.to(gl.int64) * stride_dqb
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     mbarrier.wait(kv_ready, 0)
 
     for j in range(n_steps):
         m0 = (m_first + j % n_m) * BLOCK_M
-        s, q_t, do_t, st, dpt = _issue_scores(k_t, v_t, q_smem, do_smem, ready, s_zero, j, STAGES, BLOCK_M, HEAD_DIM)
+        if BIAS_IN_ACC:
+            s, q_t, do_t, st, dpt = _issue_scores_biased(k_t, v_t, q_smem, do_smem, lse2_smem, delta_smem, ready, j,
+                                                         qk_scale, STAGES, BLOCK_M, HEAD_DIM, s_layout, col_layout)
+        else:
+            s, q_t, do_t, st, dpt = _issue_scores(k_t, v_t, q_smem, do_smem, ready, s_zero, j, STAGES, BLOCK_M,
+                                                  HEAD_DIM)
         # in flight here: step j - 1's dK, then S^T and dP^T; this waits for all but dP^T
         st = warpgroup_mma_wait(1, deps=(st, ))
         if j > 0:  # step j - 1's slot has been read by this warpgroup
             mbarrier.arrive(empty.index((j - 1) % STAGES), count=1)
         pt = _probabilities(st, lse2_smem, s, key, m0 + col, m0, n0, diag, qk_scale, seqlen_k, KEYS, BLOCK_M, CAUSAL,
-                            True, col_layout)
+                            True, col_layout, BIAS_IN_ACC)
+        if P_BF16:  # P^T at 16 bits from here on (dS^T from it too): 16 registers per 32 probabilities
+            pt = pt.to(dtype)
         if RS_DV:  # P^T as dV's register operand (kept alive until dV is waited for)
             p_op = gl.convert_layout(pt.to(dtype), op_layout)
             dv = warpgroup_mma(p_op, do_t, dv, is_async=True)
@@ -389,9 +446,15 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
             p_t.store(pt.to(dtype))  # (step j - 1's dV product, its reader, was waited for at its end)
             fence_async_shared()
             dv = warpgroup_mma(p_t, do_t, dv, is_async=True)
-        delta = delta_smem.index(s).reshape([BLOCK_M]).load(col_layout)
+        if not BIAS_IN_ACC:
+            delta = delta_smem.index(s).reshape([BLOCK_M]).load(col_layout)
         dpt = warpgroup_mma_wait(1, deps=(dpt, ))
-        dst = pt * (dpt - gl.expand_dims(delta, 0))
+        if P_BF16:  # (dS^T from the 16-bit P^T)
+            pt = pt.to(gl.float32)
+        if BIAS_IN_ACC:  # dpt is dP^T - delta already
+            dst = pt * dpt
+        else:
+            dst = pt * (dpt - gl.expand_dims(delta, 0))
         ds_set = j % DS_SETS
         if j >= DS_SETS:  # every warpgroup's dQ product of step j - DS_SETS has read this set
             mbarrier.wait(ds_free.index(ds_set), (j // DS_SETS - 1) & 1)
@@ -406,7 +469,7 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
         prev = (j + DS_SETS - 1) % DS_SETS
         if j > 0:
             mbarrier.wait(ds_ready.index(prev), ((j - 1) // DS_SETS) & 1)
-        dq = _dq_product(ds_smem, k_smem, dq_zero, prev, KEYS, HEAD_DIM, DQ_COLS, NUM_WG, WG)
+        dq = _dq_product(ds_smem, k_smem, dq_zero, prev, KEYS, HEAD_DIM, DQ_COLS, NUM_WG, WG, DQ_ROWS)
         dk = warpgroup_mma(ds_t, q_t, dk, is_async=True)
         # in flight: dV, step j - 1's dQ, dK; dK runs on while that dQ share goes out (this also waits for dV)
         if RS_DV:
@@ -416,16 +479,16 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
         if j > 0:
             mbarrier.arrive(ds_free.index(prev), count=1)
             _out_dq(dq, dq_base, dq_desc, dq_smem, b, hq0 + (j - 1) // n_m, (m_first + (j - 1) % n_m) * BLOCK_M,
-                    dq_row, dq_col, scale, seqlen_q, stride_dqh, stride_dqs, BLOCK_M, DQ_COLS, DQ_TMA, WG)
+                    dq_row, dq_col, scale, seqlen_q, stride_dqh, stride_dqs, BLOCK_M, DQ_COLS, DQ_TMA, WG, DQ_ROWS)
 
     dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
     if n_steps > 0:  # the last step's dQ share
         last = (n_steps - 1) % DS_SETS
         mbarrier.wait(ds_ready.index(last), ((n_steps - 1) // DS_SETS) & 1)
-        dq = _dq_product(ds_smem, k_smem, dq_zero, last, KEYS, HEAD_DIM, DQ_COLS, NUM_WG, WG)
+        dq = _dq_product(ds_smem, k_smem, dq_zero, last, KEYS, HEAD_DIM, DQ_COLS, NUM_WG, WG, DQ_ROWS)
         dq = warpgroup_mma_wait(0, deps=(dq, ))
         _out_dq(dq, dq_base, dq_desc, dq_smem, b, hq0 + (n_steps - 1) // n_m, (m_first + (n_steps - 1) % n_m) * BLOCK_M,
-                dq_row, dq_col, scale, seqlen_q, stride_dqh, stride_dqs, BLOCK_M, DQ_COLS, DQ_TMA, WG)
+                dq_row, dq_col, scale, seqlen_q, stride_dqh, stride_dqs, BLOCK_M, DQ_COLS, DQ_TMA, WG, DQ_ROWS)
     if DQ_TMA:  # the last reduce must have read its tile before the program exits
         tma.store_wait(0)
     # (SPLIT_GROUP: this query head's share of its K/V head's dK/dV, added into fp32 buffers)
@@ -442,7 +505,8 @@ def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delt
                                 LOADER_WG_REGS: gl.constexpr, FUSED_DQ: gl.constexpr = False,
                                 DQ_TMA: gl.constexpr = False, OPERANDS_SMEM: gl.constexpr = False,
                                 DS_SETS: gl.constexpr = 2, SPLIT_GROUP: gl.constexpr = False,
-                                RS_DV: gl.constexpr = False):
+                                RS_DV: gl.constexpr = False, DQ_SPLIT_Q: gl.constexpr = False,
+                                P_BF16: gl.constexpr = False, BIAS_IN_ACC: gl.constexpr = False):
     """One program per (key tile of ``64 NUM_WG`` keys, batch entry x K/V head); see the module's docstring."""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
@@ -493,13 +557,13 @@ def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delt
                          scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb, stride_dkh, stride_dks,
                          stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM,
                          STAGES, NUM_WG, CAUSAL, FUSED_DQ, DQ_TMA, OPERANDS_SMEM, DS_SETS, SPLIT_GROUP, 0,
-                         RS_DV)),
+                         RS_DV, DQ_SPLIT_Q, P_BF16, BIAS_IN_ACC)),
             (_consumer, (q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem,
                          delta_smem, ds_smem, p_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale,
                          scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb, stride_dkh, stride_dks,
                          stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM,
                          STAGES, NUM_WG, CAUSAL, FUSED_DQ, DQ_TMA, OPERANDS_SMEM, DS_SETS, SPLIT_GROUP, 1,
-                         RS_DV)),
+                         RS_DV, DQ_SPLIT_Q, P_BF16, BIAS_IN_ACC)),
             (_loader, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                        lse2_smem, delta_smem, ready, empty, kv_ready, seqlen_q, seqlen_k, num_heads_kv, group,
                        head_chunk, BLOCK_M, STAGES, NUM_WG, CAUSAL, SPLIT_GROUP)),
@@ -511,7 +575,7 @@ def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delt
                          scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb, stride_dkh, stride_dks,
                          stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM,
                          STAGES, NUM_WG, CAUSAL, FUSED_DQ, DQ_TMA, OPERANDS_SMEM, DS_SETS, SPLIT_GROUP, 0,
-                         RS_DV)),
+                         RS_DV, DQ_SPLIT_Q, P_BF16, BIAS_IN_ACC)),
             (_loader, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                        lse2_smem, delta_smem, ready, empty, kv_ready, seqlen_q, seqlen_k, num_heads_kv, group,
                        head_chunk, BLOCK_M, STAGES, NUM_WG, CAUSAL, SPLIT_GROUP)),
