@@ -107,14 +107,21 @@ def main(argv=None) -> int:
     ap.add_argument("--candidates", nargs="+", help="config names instead of the head dim's CANDIDATES")
     ap.add_argument("--head-chunk", type=int, help="launch.sm90_bwd.HEAD_CHUNK for this run (program order)")
     ap.add_argument("--ds-sets", type=int, help="launch.sm90_bwd.DS_SETS for this run (fused dQ's dS^T sets)")
+    ap.add_argument("--rs-dv", type=int, choices=(0, 1),
+                    help="non-causal fused forms: P^T as dV's register operand (1, launch.sm90_bwd.FUSED_FORM's "
+                         "choice) or through shared memory (0)")
     a = ap.parse_args(argv)
     from ...launch import sm90_bwd
     if a.head_chunk:
         sm90_bwd.HEAD_CHUNK = a.head_chunk
     if a.ds_sets:
         sm90_bwd.DS_SETS = a.ds_sets
+    if a.rs_dv is not None:
+        sm90_bwd.FUSED_FORM = {**sm90_bwd.FUSED_FORM, False: dict(sm90_bwd.FUSED_FORM[False], rs_dv=bool(a.rs_dv))}
     res = dict(env=collect_environment(), what=__doc__.split("\n")[0], rows=[],
-               knobs=dict(head_chunk=sm90_bwd.HEAD_CHUNK, ds_sets=sm90_bwd.DS_SETS))
+               knobs=dict(head_chunk=sm90_bwd.HEAD_CHUNK, ds_sets=sm90_bwd.DS_SETS,
+                          fused_form={str(k): v for k, v in sm90_bwd.FUSED_FORM.items()},
+                          wide_step=sm90_bwd.WIDE_STEP))
     shapes = V33_SHAPES if a.set == "v33" else SHAPES
     for D in a.head_dim:
         for B, Hq, Hkv, S, causal in shapes[D]:
