@@ -185,3 +185,40 @@ def test_ncu_compare_splits_a_backward_report_per_kernel():
         names = [n for n, *_ in nc.kernel_blocks(f.read())]
     assert len(names) == 3 and names[0].startswith("void cudnn::compute_dot_do_o_specialized<1, 128>(")
     assert "bprop" in names[1] and "convert_dq" in names[2]
+
+
+def test_ncu_compare_builds_its_profiler_commands(tmp_path, monkeypatch):
+    """The forward profiles one kernel by name after two launches; the backward every kernel between the child's
+    profiler start and stop, its main kernel's per-instruction page with --source; each report lands in --out."""
+    import subprocess
+    import sys
+
+    nc = ncu_compare
+    calls = []
+
+    class Done:
+        stdout, stderr = "  attn_fwd (1, 1, 1)x(128, 1, 1), Context 1, Stream 7, Device 0, CC 9.0\n", ""
+
+    def fake_run(cmd, **kw):
+        calls.append(cmd)
+        if "--import" not in cmd:
+            (tmp_path / "ncu-bwd-1x2x128x64-causal-fa4-cache-all.ncu-rep").write_text("")
+        return Done()
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    nc.main(["--shape", "1,2,128,64", "--out", str(tmp_path)])
+    fwd = calls[-1]
+    assert fwd[fwd.index("-k") + 1] == "regex:attn_fwd" and fwd[fwd.index("--launch-skip") + 1] == "2"
+    assert fwd[-4:] == ["--shape", "1,2,128,64", "--child", "auto"] and sys.executable in fwd
+    calls.clear()
+    nc.main(["--pass", "bwd", "--shape", "1,2,128,64", "--causal", "--peer", "fa4", "--source", "--out",
+             str(tmp_path)])
+    bwd = calls[0]
+    assert bwd[bwd.index("--profile-from-start") + 1] == "off" and "--launch-skip" not in bwd
+    assert bwd[bwd.index("-k") + 1] == nc.MAIN_BWD_KERNEL["fa4"] and "SourceCounters" in bwd
+    assert bwd[-7:] == ["--pass", "bwd", "--shape", "1,2,128,64", "--child", "fa4", "--causal"]
+    assert [c[c.index("--page") + 1] for c in calls[1:]] == ["source", "details"]
+    assert (tmp_path / "ncu-bwd-1x2x128x64-causal-fa4-cache-all.txt").exists()
+    assert (tmp_path / "ncu-src-bwd-1x2x128x64-causal-fa4-cache-all.csv").exists()
+    with pytest.raises(SystemExit):
+        nc.main(["--shape", "1,2,128,64", "--causal", "--out", str(tmp_path)])  # --causal is for --pass bwd

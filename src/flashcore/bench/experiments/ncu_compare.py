@@ -120,6 +120,34 @@ def _number(v):
     return float(v.replace(",", "")) if v not in ("?", "") else float("nan")
 
 
+SECTIONS = [x for name in ("SpeedOfLight", "ComputeWorkloadAnalysis", "InstructionStats", "WarpStateStats",
+                            "SchedulerStats", "Occupancy", "LaunchStats") for x in ("--section", name)]
+
+
+def _profile(a, tag, selection, metrics, child_args, source_selection, timeout):
+    """ncu over a child process of this module (``child_args``), the kernels chosen by ``selection``; the report's
+    text goes to ``--out/tag`` and is returned. ``--source`` adds the per-instruction page (SASS, execution counts,
+    stall samples) of the kernels ``source_selection`` names, as CSV (``ncu-src-*.csv``)."""
+    cmd = ["ncu", "--clock-control", "none", "--cache-control", a.cache, *selection, *SECTIONS,
+           "--metrics", ",".join(metrics), "--print-units", "base", sys.executable, "-m", __spec__.name, *child_args]
+    rep = os.path.join(a.out, tag[:-4])
+    if a.source:
+        cmd[1:1] = ["--section", "SourceCounters", "-f", "-o", rep, *source_selection]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    text = res.stdout + res.stderr
+    if a.source:
+        page = subprocess.run(["ncu", "--import", rep + ".ncu-rep", "--csv", "--page", "source", "--print-source",
+                               "sass"], capture_output=True, text=True, timeout=300)
+        with open(os.path.join(a.out, "ncu-src-" + tag[4:-4] + ".csv"), "w") as f:
+            f.write(page.stdout + page.stderr)
+        text = subprocess.run(["ncu", "--import", rep + ".ncu-rep", "--print-units", "base", "--page", "details",
+                               "--print-details", "all"], capture_output=True, text=True, timeout=300).stdout
+        os.remove(rep + ".ncu-rep")
+    with open(os.path.join(a.out, tag), "w") as f:
+        f.write(text)
+    return text
+
+
 def child_bwd(shape, peer, causal):
     """The profiled process of ``--pass bwd``: two forward+backward steps, then the third's backward between
     ``cudaProfilerStart`` and ``Stop`` (ncu, started with profiling off, profiles every kernel in between)."""
@@ -148,29 +176,11 @@ def main_bwd(a, shape):
     """``--pass bwd``: every kernel of one backward per peer; the table holds each peer's heaviest kernel."""
     rows, kernels = {}, {}
     for peer in a.peer or list(PEERS):
-        cmd = ["ncu", "--clock-control", "none", "--cache-control", a.cache, "--profile-from-start", "off",
-               "--section", "SpeedOfLight", "--section", "ComputeWorkloadAnalysis", "--section", "InstructionStats",
-               "--section", "WarpStateStats", "--section", "SchedulerStats", "--section", "Occupancy",
-               "--section", "LaunchStats", "--metrics", ",".join(BWD_METRICS), "--print-units", "base",
-               sys.executable, "-m", __spec__.name, "--pass", "bwd", "--shape", a.shape, "--child", peer]
-        if a.causal:
-            cmd.append("--causal")
         tag = f"ncu-bwd-{'x'.join(map(str, shape))}{'-causal' if a.causal else ''}-{peer}-cache-{a.cache}.txt"
-        rep = os.path.join(a.out, tag[:-4])
-        if a.source:  # the per-instruction page of the main kernel only
-            cmd[1:1] = ["--section", "SourceCounters", "-f", "-o", rep, "-k", MAIN_BWD_KERNEL[peer]]
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-        text = res.stdout + res.stderr
-        if a.source:
-            page = subprocess.run(["ncu", "--import", rep + ".ncu-rep", "--csv", "--page", "source",
-                                   "--print-source", "sass"], capture_output=True, text=True, timeout=300)
-            with open(os.path.join(a.out, "ncu-src-" + tag[4:-4] + ".csv"), "w") as f:
-                f.write(page.stdout + page.stderr)
-            text = subprocess.run(["ncu", "--import", rep + ".ncu-rep", "--print-units", "base", "--page", "details",
-                                   "--print-details", "all"], capture_output=True, text=True, timeout=300).stdout
-            os.remove(rep + ".ncu-rep")
-        with open(os.path.join(a.out, tag), "w") as f:
-            f.write(text)
+        child = ["--pass", "bwd", "--shape", a.shape, "--child", peer] + (["--causal"] if a.causal else [])
+        # (--source: the per-instruction page of the main kernel only)
+        text = _profile(a, tag, ["--profile-from-start", "off"], BWD_METRICS, child, ["-k", MAIN_BWD_KERNEL[peer]],
+                        timeout=900)
         blocks = [(name, metric_values(body, BWD_METRICS)) for name, _, _, body in kernel_blocks(text)]
         if not blocks:
             print(f"{peer}: no kernel profiled (see {tag})")
@@ -217,28 +227,9 @@ def main(argv=None):
     rows = {}
     for subject in ["sdpa"] + (a.config or ["auto"]):
         kernel = r"regex:sdpa|fmha|flash|cudnn" if subject == "sdpa" else "regex:attn_fwd"
-        cmd = ["ncu", "--clock-control", "none", "--cache-control", a.cache, "-k", kernel,
-               "--launch-skip", "2", "--launch-count", "1",
-               "--section", "SpeedOfLight", "--section", "ComputeWorkloadAnalysis", "--section", "InstructionStats",
-               "--section", "WarpStateStats", "--section", "SchedulerStats", "--section", "Occupancy",
-               "--section", "LaunchStats", "--metrics", ",".join(KEY_METRICS), "--print-units", "base",
-               sys.executable, "-m", __spec__.name, "--shape", a.shape, "--child", subject]
         tag = f"ncu-{'x'.join(map(str, shape))}-{subject}-cache-{a.cache}.txt"
-        if a.source:
-            rep = os.path.join(a.out, tag[:-4])
-            cmd[1:1] = ["--section", "SourceCounters", "-f", "-o", rep]
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        text = res.stdout + res.stderr
-        if a.source:
-            page = subprocess.run(["ncu", "--import", rep + ".ncu-rep", "--csv", "--page", "source",
-                                   "--print-source", "sass"], capture_output=True, text=True, timeout=300)
-            with open(os.path.join(a.out, "ncu-src-" + tag[4:-4] + ".csv"), "w") as f:
-                f.write(page.stdout + page.stderr)
-            text = subprocess.run(["ncu", "--import", rep + ".ncu-rep", "--print-units", "base", "--page", "details",
-                                   "--print-details", "all"], capture_output=True, text=True, timeout=300).stdout
-            os.remove(rep + ".ncu-rep")
-        with open(os.path.join(a.out, tag), "w") as f:
-            f.write(text)
+        text = _profile(a, tag, ["-k", kernel, "--launch-skip", "2", "--launch-count", "1"], KEY_METRICS,
+                        ["--shape", a.shape, "--child", subject], [], timeout=300)
         rows[subject] = metric_values(text, KEY_METRICS)
     names = list(rows)
     print(f"{'metric':<80}" + "".join(f"{n:>20}" for n in names))
