@@ -138,24 +138,19 @@ def _add_dq(dq, dq_base, hq, m0, dq_row, dq_col, scale, seqlen_q, stride_dqh, st
 
 @gluon.jit
 def _out_dq(dq, dq_base, dq_desc, dq_smem, b, hq, m0, dq_row, dq_col, scale, seqlen_q, stride_dqh, stride_dqs,
-            BLOCK_M: gl.constexpr, DQ_COLS: gl.constexpr, DQ_TMA: gl.constexpr, WG: gl.constexpr,
-            DQ_ROWS: gl.constexpr = 0):
-    """One step's dQ share out: by the copy engine's reduce-add from shared memory (DQ_TMA; rows past the end are
-    clipped by it), or by per-thread atomics."""
+            TILE_ROWS: gl.constexpr, DQ_COLS: gl.constexpr, DQ_TMA: gl.constexpr, WG: gl.constexpr,
+            ROW0: gl.constexpr, COL0: gl.constexpr):
+    """One step's dQ share out (this warpgroup's ``TILE_ROWS x DQ_COLS`` tile at query row ``m0 + ROW0``, column
+    ``COL0``): by the copy engine's reduce-add from shared memory (DQ_TMA; rows past the end are clipped by it), or
+    by per-thread atomics."""
     if DQ_TMA:
         # the previous reduce has read the staging tile: its wait is the issuing thread's, the barrier everyone's
         tma.store_wait(0)
         thread_barrier()
-        if DQ_ROWS > 0:  # this warpgroup's query rows, every column
-            dq_smem.index(WG).reshape([DQ_ROWS, DQ_COLS]).store(dq * scale)
-            fence_async_shared()
-            thread_barrier()
-            async_atomic_add(dq_desc, [b, hq, m0 + WG * DQ_ROWS, 0], dq_smem.index(WG))
-        else:
-            dq_smem.index(WG).reshape([BLOCK_M, DQ_COLS]).store(dq * scale)
-            fence_async_shared()
-            thread_barrier()  # every warp's rows are staged before the one thread issues the reduce
-            async_atomic_add(dq_desc, [b, hq, m0, WG * DQ_COLS], dq_smem.index(WG))
+        dq_smem.index(WG).reshape([TILE_ROWS, DQ_COLS]).store(dq * scale)
+        fence_async_shared()
+        thread_barrier()  # every warp's rows are staged before the one thread issues the reduce
+        async_atomic_add(dq_desc, [b, hq, m0 + ROW0, COL0], dq_smem.index(WG))
     else:
         _add_dq(dq, dq_base, hq, m0, dq_row, dq_col, scale, seqlen_q, stride_dqh, stride_dqs)
 
@@ -402,6 +397,8 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
     DQ_COLS: gl.constexpr = HEAD_DIM if DQ_SPLIT_Q else HEAD_DIM // NUM_WG
     DQ_ROWS: gl.constexpr = BLOCK_M // NUM_WG if DQ_SPLIT_Q else 0
     DQ_TILE_ROWS: gl.constexpr = DQ_ROWS if DQ_SPLIT_Q else BLOCK_M
+    DQ_ROW0: gl.constexpr = WG * DQ_ROWS  # this warpgroup's tile within the step's [BLOCK_M, HEAD_DIM]
+    DQ_COL0: gl.constexpr = 0 if DQ_SPLIT_Q else WG * DQ_COLS
     dq_layout: gl.constexpr = acc_layout(DQ_COLS)
 
     b, hkv, hq0, n0, m_first, n_m, n_steps = _steps(seqlen_q, seqlen_k, num_heads_kv, group, head_chunk,
@@ -413,12 +410,8 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
     dk = warpgroup_mma_init(gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout))
     dv = warpgroup_mma_init(gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout))
     dq_zero = gl.zeros([DQ_TILE_ROWS, DQ_COLS], gl.float32, layout=dq_layout)
-    if DQ_SPLIT_Q:
-        dq_row = WG * DQ_ROWS + gl.arange(0, DQ_TILE_ROWS, layout=gl.SliceLayout(1, dq_layout))
-        dq_col = gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, dq_layout))
-    else:
-        dq_row = gl.arange(0, DQ_TILE_ROWS, layout=gl.SliceLayout(1, dq_layout))
-        dq_col = WG * DQ_COLS + gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, dq_layout))
+    dq_row = DQ_ROW0 + gl.arange(0, DQ_TILE_ROWS, layout=gl.SliceLayout(1, dq_layout))
+    dq_col = DQ_COL0 + gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, dq_layout))
     dq_base = dq_ptr + b.to(gl.int64) * stride_dqb
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     mbarrier.wait(kv_ready, 0)
@@ -479,7 +472,8 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
         if j > 0:
             mbarrier.arrive(ds_free.index(prev), count=1)
             _out_dq(dq, dq_base, dq_desc, dq_smem, b, hq0 + (j - 1) // n_m, (m_first + (j - 1) % n_m) * BLOCK_M,
-                    dq_row, dq_col, scale, seqlen_q, stride_dqh, stride_dqs, BLOCK_M, DQ_COLS, DQ_TMA, WG, DQ_ROWS)
+                    dq_row, dq_col, scale, seqlen_q, stride_dqh, stride_dqs, DQ_TILE_ROWS, DQ_COLS, DQ_TMA, WG,
+                    DQ_ROW0, DQ_COL0)
 
     dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
     if n_steps > 0:  # the last step's dQ share
@@ -488,7 +482,8 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
         dq = _dq_product(ds_smem, k_smem, dq_zero, last, KEYS, HEAD_DIM, DQ_COLS, NUM_WG, WG, DQ_ROWS)
         dq = warpgroup_mma_wait(0, deps=(dq, ))
         _out_dq(dq, dq_base, dq_desc, dq_smem, b, hq0 + (n_steps - 1) // n_m, (m_first + (n_steps - 1) % n_m) * BLOCK_M,
-                dq_row, dq_col, scale, seqlen_q, stride_dqh, stride_dqs, BLOCK_M, DQ_COLS, DQ_TMA, WG, DQ_ROWS)
+                dq_row, dq_col, scale, seqlen_q, stride_dqh, stride_dqs, DQ_TILE_ROWS, DQ_COLS, DQ_TMA, WG,
+                DQ_ROW0, DQ_COL0)
     if DQ_TMA:  # the last reduce must have read its tile before the program exits
         tma.store_wait(0)
     # (SPLIT_GROUP: this query head's share of its K/V head's dK/dV, added into fp32 buffers)
