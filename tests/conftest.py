@@ -330,10 +330,8 @@ REGISTER_MISSES = {
                                "insufficient register resources): no MMA overlaps a softmax; 26 STL, 52 LDL",
         "d128_causal": "the D=128 causal form spills (fast 13 STL / 41 LDL, secure 14 / 48; 3 / 4 and 4 / 7 on "
                        "Triton 3.6), one LDL in each main loop",
-        "bwd_d64_wide": "the backward's 128-query fused D=64 form (not in the planner) spills 4 STL / 13 LDL (none "
-                        "on Triton 3.6)",
-        "bwd_d64_wide_causal": "the backward's 128-query fused D=64 causal form (not in the planner) spills 17 STL / "
-                               "23 LDL (1 / 1 on Triton 3.6)",
+        "bwd_d64_wide_causal": "the backward's 128-query fused D=64 causal form (not in the planner) spills 4 STL / "
+                               "12 LDL (none on Triton 3.6; 17 / 23 before v39's paired rounding)",
     },
 }
 

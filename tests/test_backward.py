@@ -3,6 +3,7 @@ float64 reference's autograd, by relative error; ``gradcheck`` of the reference;
 
 Interpreter tests (``interp``) need TRITON_INTERPRET=1; the others run anywhere."""
 import os
+import re
 from dataclasses import replace
 
 import pytest
@@ -271,16 +272,51 @@ def test_config_names_round_trip_and_deterministic_never_uses_atomics():
                 assert not cfg.atomic_dq
 
 
-def test_the_hopper_table_adds_dq_inside_the_gluon_kernel_at_d128():
-    """v33's rows: dQ inside the Gluon dK/dV kernel at D=128, bf16 and fp16, causal or not; D=64, D=256, fp32,
-    other GPUs and deterministic=True keep the dQ kernel."""
+def test_the_hopper_table_adds_dq_inside_the_gluon_kernel_at_d128_and_d64():
+    """v33's rows: dQ inside the Gluon dK/dV kernel at D=128, bf16 and fp16, causal or not. v39's: at D=64 too, on
+    the 128-query step, non-causal at every length and causal from WIDE_CAUSAL_MIN_SEQLEN queries (shorter causal
+    problems keep the dQ kernel: the wide step lost 5-10% at 2048). D=256, fp32, other GPUs and deterministic=True
+    keep the dQ kernel; deterministic D=64 its own 64-query Gluon form, not the wide step without dQ."""
+    from flashcore.plan.backward import GLUON_DKDV, WIDE_CAUSAL_MIN_SEQLEN, WIDE_D64
+
+    def cfg(arch=(9, 0), **kw):
+        return backward_config(arch, **(dict(head_dim=128, dtype_name="bf16", causal=True, deterministic=False) | kw))
+
     def fused(arch=(9, 0), **kw):
-        args = dict(head_dim=128, dtype_name="bf16", causal=True, deterministic=False) | kw
-        return backward_config(arch, **args).atomic_dq
+        return cfg(arch, **kw).atomic_dq
 
     assert fused() and fused(causal=False) and fused(dtype_name="fp16")
-    assert not fused(head_dim=64) and not fused(head_dim=256) and not fused(dtype_name="fp32")
+    assert not fused(head_dim=256) and not fused(dtype_name="fp32")
     assert not fused(deterministic=True) and not fused(arch=(8, 0)) and not fused(arch=None)
+    for kw in (dict(causal=False), dict(causal=False, seqlen_q=128), dict(causal=True, seqlen_q=WIDE_CAUSAL_MIN_SEQLEN),
+               dict(causal=False, dtype_name="fp16")):
+        c = cfg(head_dim=64, **kw)
+        assert c.atomic_dq and c.gluon_dkdv == WIDE_D64, kw
+    for kw in (dict(causal=True), dict(causal=True, seqlen_q=WIDE_CAUSAL_MIN_SEQLEN - 1),
+               dict(causal=False, deterministic=True), dict(causal=True, seqlen_q=16384, deterministic=True)):
+        c = cfg(head_dim=64, **kw)
+        assert not c.atomic_dq and c.gluon_dkdv == GLUON_DKDV[64], kw
+    assert not fused(head_dim=64, causal=False, arch=(8, 0)) and not fused(head_dim=32, causal=False)
+
+
+def test_gqa_programs_follow_the_step():
+    """The fused Gluon form with GQA: the 64-query step (D=128) runs a program per query head and adds dK/dV up in
+    fp32 buffers; D=64's 128-query step a program per K/V head (v39: 3-10% faster there); without GQA neither splits.
+    Built on CPU tensors (the launch builders need no GPU)."""
+    from flashcore.launch.triton_bwd import BackwardLaunch
+    from flashcore.plan.backward import WIDE_D64
+
+    def split(D, Hq, Hkv, gluon):
+        q, k = torch.randn(1, Hq, 256, D, dtype=torch.bfloat16), torch.randn(1, Hkv, 256, D, dtype=torch.bfloat16)
+        lse = torch.zeros(1, Hq, 256)
+        cfg = BwdConfig(32, 128, 4, 3, 64, 64, 4, 3, atomic_dq=True, gluon_dkdv=gluon)
+        launch = BackwardLaunch(q, q, k, k, q, lse, has_dlse=False, as_view=lambda t: t, varlen=False, num_seqs=1,
+                                seqlen_q=256, seqlen_k=256, scale=D ** -0.5, causal=True, config=cfg)
+        assert launch.atomic and launch.hopper_dkdv is not None
+        return launch.split
+
+    assert split(128, 8, 2, (64, 128, 8, 2)) and not split(128, 8, 8, (64, 128, 8, 2))
+    assert not split(64, 8, 2, WIDE_D64) and not split(64, 8, 8, WIDE_D64)
 
 
 @interp
@@ -395,9 +431,9 @@ def test_hopper_wide_d64_step_fits_its_registers(causal):
     ``launch.sm90_bwd.WIDE_STEP``), compiled for sm_90a here: it fits 240 registers only with its three savings
     (perf-notes v38: without them it spills 215 words non-causal, 88 causal). dQ is split along the queries: each
     warpgroup's dQ product is 64x64 (the head dimension whole), not 64x32 halves of it. No product is serialised, dQ
-    goes out by the copy engine's reduce-add, and at most a scalar or two spills (Triton 3.6: 0 non-causal, 1 causal;
-    the bound fails if a tile or an accumulator spills; Triton 3.9's ptxas spills more: conftest.REGISTER_MISSES).
-    Not in the planner's rows: a backward config selects it."""
+    goes out by the copy engine's reduce-add, and at most a scalar or two spills (Triton 3.6: none; the bound fails
+    if a tile or an accumulator spills; Triton 3.9's ptxas spills more causal: conftest.REGISTER_MISSES). The
+    planner's D=64 row since v39 (plan.backward.WIDE_D64)."""
     from conftest import gluon_bwd_sass
 
     sass = gluon_bwd_sass(64, causal, form=(128, 128, 8, 2), fused_dq=True, hkv=8)
@@ -407,6 +443,13 @@ def test_hopper_wide_d64_step_fits_its_registers(causal):
     assert any(h.startswith("64x128x16") for h in hgmma) and any(h.startswith("64x64x16") for h in hgmma)
     assert not any(h.startswith("64x32x16") for h in hgmma), "dQ split along the head dimension"
     assert "UTMAREDG" in sass
+    # The exponentials' pipe (XU, a quarter of the FMA rate) carries the step's exponentials and nothing per
+    # probability beside them: P^T is rounded to 16 bits two at a time (F2FP), not one by one (F2F, XU: v39 measured
+    # 34.8 M XU instructions where 17 M are exponentials), and -lse2 / scale is a product by a reciprocal taken once,
+    # not a division per query row (MUFU.RCP and its range fix-ups).
+    assert "F2F.BF16.F32" not in sass and "F2F.F16.F32" not in sass, "P^T rounded one probability at a time"
+    fixups = len(re.findall(r"FMUL R\d+, R\d+, (?:0\.25|16777216)", sass))  # a division's range scaling
+    assert fixups <= 8, f"{fixups} range fix-ups of a division: one per query row"
     from conftest import expect_register_fit
 
     expect_register_fit("bwd_d64_wide" + ("_causal" if causal else ""),

@@ -220,5 +220,13 @@ def test_ncu_compare_builds_its_profiler_commands(tmp_path, monkeypatch):
     assert [c[c.index("--page") + 1] for c in calls[1:]] == ["source", "details"]
     assert (tmp_path / "ncu-bwd-1x2x128x64-causal-fa4-cache-all.txt").exists()
     assert (tmp_path / "ncu-src-bwd-1x2x128x64-causal-fa4-cache-all.csv").exists()
+    calls.clear()
+    wide = "32x128w4s3-64x64w4s3-atomic-gluon128x128w8s2"
+    nc.main(["--pass", "bwd", "--shape", "1,2,128,64", "--peer", "flashcore", "--config", wide, "--out", str(tmp_path)])
+    assert calls[0][-7:] == ["--pass", "bwd", "--shape", "1,2,128,64", "--child", "flashcore", "--bwd-config=" + wide]
+    assert (tmp_path / f"ncu-bwd-1x2x128x64-flashcore-{wide}-cache-all.txt").exists()
     with pytest.raises(SystemExit):
         nc.main(["--shape", "1,2,128,64", "--causal", "--out", str(tmp_path)])  # --causal is for --pass bwd
+    for bad in (["--peer", "fa4", "--config", wide], ["--peer", "flashcore", "--config", "64x64"]):
+        with pytest.raises(SystemExit):
+            nc.main(["--pass", "bwd", "--shape", "1,2,128,64", *bad, "--out", str(tmp_path)])

@@ -221,11 +221,11 @@ def attention_fwd_grad(q, k, v, causal, scale, bshd, deterministic):
     return torch.ops.flashcore.attention_fwd_grad(q, k, v, causal, scale, bshd, deterministic)
 
 
-def _backward_config(q, causal, deterministic, config):
+def _backward_config(q, causal, deterministic, config, seqlen_q):
     if config is not None:
         return config
     return backward_config(device_arch(q.device), head_dim=q.shape[-1], dtype_name=DTYPE_NAMES[q.dtype],
-                           causal=causal, deterministic=deterministic)
+                           causal=causal, deterministic=deterministic, seqlen_q=seqlen_q)
 
 
 def _unit_last(t):
@@ -243,7 +243,8 @@ def dense_backward(d_out, q, k, v, out, lse, d_lse, causal, scale, bshd, determi
         qb, kb = view(q), view(k)
         return BackwardLaunch(view(d_out), q, k, v, view(out), lse, has_dlse=d_lse is not None, as_view=view,
                               varlen=False, num_seqs=qb.shape[0], seqlen_q=qb.shape[2], seqlen_k=kb.shape[2],
-                              scale=scale, causal=causal, config=_backward_config(q, causal, deterministic, config))
+                              scale=scale, causal=causal,
+                              config=_backward_config(q, causal, deterministic, config, qb.shape[2]))
 
     key = None if config is not None else backward_key(
         "dense", (d_out, q, k, v, out, lse, d_lse), (causal, scale, bshd, deterministic))
@@ -309,7 +310,7 @@ def varlen_backward(d_out, q, k, v, out, lse, d_lse, cu_q, cu_k, max_q, max_k, c
     def make():
         return BackwardLaunch(d_out, q, k, v, out, lse, has_dlse=d_lse is not None, as_view=lambda t: t, varlen=True,
                               num_seqs=cu_q.shape[0] - 1, seqlen_q=max_q, seqlen_k=max_k, scale=scale, causal=causal,
-                              config=_backward_config(q, causal, deterministic, config))
+                              config=_backward_config(q, causal, deterministic, config, max_q))
 
     key = None if config is not None else backward_key(
         "varlen", (d_out, q, k, v, out, lse, d_lse, cu_q, cu_k), (max_q, max_k, causal, scale, deterministic))

@@ -44,11 +44,16 @@ RS_DV_SPILLS = ("3.9", )
 # sm_90a: 215 words spilled non-causal, 88 causal, without them; none and 1 with them): dQ split along the queries
 # (each warpgroup its own 64 rows, every column: N = D, not D / 2), P^T rounded to 16 bits as soon as it is formed
 # (dS^T from it), and lse2 and delta as the S^T and dP^T products' starting values (held only while they are issued).
-# Not in the planner's rows: an explicit backward config selects it (bench.experiments.bwd_configs); not yet run on a
-# GPU.
+# The planner's D=64 row since v39 (plan.backward.WIDE_D64), with P^T rounded two at a time and 1 / scale taken once.
 WIDE_STEP = dict(dq_split_q=True, p_bf16=True, bias_in_acc=True)
 # consumer warpgroups -> (consumer registers, launch register cap): 2 x 128 x 240 + 128 x 24 fits the 64K file
 REGISTERS = {1: (232, 128), 2: (240, 168)}
+
+
+def wide_step(block_m: int, block_n: int) -> bool:
+    """The fused form's 128-query step: two (or more) consumer warpgroups, a query tile of 64 rows per warpgroup."""
+    num_wg = block_n // KEY_ROWS
+    return num_wg > 1 and block_m == KEY_ROWS * num_wg
 
 
 def hopper_dkdv_serves(q, k, v, dout, dk, dv, *, varlen: bool) -> bool:
@@ -93,7 +98,7 @@ class HopperDkdvLaunch:
         # fused dQ: added by the copy engine (TMA reduce-add) where this Triton has it, else by atomics
         fused = dq_accum is not None
         dq_tma = fused and async_atomic_add is not None
-        wide = fused and num_wg > 1 and block_m == KEY_ROWS * num_wg
+        wide = fused and wide_step(block_m, block_n)
         split_q = wide and WIDE_STEP["dq_split_q"]
         if dq_tma:
             cols = D if split_q else D // num_wg

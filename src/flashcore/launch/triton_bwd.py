@@ -15,7 +15,15 @@ from ..kernels.triton.fwd import LOG2E
 from ..plan.backward import BwdConfig
 from ..plan.tables import block_d
 from ..runtime import KernelStep, cdiv, interpreting
-from .sm90_bwd import HopperDkdvLaunch, hopper_dkdv_serves
+from .sm90_bwd import HopperDkdvLaunch, hopper_dkdv_serves, wide_step
+
+# The fused Gluon form with GQA, by its step (True: the 128-query step, launch.sm90_bwd.wide_step): one program per
+# query head, dK/dV added up over the group in fp32 buffers (True; v33.7, the 64-query step at D=128), or one per K/V
+# head walking its query heads (False; v39, D=64's 128-query step: 0.90-0.97x the time of the split form at 8x16/2x2048,
+# 8x16/8x2048 causal, 4x64/8x4096 causal and 2x16/8x8192 causal, H200, two runs in one process each, whose rows
+# without GQA agree within 1-3%).
+# bench.experiments.bwd_configs --split-group sets both.
+SPLIT_GROUP = {False: True, True: False}
 
 
 def _strides(t: torch.Tensor, varlen: bool) -> tuple:
@@ -53,7 +61,8 @@ class BackwardLaunch:
         # kernel's per-thread atomics were slower everywhere: then the dQ kernel runs), or an explicit Triton one's
         self.atomic = cfg.atomic_dq and (use_hopper or not cfg.gluon_dkdv)
         # with GQA the fused Gluon form runs a program per query head and adds dK/dV into fp32 buffers
-        self.split = self.atomic and use_hopper and num_heads_q > num_heads_kv
+        self.split = (self.atomic and use_hopper and num_heads_q > num_heads_kv
+                      and SPLIT_GROUP[wide_step(*cfg.gluon_dkdv[:2])])
         # the fp32 dQ buffer of the atomic forms is laid out like the caller's q, so that its conversion at the end
         # is a contiguous copy (a [B, H, S, D] buffer made it a strided one: ~2x slower at 4x32x4096x128, v33)
         dq_target = as_view(torch.empty_like(q_user, dtype=torch.float32)) if self.atomic else dq

@@ -38,34 +38,46 @@ class BwdConfig:
 # two warpgroups 1.02 / 2.21). None spills (sm_90a, compiled on the CPU).
 GLUON_DKDV = {128: (64, 128, 8, 2), 64: (64, 64, 4, 3)}
 
+# D=64's fused form (v39, H200, same-run A/Bs, bench/results/sweeps/bwd-v39-wide-d64-*-h200.json): 128-query steps
+# on two consumer warpgroups (launch.sm90_bwd.WIDE_STEP), dQ added by the copy engine, with GQA a program per K/V
+# head. Against the dQ-kernel form above: 0.91-0.95x the time non-causal (8x16x2048, 4x32x4096), 0.87 with GQA
+# (8x16/2x2048); causal 0.90 at 1x16x16384 and 0.95 at 2x16/8x8192, a tie at 4096 (0.98-1.04) and 1.05-1.10 at 2048
+# (short programs): causal takes it from WIDE_CAUSAL_MIN_SEQLEN queries
+WIDE_D64 = (128, 128, 8, 2)
+WIDE_CAUSAL_MIN_SEQLEN = 8192
+
 # Small tiles keep the interpreter fast; m != n exercises the causal stage split in both kernels.
 INTERPRETER = BwdConfig(16, 32, 4, 1, 32, 16, 4, 1)
 
 
-def backward_config(arch, *, head_dim: int, dtype_name: str, causal: bool, deterministic: bool) -> BwdConfig:
-    """The configuration for these facts (``arch``: compute capability, None for CPU tensors/interpreter)."""
+def backward_config(arch, *, head_dim: int, dtype_name: str, causal: bool, deterministic: bool,
+                    seqlen_q: int = 0) -> BwdConfig:
+    """The configuration for these facts (``arch``: compute capability, None for CPU tensors/interpreter;
+    ``seqlen_q``: the query length, or the varlen maximum; 0 if unknown)."""
     if arch is None:
         cfg = INTERPRETER
     elif dtype_name == "fp32":  # no tensor-core format at 16 bits: half the tile, or the registers spill
         cfg = BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)
     elif is_hopper(arch):
-        cfg = _hopper(head_dim, causal)
+        cfg = _hopper(head_dim, causal, seqlen_q)
     elif head_dim > 128:
         cfg = BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)
     else:
         cfg = BwdConfig(32, 64, 4, 2, 64, 32, 4, 2)
-    if deterministic and cfg.atomic_dq:
-        cfg = replace(cfg, atomic_dq=False)
+    if deterministic and cfg.atomic_dq:  # (the Gluon kernel's form without dQ in it: the head dim's own)
+        cfg = replace(cfg, atomic_dq=False, gluon_dkdv=GLUON_DKDV.get(head_dim) if cfg.gluon_dkdv else None)
     return cfg
 
 
-def _hopper(head_dim: int, causal: bool) -> BwdConfig:
+def _hopper(head_dim: int, causal: bool, seqlen_q: int) -> BwdConfig:
     """Sweeps v19.0-v19.2 (H100, bf16, bench/results/sweeps/bwd-v19-h100.json): D=64 wants narrow query tiles and
     four warps (8x16x2048: 295 TF against 263 at 64x128w8s2, 344-351 since v19.2; 4x32x4096 causal 312 against
     228); D=128 wants eight warps and a deeper pipeline (4x32x4096: 372 TF, causal 350, against 357/318 at s2).
     The Triton kernel's fp32 atomics for dQ lost everywhere (320 against 357 TF at D=128); the Gluon kernel's reduce-add
     wins at D=128 (v33, below). D=256: v26."""
     if head_dim <= 64:
+        if head_dim == 64 and (not causal or seqlen_q >= WIDE_CAUSAL_MIN_SEQLEN):
+            return BwdConfig(32, 128, 4, 3, 64, 64, 4, 3, atomic_dq=True, gluon_dkdv=WIDE_D64)
         return BwdConfig(32, 128, 4, 3, 64, 64, 4, 3, gluon_dkdv=GLUON_DKDV.get(head_dim))
     if head_dim <= 128:
         # v33 (H200, same-run A/B, bench/results/sweeps/bwd-v33-h200.json): dQ inside the Gluon kernel at D=128,

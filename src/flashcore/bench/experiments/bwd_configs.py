@@ -35,6 +35,11 @@ V33_SHAPES = {
           (8, 32, 8, 2048, True), (1, 32, 8, 16384, True), (2, 16, 16, 2048, False), (8, 16, 16, 1024, True)],
     64: [(8, 16, 16, 2048, False), (8, 16, 8, 2048, True), (4, 32, 32, 4096, True)],
 }
+V39_SHAPES = {  # D=64: the wide fused form (v39) over issue 23's and the training bench's D=64 shapes, GQA and not
+    64: [(8, 16, 16, 2048, False), (8, 16, 16, 2048, True), (4, 32, 32, 4096, False), (4, 32, 32, 4096, True),
+         (1, 16, 16, 16384, True), (8, 16, 2, 2048, False), (8, 16, 8, 2048, True), (4, 64, 8, 4096, True),
+         (2, 16, 8, 8192, True)],
+}
 SHAPES = {  # head dim: [(B, Hq, Hkv, S, causal)]
     256: [(4, 16, 16, 4096, False), (4, 16, 16, 4096, True)],
     # v29: the Gluon dK/dV kernel against the Triton one (issue 23's shapes, and one GQA training shape)
@@ -103,15 +108,21 @@ def run_shape(B, Hq, Hkv, S, causal, D, names) -> list:
 def main(argv=None) -> int:
     ap = parser(__name__, __doc__)
     ap.add_argument("--head-dim", type=int, nargs="+", default=[256])
-    ap.add_argument("--set", choices=["default", "v33"], default="default", help="the shape list (v33: V33_SHAPES)")
+    ap.add_argument("--set", choices=["default", "v33", "v39"], default="default",
+                    help="the shape list (v33: V33_SHAPES, v39: V39_SHAPES)")
     ap.add_argument("--candidates", nargs="+", help="config names instead of the head dim's CANDIDATES")
     ap.add_argument("--head-chunk", type=int, help="launch.sm90_bwd.HEAD_CHUNK for this run (program order)")
     ap.add_argument("--ds-sets", type=int, help="launch.sm90_bwd.DS_SETS for this run (fused dQ's dS^T sets)")
     ap.add_argument("--rs-dv", type=int, choices=(0, 1),
                     help="non-causal fused forms: P^T as dV's register operand (1, launch.sm90_bwd.FUSED_FORM's "
                          "choice) or through shared memory (0)")
+    ap.add_argument("--split-group", type=int, choices=(0, 1),
+                    help="fused forms with GQA, every step: a program per query head, dK/dV added in fp32 (1), or per "
+                         "K/V head (0); default: launch.triton_bwd.SPLIT_GROUP's choice by step")
     a = ap.parse_args(argv)
-    from ...launch import sm90_bwd
+    from ...launch import sm90_bwd, triton_bwd
+    if a.split_group is not None:
+        triton_bwd.SPLIT_GROUP = {False: bool(a.split_group), True: bool(a.split_group)}
     if a.head_chunk:
         sm90_bwd.HEAD_CHUNK = a.head_chunk
     if a.ds_sets:
@@ -122,7 +133,7 @@ def main(argv=None) -> int:
                knobs=dict(head_chunk=sm90_bwd.HEAD_CHUNK, ds_sets=sm90_bwd.DS_SETS,
                           fused_form={str(k): v for k, v in sm90_bwd.FUSED_FORM.items()},
                           wide_step=sm90_bwd.WIDE_STEP))
-    shapes = V33_SHAPES if a.set == "v33" else SHAPES
+    shapes = dict(v33=V33_SHAPES, v39=V39_SHAPES).get(a.set, SHAPES)
     for D in a.head_dim:
         for B, Hq, Hkv, S, causal in shapes[D]:
             res["rows"] += run_shape(B, Hq, Hkv, S, causal, D, a.candidates or CANDIDATES[D])

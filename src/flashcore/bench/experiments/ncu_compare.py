@@ -148,10 +148,17 @@ def _profile(a, tag, selection, metrics, child_args, source_selection, timeout):
     return text
 
 
-def child_bwd(shape, peer, causal):
+def child_bwd(shape, peer, causal, bwd_config=None):
     """The profiled process of ``--pass bwd``: two forward+backward steps, then the third's backward between
-    ``cudaProfilerStart`` and ``Stop`` (ncu, started with profiling off, profiles every kernel in between)."""
+    ``cudaProfilerStart`` and ``Stop`` (ncu, started with profiling off, profiles every kernel in between).
+    ``bwd_config`` (a ``plan.backward`` config name) replaces flashcore's planner for this process."""
     from ..training import TrainCase, _call, _inputs
+
+    if bwd_config:
+        from ... import ops
+        from ...plan.backward import parse_bwd_config_name
+        cfg = parse_bwd_config_name(bwd_config)
+        ops.backward_config = lambda *args, **kw: cfg
 
     B, H, S, D = shape
     case = TrainCase(B, H, H, S, D, causal)
@@ -176,8 +183,11 @@ def main_bwd(a, shape):
     """``--pass bwd``: every kernel of one backward per peer; the table holds each peer's heaviest kernel."""
     rows, kernels = {}, {}
     for peer in a.peer or list(PEERS):
-        tag = f"ncu-bwd-{'x'.join(map(str, shape))}{'-causal' if a.causal else ''}-{peer}-cache-{a.cache}.txt"
-        child = ["--pass", "bwd", "--shape", a.shape, "--child", peer] + (["--causal"] if a.causal else [])
+        cfg = a.config[0] if a.config else None
+        tag = (f"ncu-bwd-{'x'.join(map(str, shape))}{'-causal' if a.causal else ''}-{peer}{'-' + cfg if cfg else ''}"
+               f"-cache-{a.cache}.txt")
+        child = (["--pass", "bwd", "--shape", a.shape, "--child", peer] + (["--causal"] if a.causal else [])
+                 + ([f"--bwd-config={cfg}"] if cfg else []))
         # (--source: the per-instruction page of the main kernel only)
         text = _profile(a, tag, ["--profile-from-start", "off"], BWD_METRICS, child, ["-k", MAIN_BWD_KERNEL[peer]],
                         timeout=900)
@@ -206,18 +216,30 @@ def main(argv=None):
     ap.add_argument("--peer", action="append", default=[], choices=PEERS,
                     help="--pass bwd: the backends to profile (default: all three)")
     ap.add_argument("--causal", action="store_true", help="--pass bwd: causal (bottom-right)")
-    ap.add_argument("--config", action="append", default=[], help="flashcore config(s); SDPA is always profiled")
+    ap.add_argument("--config", action="append", default=[],
+                    help="flashcore config(s); SDPA is always profiled. --pass bwd: one backward config "
+                         "(plan.backward's names, e.g. 32x128w4s3-64x64w4s3-atomic-gluon128x128w8s2) with --peer "
+                         "flashcore")
     ap.add_argument("--cache", choices=("all", "none"), default="all",
                     help="ncu --cache-control: all = caches flushed before the kernel (cold, the default), none = warm")
     ap.add_argument("--source", action="store_true", help="also export the per-instruction source page (CSV)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--bwd-config", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     shape = tuple(int(x) for x in a.shape.split(","))
     if a.pass_ == "fwd" and (a.peer or a.causal):
         ap.error("--peer and --causal are for --pass bwd")
+    if a.pass_ == "bwd" and a.config and not a.child:
+        from ...plan.backward import parse_bwd_config_name
+        if len(a.config) > 1 or a.peer != ["flashcore"]:
+            ap.error("--pass bwd takes one --config, with --peer flashcore alone")
+        try:
+            parse_bwd_config_name(a.config[0])
+        except ValueError as e:
+            ap.error(f"--config: {e}")
     if a.child:
         if a.pass_ == "bwd":
-            child_bwd(shape, a.child, a.causal)
+            child_bwd(shape, a.child, a.causal, a.bwd_config)
         else:
             child(shape, a.child)
         return

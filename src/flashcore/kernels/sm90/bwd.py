@@ -229,12 +229,13 @@ def _issue_scores(k_t, v_t, q_smem, do_smem, ready, s_zero, j, STAGES: gl.conste
 
 
 @gluon.jit
-def _issue_scores_biased(k_t, v_t, q_smem, do_smem, lse2_smem, delta_smem, ready, j, qk_scale, STAGES: gl.constexpr,
+def _issue_scores_biased(k_t, v_t, q_smem, do_smem, lse2_smem, delta_smem, ready, j, inv_qk_scale, STAGES: gl.constexpr,
                          BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, s_layout: gl.constexpr,
                          col_layout: gl.constexpr):
     """:func:`_issue_scores` with the step's row statistics as the products' starting values: ``S^T - lse2 / scale``
     and ``dP^T - delta`` come out of the tensor cores, so lse2 and delta are held only while the products are issued,
-    not through the exponentials and dS^T (the registers a 128-query step lacks, perf-notes v38)."""
+    not through the exponentials and dS^T (the registers a 128-query step lacks, perf-notes v38). ``inv_qk_scale``
+    is 1 / scale, taken once: a division here is a reciprocal and its range fix-ups per query row (v39)."""
     s = j % STAGES
     mbarrier.wait(ready.index(s), (j // STAGES) & 1)
     q_t = q_smem.index(s).reshape([BLOCK_M, HEAD_DIM])
@@ -243,9 +244,20 @@ def _issue_scores_biased(k_t, v_t, q_smem, do_smem, lse2_smem, delta_smem, ready
     delta = delta_smem.index(s).reshape([BLOCK_M]).load(col_layout)
     zero = gl.zeros([64, BLOCK_M], gl.float32, layout=s_layout)
     # (lse2 = +inf past the last query row: -inf, whose probabilities are 0)
-    st = warpgroup_mma(k_t, q_t.permute((1, 0)), zero - gl.expand_dims(lse2 / qk_scale, 0), is_async=True)
+    st = warpgroup_mma(k_t, q_t.permute((1, 0)), zero - gl.expand_dims(lse2 * inv_qk_scale, 0), is_async=True)
     dpt = warpgroup_mma(v_t, do_t.permute((1, 0)), zero - gl.expand_dims(delta, 0), is_async=True)
     return s, q_t, do_t, st, dpt
+
+
+@gluon.jit
+def _round_pairs(x, dtype: gl.constexpr):
+    """``x.to(dtype)`` (bf16 or fp16, round to nearest even), two values per instruction: ``.to`` rounds one at a
+    time where the values are not packed right after (F2F, on the pipe the exponentials run on, perf-notes v39)."""
+    if dtype == gl.bfloat16:
+        y = gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [x], gl.bfloat16, True, 2)
+    else:
+        y = gl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [x], gl.float16, True, 2)
+    return y
 
 
 @gluon.jit
@@ -414,13 +426,14 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
     dq_col = DQ_COL0 + gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, dq_layout))
     dq_base = dq_ptr + b.to(gl.int64) * stride_dqb
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    inv_qk_scale = 1.0 / qk_scale
     mbarrier.wait(kv_ready, 0)
 
     for j in range(n_steps):
         m0 = (m_first + j % n_m) * BLOCK_M
         if BIAS_IN_ACC:
             s, q_t, do_t, st, dpt = _issue_scores_biased(k_t, v_t, q_smem, do_smem, lse2_smem, delta_smem, ready, j,
-                                                         qk_scale, STAGES, BLOCK_M, HEAD_DIM, s_layout, col_layout)
+                                                         inv_qk_scale, STAGES, BLOCK_M, HEAD_DIM, s_layout, col_layout)
         else:
             s, q_t, do_t, st, dpt = _issue_scores(k_t, v_t, q_smem, do_smem, ready, s_zero, j, STAGES, BLOCK_M,
                                                   HEAD_DIM)
@@ -431,7 +444,7 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
         pt = _probabilities(st, lse2_smem, s, key, m0 + col, m0, n0, diag, qk_scale, seqlen_k, KEYS, BLOCK_M, CAUSAL,
                             True, col_layout, BIAS_IN_ACC)
         if P_BF16:  # P^T at 16 bits from here on (dS^T from it too): 16 registers per 32 probabilities
-            pt = pt.to(dtype)
+            pt = _round_pairs(pt, dtype)
         if RS_DV:  # P^T as dV's register operand (kept alive until dV is waited for)
             p_op = gl.convert_layout(pt.to(dtype), op_layout)
             dv = warpgroup_mma(p_op, do_t, dv, is_async=True)
