@@ -6,7 +6,9 @@ Used for the "why is it where it is" entries of docs/perf-notes.md.
 ``--pass bwd`` profiles the backward instead: every kernel of one backward call (between profiler start and stop,
 after two warm-up steps) of each ``--peer`` (``flashcore``, ``sdpa-cudnn``, ``fa4``; the training bench's callables,
 causal with ``--causal``), with the heaviest kernel's metrics in the table and every kernel's time beside it, so that
-a backward's main loop and its side passes (pre-pass, zeroing, dQ conversion) are read apart.
+a backward's main loop and its side passes (pre-pass, zeroing, dQ conversion) are read apart. With ``--peer flashcore``
+it takes one ``--config`` in the backward planner's names (``plan.backward.bwd_config_name``), which replaces the
+planner in the profiled process.
 
     python -m flashcore.bench.experiments.ncu_compare --shape 16,16,2048,64 --config 128x128w8s2_r128 --out $OUT
 
