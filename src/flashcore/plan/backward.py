@@ -41,8 +41,8 @@ GLUON_DKDV = {128: (64, 128, 8, 2), 64: (64, 64, 4, 3)}
 # D=64's fused form (v39, H200, same-run A/Bs, bench/results/sweeps/bwd-v39-wide-d64-*-h200.json): 128-query steps
 # on two consumer warpgroups (launch.sm90_bwd.WIDE_STEP), dQ added by the copy engine, with GQA a program per K/V
 # head. Against the dQ-kernel form above: 0.91-0.95x the time non-causal (8x16x2048, 4x32x4096), 0.87 with GQA
-# (8x16/2x2048); causal 0.90 at 1x16x16384 and 0.95 at 2x16/8x8192, a tie at 4096 (0.98-1.04) and 1.05-1.10 at 2048
-# (short programs): causal takes it from WIDE_CAUSAL_MIN_SEQLEN queries
+# (8x16/2x2048); causal 0.90 at 1x16x16384 and 0.95 at 2x16/8x8192, a tie at 4096 (0.95-1.04 over three runs) and
+# 1.05-1.10 at 2048 (short programs): causal takes it from WIDE_CAUSAL_MIN_SEQLEN queries
 WIDE_D64 = (128, 128, 8, 2)
 WIDE_CAUSAL_MIN_SEQLEN = 8192
 
