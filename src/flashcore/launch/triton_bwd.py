@@ -20,8 +20,8 @@ from .sm90_bwd import HopperDkdvLaunch, hopper_dkdv_serves, wide_step
 # The fused Gluon form with GQA, by its step (True: the 128-query step, launch.sm90_bwd.wide_step): one program per
 # query head, dK/dV added up over the group in fp32 buffers (True; v33.7, the 64-query step at D=128), or one per K/V
 # head walking its query heads (False; v39, D=64's 128-query step: 0.90-0.97x the time of the split form at 8x16/2x2048,
-# 8x16/8x2048 causal, 4x64/8x4096 causal and 2x16/8x8192 causal, H200, two runs in one process each, whose rows
-# without GQA agree within 1-3%).
+# 8x16/8x2048 causal, 4x64/8x4096 causal and 2x16/8x8192 causal, H200: two runs, a process each, in one device call,
+# whose rows without GQA agree within 1-3%).
 # bench.experiments.bwd_configs --split-group sets both.
 SPLIT_GROUP = {False: True, True: False}
 
@@ -60,7 +60,8 @@ class BackwardLaunch:
         # dQ added inside the dK/dV kernel: a Gluon form's reduce-add only where the Gluon kernel runs (the Triton
         # kernel's per-thread atomics were slower everywhere: then the dQ kernel runs), or an explicit Triton one's
         self.atomic = cfg.atomic_dq and (use_hopper or not cfg.gluon_dkdv)
-        # with GQA the fused Gluon form runs a program per query head and adds dK/dV into fp32 buffers
+        # with GQA the fused Gluon form runs a program per query head and adds dK/dV into fp32 buffers, where
+        # SPLIT_GROUP says so for its step
         self.split = (self.atomic and use_hopper and num_heads_q > num_heads_kv
                       and SPLIT_GROUP[wide_step(*cfg.gluon_dkdv[:2])])
         # the fp32 dQ buffer of the atomic forms is laid out like the caller's q, so that its conversion at the end
