@@ -248,6 +248,14 @@ KV_DTYPES = ("same", "fp8")
 FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
 
 
+def check_kv_dtype(kind: str, kv_dtype: str) -> None:
+    """``kv_dtype`` is one of KV_DTYPES, and other than "same" only for the KV-cache kernels (KV_KINDS)."""
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
+    if kv_dtype != "same" and kind not in KV_KINDS:
+        raise ValueError(f"kv_dtype {kv_dtype!r} is for the KV-cache kernels {KV_KINDS}, not {kind!r}")
+
+
 def fp8_cache(t: Tensor, lens: list) -> tuple:
     """A cache ``[B, S, Hkv, D]`` as float8_e4m3fn and its fp32 descales ``[B, Hkv]``: each (sequence, K/V head)
     scaled by the largest magnitude of its first ``lens[b]`` rows (its true length), so the padding, whatever it
@@ -290,10 +298,7 @@ def make_call(kind: str, case: Case, *, causal: bool, lens_mode: str = "cross", 
     """
     import flashcore
 
-    if kv_dtype not in KV_DTYPES:
-        raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
-    if kv_dtype != "same" and kind not in KV_KINDS:
-        raise ValueError(f"kv_dtype {kv_dtype!r} is for the KV-cache kernels {KV_KINDS}, not {kind!r}")
+    check_kv_dtype(kind, kv_dtype)
     if kind == "secure":
         if lens_mode == "self":
             if not case.same_lengths:

@@ -119,9 +119,7 @@ class Slots:
         # "cross" the query lengths too, equal in value (causal: the secret-diagonal form)
         self.lens_mode = lens_mode
         self.page_size = page_size  # KV-cache kernels: pages of this many positions, in order (0: a contiguous cache)
-        if kv_dtype not in I.KV_DTYPES or (kv_dtype != "same" and kernel not in I.KV_KINDS):
-            raise ValueError(f"kv_dtype {kv_dtype!r}: one of {I.KV_DTYPES}, other than 'same' for the KV-cache "
-                             f"kernels {I.KV_KINDS} only, not {kernel!r}")
+        I.check_kv_dtype(kernel, kv_dtype)
         # KV-cache kernels: the caches as float8_e4m3fn ("fp8"), with descales that are the same constant for both
         # classes (so the classes differ in the cache's bytes and lengths only)
         self.kv_fp8 = kv_dtype == "fp8"
