@@ -330,8 +330,9 @@ REGISTER_MISSES = {
                                "insufficient register resources): no MMA overlaps a softmax; 26 STL, 52 LDL",
         "d128_causal": "the D=128 causal form spills (fast 13 STL / 41 LDL, secure 14 / 48; 3 / 4 and 4 / 7 on "
                        "Triton 3.6), one LDL in each main loop",
-        "bwd_d64_wide_causal": "the backward's 128-query fused D=64 causal form (not in the planner) spills 4 STL / "
-                               "12 LDL (none on Triton 3.6; 17 / 23 before v39's paired rounding)",
+        "bwd_d64_wide_causal": "the backward's 128-query fused D=64 causal form (the planner's causal D=64 row from "
+                               "4096 queries) spills 4 STL / 12 LDL (none on Triton 3.6; 17 / 23 before v39's "
+                               "paired rounding; 10 / 18 with v40's widened P^T, which 3.9 does not take)",
     },
 }
 

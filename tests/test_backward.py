@@ -450,6 +450,15 @@ def test_hopper_wide_d64_step_fits_its_registers(causal):
     assert "F2F.BF16.F32" not in sass and "F2F.F16.F32" not in sass, "P^T rounded one probability at a time"
     fixups = len(re.findall(r"FMUL R\d+, R\d+, (?:0\.25|16777216)", sass))  # a division's range scaling
     assert fixups <= 8, f"{fixups} range fix-ups of a division: one per query row"
+    # P^T, rounded to 16 bits, is widened back to fp32 for dS^T by integer operations on its pairs
+    # (kernels.sm90.bwd._widen_pairs), not split into halves by byte permutes, widened by an IMAD each and permuted
+    # together again for dV's operand (`.to(float32)`: 128 PRMT per consumer pair and step, perf-notes v40). Triton
+    # 3.9 keeps `.to(float32)` (launch.sm90_bwd.WIDEN_SPILLS).
+    from flashcore.launch import sm90_bwd
+    from flashcore.plan.tables import triton_minor
+
+    if triton_minor() not in sm90_bwd.WIDEN_SPILLS:
+        assert "PRMT" not in sass, f"{sass.count('PRMT')} byte permutes: P^T split and re-merged for dS^T"
     from conftest import expect_register_fit
 
     expect_register_fit("bwd_d64_wide" + ("_causal" if causal else ""),

@@ -42,9 +42,11 @@ GLUON_DKDV = {128: (64, 128, 8, 2), 64: (64, 64, 4, 3)}
 # on two consumer warpgroups (launch.sm90_bwd.WIDE_STEP), dQ added by the copy engine, with GQA a program per K/V
 # head. Against the dQ-kernel form above: 0.91-0.95x the time non-causal (8x16x2048, 4x32x4096), 0.87 with GQA
 # (8x16/2x2048); causal 0.90 at 1x16x16384 and 0.95 at 2x16/8x8192, a tie at 4096 (0.95-1.04 over three runs) and
-# 1.05-1.10 at 2048 (short programs): causal takes it from WIDE_CAUSAL_MIN_SEQLEN queries
+# 1.05-1.10 at 2048 (short programs). v40's widened P^T (WIDE_STEP's widen_asm, causal 2.4-5.3% faster) moved 4096 to
+# 0.92 (4x32x4096x64 causal, 1832 against 1991 us) and 2048 to 1.02 (8x16x2048x64 causal, 579 against 566): causal
+# takes it from WIDE_CAUSAL_MIN_SEQLEN queries (bench/results/sweeps/bwd-v40-widen-ab-h200.json)
 WIDE_D64 = (128, 128, 8, 2)
-WIDE_CAUSAL_MIN_SEQLEN = 8192
+WIDE_CAUSAL_MIN_SEQLEN = 4096
 
 # Small tiles keep the interpreter fast; m != n exercises the causal stage split in both kernels.
 INTERPRETER = BwdConfig(16, 32, 4, 1, 32, 16, 4, 1)

@@ -163,7 +163,7 @@ def _consumer(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, 
               NUM_WG: gl.constexpr, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr, DQ_TMA: gl.constexpr,
               OPERANDS_SMEM: gl.constexpr, DS_SETS: gl.constexpr, SPLIT_GROUP: gl.constexpr, WG: gl.constexpr,
               RS_DV: gl.constexpr, DQ_SPLIT_Q: gl.constexpr = False, P_BF16: gl.constexpr = False,
-              BIAS_IN_ACC: gl.constexpr = False):
+              BIAS_IN_ACC: gl.constexpr = False, WIDEN_ASM: gl.constexpr = False):
     """A consumer partition (warpgroup ``WG``): dK and dV of key rows ``n0 + 64 WG ...`` over every step, and with
     FUSED_DQ this warpgroup's columns of every step's dQ as well (:func:`_consumer_fused_dq`)."""
     if FUSED_DQ:
@@ -172,7 +172,7 @@ def _consumer(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, 
                            scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb, stride_dkh,
                            stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M,
                            HEAD_DIM, STAGES, NUM_WG, CAUSAL, DQ_TMA, DS_SETS, SPLIT_GROUP, WG, RS_DV, DQ_SPLIT_Q,
-                           P_BF16, BIAS_IN_ACC)
+                           P_BF16, BIAS_IN_ACC, WIDEN_ASM)
     else:
         _consumer_dkdv(q_desc, dk_ptr, dv_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem, delta_smem, ds_smem,
                        p_smem, ready, empty, kv_ready, qk_scale, scale, seqlen_q, seqlen_k, num_heads_kv, group,
@@ -258,6 +258,16 @@ def _round_pairs(x, dtype: gl.constexpr):
     else:
         y = gl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [x], gl.float16, True, 2)
     return y
+
+
+@gluon.jit
+def _widen_pairs(y):
+    """A 16-bit bf16 tensor back to fp32 (exact), a pair of values per 32-bit word: the low value shifted up, the high
+    one masked, two integer operations per pair. ``.to(float32)`` split each pair with a byte permute and widened
+    each value with an IMAD on the FMA pipe, then permuted the pairs together again for dV's register operand
+    (perf-notes v40)."""
+    return gl.inline_asm_elementwise("{ shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000; }", "=r,=r,r", [y],
+                                     gl.float32, True, 2)
 
 
 @gluon.jit
@@ -375,7 +385,8 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
                        HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NUM_WG: gl.constexpr, CAUSAL: gl.constexpr,
                        DQ_TMA: gl.constexpr, DS_SETS: gl.constexpr, SPLIT_GROUP: gl.constexpr,
                        WG: gl.constexpr, RS_DV: gl.constexpr, DQ_SPLIT_Q: gl.constexpr = False,
-                       P_BF16: gl.constexpr = False, BIAS_IN_ACC: gl.constexpr = False):
+                       P_BF16: gl.constexpr = False, BIAS_IN_ACC: gl.constexpr = False,
+                       WIDEN_ASM: gl.constexpr = False):
     """dK, dV and this warpgroup's share of dQ (five products per tile pair; not deterministic: the order of the
     additions into the fp32 ``dq_ptr`` buffer varies).
 
@@ -456,7 +467,10 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
             delta = delta_smem.index(s).reshape([BLOCK_M]).load(col_layout)
         dpt = warpgroup_mma_wait(1, deps=(dpt, ))
         if P_BF16:  # (dS^T from the 16-bit P^T)
-            pt = pt.to(gl.float32)
+            if WIDEN_ASM and dtype == gl.bfloat16:
+                pt = _widen_pairs(pt)
+            else:
+                pt = pt.to(gl.float32)
         if BIAS_IN_ACC:  # dpt is dP^T - delta already
             dst = pt * dpt
         else:
@@ -514,7 +528,8 @@ def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delt
                                 DQ_TMA: gl.constexpr = False, OPERANDS_SMEM: gl.constexpr = False,
                                 DS_SETS: gl.constexpr = 2, SPLIT_GROUP: gl.constexpr = False,
                                 RS_DV: gl.constexpr = False, DQ_SPLIT_Q: gl.constexpr = False,
-                                P_BF16: gl.constexpr = False, BIAS_IN_ACC: gl.constexpr = False):
+                                P_BF16: gl.constexpr = False, BIAS_IN_ACC: gl.constexpr = False,
+                                WIDEN_ASM: gl.constexpr = False):
     """One program per (key tile of ``64 NUM_WG`` keys, batch entry x K/V head); see the module's docstring."""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
@@ -565,13 +580,13 @@ def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delt
                          scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb, stride_dkh, stride_dks,
                          stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM,
                          STAGES, NUM_WG, CAUSAL, FUSED_DQ, DQ_TMA, OPERANDS_SMEM, DS_SETS, SPLIT_GROUP, 0,
-                         RS_DV, DQ_SPLIT_Q, P_BF16, BIAS_IN_ACC)),
+                         RS_DV, DQ_SPLIT_Q, P_BF16, BIAS_IN_ACC, WIDEN_ASM)),
             (_consumer, (q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem,
                          delta_smem, ds_smem, p_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale,
                          scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb, stride_dkh, stride_dks,
                          stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM,
                          STAGES, NUM_WG, CAUSAL, FUSED_DQ, DQ_TMA, OPERANDS_SMEM, DS_SETS, SPLIT_GROUP, 1,
-                         RS_DV, DQ_SPLIT_Q, P_BF16, BIAS_IN_ACC)),
+                         RS_DV, DQ_SPLIT_Q, P_BF16, BIAS_IN_ACC, WIDEN_ASM)),
             (_loader, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                        lse2_smem, delta_smem, ready, empty, kv_ready, seqlen_q, seqlen_k, num_heads_kv, group,
                        head_chunk, BLOCK_M, STAGES, NUM_WG, CAUSAL, SPLIT_GROUP)),
@@ -583,7 +598,7 @@ def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delt
                          scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb, stride_dkh, stride_dks,
                          stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM,
                          STAGES, NUM_WG, CAUSAL, FUSED_DQ, DQ_TMA, OPERANDS_SMEM, DS_SETS, SPLIT_GROUP, 0,
-                         RS_DV, DQ_SPLIT_Q, P_BF16, BIAS_IN_ACC)),
+                         RS_DV, DQ_SPLIT_Q, P_BF16, BIAS_IN_ACC, WIDEN_ASM)),
             (_loader, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                        lse2_smem, delta_smem, ready, empty, kv_ready, seqlen_q, seqlen_k, num_heads_kv, group,
                        head_chunk, BLOCK_M, STAGES, NUM_WG, CAUSAL, SPLIT_GROUP)),
