@@ -408,7 +408,8 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
     The 128-query step (BLOCK_M = 64 * NUM_WG, ``launch.sm90_bwd.WIDE_STEP``) needs three register savings to fit:
     DQ_SPLIT_Q (each warpgroup's dQ product covers its own BLOCK_M / NUM_WG query rows and every column, reading its
     rows of every warpgroup's dS^T), P_BF16 (P^T at 16 bits once formed; dS^T from it) and BIAS_IN_ACC (the S^T and
-    dP^T products start from -lse2 / scale and -delta: :func:`_issue_scores_biased`)."""
+    dP^T products start from -lse2 / scale and -delta: :func:`_issue_scores_biased`); WIDEN_ASM widens the 16-bit
+    P^T back to fp32 for dS^T two values at a time (:func:`_widen_pairs`)."""
     dtype: gl.constexpr = q_desc.dtype
     KEYS: gl.constexpr = 64
     s_layout: gl.constexpr = acc_layout(BLOCK_M)
