@@ -116,6 +116,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rs-dv", type=int, choices=(0, 1),
                     help="non-causal fused forms: P^T as dV's register operand (1, launch.sm90_bwd.FUSED_FORM's "
                          "choice) or through shared memory (0)")
+    ap.add_argument("--widen-asm", type=int, choices=(0, 1),
+                    help="the wide D=64 step: its 16-bit P^T widened back by integer operations on pairs (1, "
+                         "launch.sm90_bwd.WIDE_STEP's choice since v40) or by .to(float32) (0, v39)")
     ap.add_argument("--split-group", type=int, choices=(0, 1),
                     help="fused forms with GQA, every step: a program per query head, dK/dV added in fp32 (1), or per "
                          "K/V head (0); default: launch.triton_bwd.SPLIT_GROUP's choice by step")
@@ -127,6 +130,8 @@ def main(argv=None) -> int:
         sm90_bwd.HEAD_CHUNK = a.head_chunk
     if a.ds_sets:
         sm90_bwd.DS_SETS = a.ds_sets
+    if a.widen_asm is not None:
+        sm90_bwd.WIDE_STEP = {**sm90_bwd.WIDE_STEP, "widen_asm": bool(a.widen_asm)}
     if a.rs_dv is not None:
         sm90_bwd.FUSED_FORM = {**sm90_bwd.FUSED_FORM, False: dict(sm90_bwd.FUSED_FORM[False], rs_dv=bool(a.rs_dv))}
     res = dict(env=collect_environment(), what=__doc__.split("\n")[0], rows=[],
