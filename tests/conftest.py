@@ -287,21 +287,22 @@ from flashcore.audit.sass import compile_cubin, disassemble
 from flashcore.audit.specs import hopper_dkdv_spec
 a = json.loads(sys.argv[1])
 spec = hopper_dkdv_spec(a["head_dim"], a["causal"], form=tuple(a["form"]) if a["form"] else None,
-                        fused_dq=a["fused_dq"], Hkv=a["hkv"])
+                        fused_dq=a["fused_dq"], Hkv=a["hkv"], ordered_dq=a["ordered_dq"])
 c = compile_cubin(spec["fn"], spec["signature"], spec["constexprs"], num_warps=spec["num_warps"],
                   num_stages=spec["num_stages"], attrs=spec["attrs"], maxnreg=spec["maxnreg"])
 sys.stdout.write(disassemble(c.cubin))
 """
 
 
-def gluon_bwd_sass(head_dim: int, causal: bool, form=None, fused_dq: bool = False, hkv: int = 2) -> str:
+def gluon_bwd_sass(head_dim: int, causal: bool, form=None, fused_dq: bool = False, hkv: int = 2,
+                   ordered_dq: bool = False) -> str:
     """sm_90a SASS of the Hopper backward's dK/dV kernel as the backward launches it (``form``: another (query tile,
     key tile, warps, ring depth); ``fused_dq``: the form that adds dQ itself; ``hkv``: K/V heads beside 8 query
-    heads, 8 being no GQA, which Triton specialises), compiled in a fresh process without ``TRITON_INTERPRET`` (see
-    gluon_sass)."""
+    heads, 8 being no GQA, which Triton specialises; ``ordered_dq``: deterministic's fused form), compiled in a fresh
+    process without ``TRITON_INTERPRET`` (see gluon_sass)."""
     return _compile_in_fresh_process(_GLUON_BWD_SASS, "the Gluon dK/dV kernel",
                                      dict(head_dim=head_dim, causal=causal, form=list(form) if form else None,
-                                          fused_dq=fused_dq, hkv=hkv))
+                                          fused_dq=fused_dq, hkv=hkv, ordered_dq=ordered_dq))
 
 
 # The Gluon kernel's register budgets (launch/sm90_fwd.py: three consumer warpgroups at 160 registers, two at 240)

@@ -260,24 +260,28 @@ def test_reference_route_keeps_gradients_and_accepts_deterministic():
 
 # -- the configuration table -----------------------------------------------------------------------------------
 
-def test_config_names_round_trip_and_deterministic_never_uses_atomics():
-    for cfg in (INTERPRETER, BwdConfig(64, 128, 8, 4, 128, 64, 8, 4, atomic_dq=True)):
+def test_config_names_round_trip_and_deterministic_never_uses_unordered_atomics():
+    for cfg in (INTERPRETER, BwdConfig(64, 128, 8, 4, 128, 64, 8, 4, atomic_dq=True),
+                BwdConfig(64, 128, 8, 4, 128, 64, 8, 4, atomic_dq=True, gluon_dkdv=(64, 128, 8, 2), ordered_dq=True)):
         assert parse_bwd_config_name(bwd_config_name(cfg)) == cfg
     with pytest.raises(ValueError, match="backward config name"):
         parse_bwd_config_name("64x128")
     for arch in (None, (9, 0), (8, 0)):
         for d in (64, 128, 256):
             for dt in ("fp16", "bf16", "fp32"):
-                cfg = backward_config(arch, head_dim=d, dtype_name=dt, causal=True, deterministic=True)
-                assert not cfg.atomic_dq
+                for causal in (False, True):
+                    cfg = backward_config(arch, head_dim=d, dtype_name=dt, causal=causal, deterministic=True)
+                    assert not cfg.atomic_dq or cfg.ordered_dq
+                    assert not cfg.ordered_dq or (arch == (9, 0) and d == 128 and dt != "fp32")
 
 
 def test_the_hopper_table_adds_dq_inside_the_gluon_kernel_at_d128_and_d64():
     """v33's rows: dQ inside the Gluon dK/dV kernel at D=128, bf16 and fp16, causal or not. v39's: at D=64 too, on
     the 128-query step, non-causal at every length and causal from WIDE_CAUSAL_MIN_SEQLEN queries (shorter causal
     problems keep the dQ kernel: the wide step lost 5-10% at 2048). D=256, fp32, other GPUs and deterministic=True
-    keep the dQ kernel; deterministic D=64 its own 64-query Gluon form, not the wide step without dQ."""
-    from flashcore.plan.backward import GLUON_DKDV, WIDE_CAUSAL_MIN_SEQLEN, WIDE_D64
+    keep the dQ kernel; deterministic D=64 its own 64-query Gluon form, not the wide step without dQ; deterministic
+    D=128 the fused form with dQ added in a fixed order (v41), causal up to ORDERED_CAUSAL_MAX_SEQLEN queries."""
+    from flashcore.plan.backward import GLUON_DKDV, ORDERED_CAUSAL_MAX_SEQLEN, WIDE_CAUSAL_MIN_SEQLEN, WIDE_D64
 
     def cfg(arch=(9, 0), **kw):
         return backward_config(arch, **(dict(head_dim=128, dtype_name="bf16", causal=True, deterministic=False) | kw))
@@ -287,7 +291,13 @@ def test_the_hopper_table_adds_dq_inside_the_gluon_kernel_at_d128_and_d64():
 
     assert fused() and fused(causal=False) and fused(dtype_name="fp16")
     assert not fused(head_dim=256) and not fused(dtype_name="fp32")
-    assert not fused(deterministic=True) and not fused(arch=(8, 0)) and not fused(arch=None)
+    assert not fused(arch=(8, 0)) and not fused(arch=None)
+    for kw in (dict(causal=False), dict(causal=False, seqlen_q=65536), dict(causal=True, seqlen_q=4096),
+               dict(causal=True, seqlen_q=ORDERED_CAUSAL_MAX_SEQLEN)):
+        c = cfg(deterministic=True, **kw)
+        assert c.atomic_dq and c.ordered_dq and c.gluon_dkdv == GLUON_DKDV[128], kw
+    assert not fused(deterministic=True, causal=True, seqlen_q=ORDERED_CAUSAL_MAX_SEQLEN + 1)
+    assert not cfg(deterministic=False).ordered_dq
     for kw in (dict(causal=False), dict(causal=False, seqlen_q=128), dict(causal=True, seqlen_q=WIDE_CAUSAL_MIN_SEQLEN),
                dict(causal=False, dtype_name="fp16")):
         c = cfg(head_dim=64, **kw)
@@ -317,6 +327,55 @@ def test_gqa_programs_follow_the_step():
 
     assert split(128, 8, 2, (64, 128, 8, 2)) and not split(128, 8, 8, (64, 128, 8, 2))
     assert not split(64, 8, 2, WIDE_D64) and not split(64, 8, 8, WIDE_D64)
+
+
+def test_deterministic_orders_the_fused_dq_without_gqa_only():
+    """deterministic=True's fused form (dQ added in a fixed order, v41) runs where it is planned and has no GQA: its
+    launch counts turns per (batch entry, query head, query tile). With GQA the fused form adds dK/dV up over the
+    group in a varying order, so the dQ kernel runs instead (never the unordered reduce-add). Built on CPU tensors."""
+    from flashcore.launch.triton_bwd import BackwardLaunch
+
+    cfg = backward_config((9, 0), head_dim=128, dtype_name="bf16", causal=False, deterministic=True)
+    assert cfg.ordered_dq
+
+    def build(Hq, Hkv, S=300):
+        q, k = torch.randn(2, Hq, S, 128, dtype=torch.bfloat16), torch.randn(2, Hkv, S, 128, dtype=torch.bfloat16)
+        return BackwardLaunch(q, q, k, k, q, torch.zeros(2, Hq, S), has_dlse=False, as_view=lambda t: t,
+                              varlen=False, num_seqs=2, seqlen_q=S, seqlen_k=S, scale=128 ** -0.5, causal=False,
+                              config=cfg)
+
+    mha = build(8, 8)
+    assert mha.atomic and mha.ordered and not mha.split and mha.dq is None
+    assert mha.hopper_dkdv.turns_size == 2 * 8 * 5  # 300 queries: five 64-query tiles
+    assert mha.hopper_dkdv.step.constexprs["DQ_ORDERED"] and mha.hopper_dkdv.step.constexprs["DQ_WRITER"]
+    gqa = build(8, 2)
+    assert not gqa.atomic and not gqa.ordered and gqa.dq is not None and gqa.hopper_dkdv is not None
+    assert not gqa.hopper_dkdv.step.constexprs["FUSED_DQ"]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["d128-ordered", "d128-causal-ordered"])
+def test_hopper_ordered_dq_machine_code(causal):
+    """deterministic=True's fused form at D=128 (v41), compiled for sm_90a here: a dQ-writer warp waits for each
+    query tile's turn with acquire loads (LDG.E.STRONG.GPU in a loop), adds the consumers' staged shares by the
+    copy engine's reduce-add, one message per warpgroup (the 128-byte staging swizzle: the 32-byte one took eight,
+    issued in a row by one thread, and ran 10-14% slower), and passes the turn on by a GPU-scope fence and an add
+    (MEMBAR.ALL.GPU, then RED); the consumers hand their shares over by hardware named barriers of 160 threads
+    (BAR.ARV / BAR.SYNC, 0xa0) and never wait on another program. The default form has none of these. A few scalars
+    spill outside the loops (Triton 3.6: 5 / 11 non-causal, 3 / 12 causal); the bound fails if a tile does."""
+    from conftest import gluon_bwd_sass
+
+    sass = gluon_bwd_sass(128, causal, fused_dq=True, hkv=8, ordered_dq=True)
+    lines = sass.splitlines()
+    assert any("LDG.E.STRONG.GPU" in ln for ln in lines), "no acquire load of a turn counter"
+    assert any("MEMBAR.ALL.GPU" in ln for ln in lines) and any("REDG.E.ADD.S32.STRONG.GPU" in ln for ln in lines)
+    assert 0 < sum("UTMAREDG" in ln for ln in lines) <= 4, "dQ shares not one reduce message per warpgroup"
+    for op in ("BAR.ARV", "BAR.SYNC.DEFER_BLOCKING"):
+        assert sum(op in ln and ", 0xa0" in ln for ln in lines) >= 4, f"no {op} of 160 threads"
+    hgmma = [ln.split("HGMMA.")[1] for ln in lines if "HGMMA." in ln]
+    assert 0 < sum("gsb0" in h for h in hgmma) <= len(hgmma) // 4, "products serialised"
+    assert sass.count("STL") <= 8 and sass.count("LDL") <= 16, (sass.count("STL"), sass.count("LDL"))
+    default = gluon_bwd_sass(128, causal, fused_dq=True, hkv=8)
+    assert "LDG.E.STRONG.GPU" not in default and "BAR.ARV" not in default
 
 
 @interp

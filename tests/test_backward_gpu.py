@@ -168,9 +168,15 @@ FUSED_GRID = [
 def test_the_default_d128_backward_adds_dq_inside_the_gluon_kernel(shape, monkeypatch):
     """At D=128, autograd's backward computes dQ inside the Gluon dK/dV kernel (counted: its launch gets the fp32
     dQ buffer, and the dQ kernel never runs). Its gradients follow the FA rule and agree with
-    ``deterministic=True``'s (dQ on its own kernel) to rounding; without GQA dK/dV are bitwise the same (with GQA
-    they are added up over the group's query heads in fp32, in a varying order)."""
+    ``deterministic=True``'s dQ-kernel form (the one it runs with GQA; ``plan.backward.ORDERED_DQ`` off here) to
+    rounding; without GQA dK/dV are bitwise the same (with GQA they are added up over the group's query heads in
+    fp32, in a varying order)."""
     from flashcore.launch import sm90_bwd, triton_bwd
+    from flashcore.plan import backward as plan_backward
+    from flashcore.plan.cache import PLANS
+
+    monkeypatch.setattr(plan_backward, "ORDERED_DQ", False)
+    PLANS.clear()  # (plans built with the ordered form are cached under the same key)
 
     B, H, Hkv, Sq, Sk, causal = shape
     g = torch.Generator(device="cuda").manual_seed(hash(shape) % 2**31 + 3)
@@ -203,6 +209,80 @@ def test_the_default_d128_backward_adds_dq_inside_the_gluon_kernel(shape, monkey
     ref = _math(tr(q), tr(k), tr(v), tr(do), causal, torch.float32)
     low = _math(tr(q), tr(k), tr(v), tr(do), causal, torch.bfloat16)
     for name, x, r, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), ref[1:], low[1:]):
+        err, base = _rel(tr(x), r), _rel(lo, r)
+        assert err <= 2 * base + 1e-3, f"{name}: error {err:.2e} > 2 x {base:.2e} + 1e-3"
+    PLANS.clear()
+
+
+ORDERED_GRID = [
+    # B, H, Sq, Sk, causal (D=128, no GQA: deterministic=True's fused form, dQ added in a fixed order of key tiles)
+    (2, 4, 300, 300, False),
+    (1, 4, 1024, 1024, True),
+    (1, 2, 511, 777, True),      # Sk > Sq: a partial last key tile
+    (1, 3, 777, 511, True),      # rows that see no key: query tiles no program adds to
+    (1, 8, 130, 2048, False),    # a partial last query tile, 16 key tiles
+    (1, 16, 4096, 4096, False),  # 32 key tiles per head: long chains of turns
+]
+
+
+def _turn_counts(B, H, Sq, Sk, causal):
+    """What each (batch entry, query head, query tile) counter of the ordered dQ holds after a backward: the number
+    of 128-key tiles whose programs add to that 64-query tile (all of them; causal: those up to the bottom-right
+    diagonal's last, none for a tile whose rows see no key)."""
+    n_kt = -(-Sk // 128)
+    per_tile = [max(min(((m + 1) * 64 + Sk - Sq - 1) // 128, n_kt - 1) + 1, 0) if causal else n_kt
+                for m in range(-(-Sq // 64))]
+    return torch.tensor(per_tile, dtype=torch.int32).repeat(B * H)
+
+
+@pytest.mark.skipif(torch.cuda.get_device_capability()[0] != 9, reason="the Gluon dK/dV kernel is sm_90 only")
+@pytest.mark.parametrize("shape", ORDERED_GRID, ids=lambda s: "x".join(map(str, s[:4])) + ("c" if s[4] else ""))
+def test_deterministic_d128_adds_dq_in_a_fixed_order(shape, monkeypatch):
+    """deterministic=True at D=128 without GQA: dQ is added inside the Gluon kernel in a fixed order of key tiles
+    (``kernels.sm90.bwd._dq_turn``, perf-notes v41). Its launch gets zeroed counters, and after the backward each
+    query tile's counter holds the number of key tiles that add to it (every program passed its turn once, and only
+    once); the gradients are bitwise the same whatever order the programs run in (``HEAD_CHUNK`` reorders them)
+    and from run to run; dK/dV are bitwise the default form's (the same products); all three follow the FA rule."""
+    from flashcore.launch import sm90_bwd
+    from flashcore.plan.cache import PLANS
+
+    B, H, Sq, Sk, causal = shape
+    g = torch.Generator(device="cuda").manual_seed(hash(shape) % 2**31 + 41)
+    q = torch.randn(B, Sq, H, 128, device="cuda", generator=g, dtype=torch.bfloat16)
+    k, v = (torch.randn(B, Sk, H, 128, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2))
+    do = torch.randn(B, Sq, H, 128, device="cuda", generator=g, dtype=torch.bfloat16)
+    turns = []
+    real_run = sm90_bwd.HopperDkdvLaunch.run
+
+    def spy(self, *a):
+        real_run(self, *a)
+        turns.append(a[9].clone() if len(a) > 9 and a[9] is not None else None)
+
+    monkeypatch.setattr(sm90_bwd.HopperDkdvLaunch, "run", spy)
+    runs = []
+    for chunk in (4, 1, 16, 4):  # program orders: 4 heads' key tiles at once, head by head, 16 heads at once
+        monkeypatch.setattr(sm90_bwd, "HEAD_CHUNK", chunk)
+        PLANS.clear()
+        ins = [t.clone().requires_grad_() for t in (q, k, v)]
+        _poison_allocator()
+        flashcore.attention(*ins, causal=causal, layout="bshd", deterministic=True).backward(do)
+        runs.append([t.grad for t in ins])
+    PLANS.clear()
+    assert len(turns) == 4 and all(t is not None for t in turns), "the ordered form did not run"
+    want = _turn_counts(B, H, Sq, Sk, causal)
+    for t in turns:
+        assert torch.equal(t.cpu(), want), "a program passed its turn twice, or not at all"
+    for r in runs[1:]:
+        for name, a, b in zip(("dq", "dk", "dv"), runs[0], r):
+            assert torch.equal(a, b), f"{name} differs between program orders"
+    ins = [t.clone().requires_grad_() for t in (q, k, v)]
+    flashcore.attention(*ins, causal=causal, layout="bshd").backward(do)
+    assert torch.equal(ins[1].grad, runs[0][1]) and torch.equal(ins[2].grad, runs[0][2])
+    tr = lambda t: t.transpose(1, 2)  # noqa: E731
+    ref = _math(tr(q), tr(k), tr(v), tr(do), causal, torch.float32)
+    low = _math(tr(q), tr(k), tr(v), tr(do), causal, torch.bfloat16)
+    for name, x, r, lo in zip(("dq", "dk", "dv"), runs[0], ref[1:], low[1:]):
+        assert torch.isfinite(x).all()
         err, base = _rel(tr(x), r), _rel(lo, r)
         assert err <= 2 * base + 1e-3, f"{name}: error {err:.2e} > 2 x {base:.2e} + 1e-3"
 
@@ -284,12 +364,14 @@ def test_varlen_gradients_with_empty_sequences_and_lse():
             assert _rel(got, r) < 2e-2, f"sequence {i} {name}: {_rel(got, r):.2e}"
 
 
+@pytest.mark.parametrize("hkv", [4, 16], ids=["gqa", "mha"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_deterministic_gradients_are_bitwise_identical(causal):
+def test_deterministic_gradients_are_bitwise_identical(causal, hkv):
+    """With GQA deterministic=True runs the dQ kernel at D=128, without it the fused form with dQ added in order."""
     torch.manual_seed(11)
     q = torch.randn(2, 1024, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    k = torch.randn(2, 1024, 4, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    v = torch.randn(2, 1024, 4, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(2, 1024, hkv, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(2, 1024, hkv, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     do = torch.randn_like(q)
     runs = []
     for _ in range(5):

@@ -193,10 +193,11 @@ def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096,
 
 
 def hopper_dkdv_spec(head_dim: int, causal: bool, form=None, dtype=torch.bfloat16, S: int = 4096, Hq: int = 8,
-                     Hkv: int = 2, B: int = 2, fused_dq: bool = False) -> dict:
+                     Hkv: int = 2, B: int = 2, fused_dq: bool = False, ordered_dq: bool = False) -> dict:
     """The Hopper backward's Gluon dK/dV kernel as the backward launches it (``form``: its (query tile, key tile,
     warps, ring depth); default the planner's row), as a compile spec like :func:`gluon_spec`'s; built from CPU
-    tensors, no GPU needed. Not in the audit's list: the backward has no secure form."""
+    tensors, no GPU needed. Not in the audit's list: the backward has no secure form. ``ordered_dq``: the fused form's
+    deterministic order (a program per K/V head)."""
     from ..launch.sm90_bwd import HopperDkdvLaunch
     from ..plan.backward import GLUON_DKDV
 
@@ -205,15 +206,17 @@ def hopper_dkdv_spec(head_dim: int, causal: bool, form=None, dtype=torch.bfloat1
     ws = torch.empty(B, Hq, -(-S // bm) * bm, dtype=torch.float32)
     dq = torch.empty(q.shape, dtype=torch.float32) if fused_dq else None
     # the fused form with GQA adds dK/dV into fp32 buffers (one program per query head)
-    split = fused_dq and Hq > Hkv
+    split = fused_dq and Hq > Hkv and not ordered_dq
     dkv = torch.empty(k.shape, dtype=torch.float32) if split else k
     launch = HopperDkdvLaunch(q, k, k, q, dkv, dkv, tuple(ws.shape), seqlen_q=S, seqlen_k=S, scale=head_dim ** -0.5,
                               qk_scale=0.1, causal=causal, block_m=bm, block_n=bn, num_warps=warps, stages=stages,
-                              dq_accum=dq, split_group=split)
+                              dq_accum=dq, split_group=split, dq_ordered=ordered_dq)
     step = launch.step
-    args = [*launch.descriptors(q, k, k, q, ws, ws, dq), dkv, dkv, dq if fused_dq else k, *step.scalars]
+    turns = torch.empty(launch.turns_size, dtype=torch.int32) if ordered_dq else dkv
+    args = [*launch.descriptors(q, k, k, q, ws, ws, dq), dkv, dkv, dq if fused_dq else k, turns, *step.scalars]
     name = (f"fast_gluon_bwd_dkdv_{_ELT[dtype]}_d{head_dim}_{'causal' if causal else 'full'}"
-            f"_{bm}x{bn}w{warps}s{stages}{'_dq' if fused_dq else ''}{'_gqa' if split else ''}")
+            f"_{bm}x{bn}w{warps}s{stages}{'_dq' if fused_dq else ''}{'_ordered' if ordered_dq else ''}"
+            f"{'_gqa' if split else ''}")
     spec = _spec_from_launch(name, step, args, step.constexprs, SM90_BWD.secrets(), fn=step.fn)
     spec["num_stages"] = 1
     spec["maxnreg"] = step.options["maxnreg"]

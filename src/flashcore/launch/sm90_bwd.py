@@ -35,6 +35,10 @@ DS_SETS = 2
 # A/Bs); causal keeps the v33 form: the two changes tied or lost 0.3-2.6% at 4x32x4096x128 causal and spill 20 bytes
 # there.
 FUSED_FORM = {False: dict(rs_dv=True, dq_swizzle=32), True: dict(rs_dv=False, dq_swizzle=128)}
+# The ordered (deterministic) fused form's staging tile swizzle: its dQ-writer warp issues the reduce of a 32-byte
+# swizzled tile as eight messages in a row from one thread, the 128-byte one as one (v41, H200, same-run A/B at
+# 4x32x4096x128: 0.89 -> 0.99x the default's speed; 1x32x16384x128 0.86 -> 0.96)
+ORDERED_DQ_SWIZZLE = 128
 # Toolchains that do not fit RS_DV's form in its registers: ptxas 13.4 (Triton 3.9) spills 15-19 words of it (none
 # without it; CPU compile). They run the non-causal form with the 32-byte staging tile only (2% faster than v33's on
 # 3.6, H100); not timed on 3.9.
@@ -71,19 +75,28 @@ def hopper_dkdv_serves(q, k, v, dout, dk, dv, *, varlen: bool) -> bool:
             and dk.stride(-1) == 1 and dv.stride(-1) == 1)
 
 
+def ordered_dq_serves(block_m: int, block_n: int, num_heads_q: int, num_heads_kv: int) -> bool:
+    """The fused dQ in a fixed order (``dq_ordered``, deterministic) runs this form: the copy engine's reduce-add (a
+    Triton that has it), 64-query steps, no GQA (with GQA the fused form adds dK/dV up over the group in a varying
+    order)."""
+    return async_atomic_add is not None and not wide_step(block_m, block_n) and num_heads_q == num_heads_kv
+
+
 class HopperDkdvLaunch:
     """A planned launch of :func:`attn_bwd_dkdv_hopper_kernel`; ``run(q, k, v, dout, dk, dv, lse2, delta)`` with
     [B, H, S, D] views shaped and strided as planned; lse2/delta are the pre-pass's outputs in contiguous buffers of
     ``ws_shape`` ([B, H, S_pad], S_pad a multiple of the query tile)."""
-    __slots__ = ("step", "geom")
+    __slots__ = ("step", "geom", "turns_size")
 
     def __init__(self, q, k, v, dout, dk, dv, ws_shape, *, seqlen_q: int, seqlen_k: int, scale: float,
                  qk_scale: float, causal: bool, block_m: int, block_n: int, num_warps: int, stages: int,
-                 dq_accum=None, split_group: bool = False):
+                 dq_accum=None, split_group: bool = False, dq_ordered: bool = False):
         """``dq_accum``: a representative fp32 dQ buffer ([B, H, S, D] view) where the kernel adds dQ itself
         (``FUSED_DQ``: the TMA reduce-add, else per-thread atomics; not deterministic); None: dQ is left to the Triton
         dQ kernel. ``split_group``: with dQ fused and GQA, one program per query head, adding its share of dK/dV
-        into ``dk``/``dv``, which are then fp32 buffers."""
+        into ``dk``/``dv``, which are then fp32 buffers. ``dq_ordered``: the fused dQ added in a fixed order of key
+        tiles (deterministic; ``run`` then takes a zeroed int32 buffer of ``turns_size`` elements, the kernel's
+        ``DQ_ORDERED``): the copy engine's reduce-add only, and a program per K/V head (no split_group)."""
         D = q.shape[-1]
         num_wg = block_n // KEY_ROWS
         if block_n != num_wg * KEY_ROWS or num_wg not in REGISTERS or num_warps != 4 * num_wg:
@@ -108,11 +121,15 @@ class HopperDkdvLaunch:
         split_q = wide and WIDE_STEP["dq_split_q"]
         if dq_tma:
             cols = D if split_q else D // num_wg
-            lay_dq = gl.NVMMASharedLayout(swizzle_byte_width=FUSED_FORM[bool(causal)]["dq_swizzle"],
-                                          element_bitwidth=32, rank=4)
+            swizzle = ORDERED_DQ_SWIZZLE if dq_ordered else FUSED_FORM[bool(causal)]["dq_swizzle"]
+            lay_dq = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=32, rank=4)
             rows = block_m // num_wg if split_q else block_m
             self.geom += ((list(dq_accum.shape), list(dq_accum.stride()), [1, 1, rows, cols], lay_dq), )
         batch, num_heads_q, num_heads_kv = q.shape[0], q.shape[1], k.shape[1]
+        if dq_ordered and not (fused and ordered_dq_serves(block_m, block_n, num_heads_q, num_heads_kv)):
+            raise ValueError("dq_ordered is the fused form's copy-engine reduce-add at 64-query steps, without GQA")
+        # the ordered dQ's counters, one per (batch entry, query head, query tile)
+        self.turns_size = batch * num_heads_q * cdiv(seqlen_q, block_m) if dq_ordered else 0
         # one-dimensional, in chunks of HEAD_CHUNK heads (the kernel's _steps); split_group (the fused form with GQA,
         # v33.7): one program per query head, not per group, its dK/dV added into dk/dv, fp32 buffers then
         split = split_group
@@ -121,7 +138,8 @@ class HopperDkdvLaunch:
         grid = ((num_heads_q if split else num_heads_kv) * batch * cdiv(seqlen_k, block_n), 1)
         ws = torch.empty(ws_shape, dtype=torch.float32)  # representative (the descriptors' shapes only)
         dq_strides = tuple(dq_accum.stride()[:3]) if fused else (0, 0, 0)
-        args = [*self.descriptors(q, k, v, dout, ws, ws, dq_accum), dk, dv, dq_accum if fused else dk, qk_scale,
+        turns = torch.empty(self.turns_size, dtype=torch.int32) if dq_ordered else dk  # representative (unused: dk)
+        args = [*self.descriptors(q, k, v, dout, ws, ws, dq_accum), dk, dv, dq_accum if fused else dk, turns, qk_scale,
                 scale, seqlen_q, seqlen_k, num_heads_kv, num_heads_q // num_heads_kv, HEAD_CHUNK, dk.stride(0),
                 dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), *dq_strides]
         consumer_regs, maxnreg = REGISTERS[num_wg]
@@ -131,8 +149,11 @@ class HopperDkdvLaunch:
                           RS_DV=fused and FUSED_FORM[bool(causal)]["rs_dv"] and triton_minor() not in RS_DV_SPILLS,
                           DQ_SPLIT_Q=split_q, P_BF16=wide and WIDE_STEP["p_bf16"],
                           BIAS_IN_ACC=wide and WIDE_STEP.get("bias_in_acc", False),
-                          WIDEN_ASM=wide and WIDE_STEP.get("widen_asm", False) and triton_minor() not in WIDEN_SPILLS)
-        self.step = KernelStep(attn_bwd_dkdv_hopper_kernel, grid, args, DESC_ARGS + 3, constexprs, 4, 1,
+                          WIDEN_ASM=wide and WIDE_STEP.get("widen_asm", False) and triton_minor() not in WIDEN_SPILLS,
+                          DQ_ORDERED=bool(dq_ordered),
+                          DQ_WRITER=bool(dq_ordered) or (dq_tma and not wide and num_wg == 2
+                                                         and FUSED_FORM[bool(causal)].get("dq_writer", False)))
+        self.step = KernelStep(attn_bwd_dkdv_hopper_kernel, grid, args, DESC_ARGS + 4, constexprs, 4, 1,
                                options=dict(maxnreg=maxnreg))
 
     def descriptors(self, q, k, v, dout, lse2, delta, dq_accum=None) -> list:
@@ -140,7 +161,10 @@ class HopperDkdvLaunch:
         tensors = (q, k, v, dout, lse2, delta) + ((dq_accum, ) if len(self.geom) == DESC_ARGS else ())
         return make_descriptors(tensors, self.geom, DESC_ARGS)
 
-    def run(self, q, k, v, dout, dk, dv, lse2, delta, dq_accum=None) -> None:
-        """``dq_accum``: the zeroed fp32 dQ buffer, where the launch was planned with one."""
+    def run(self, q, k, v, dout, dk, dv, lse2, delta, dq_accum=None, dq_turns=None) -> None:
+        """``dq_accum``: the zeroed fp32 dQ buffer, where the launch was planned with one; ``dq_turns``: the zeroed
+        int32 counters (``turns_size``), where it was planned ordered."""
+        if self.turns_size and (dq_turns is None or dq_turns.numel() < self.turns_size):
+            raise ValueError(f"dq_turns: the ordered dQ needs {self.turns_size} zeroed int32 counters")
         self.step.run((*self.descriptors(q, k, v, dout, lse2, delta, dq_accum), dk, dv,
-                       dq_accum if dq_accum is not None else dk), q.device)
+                       dq_accum if dq_accum is not None else dk, dq_turns if dq_turns is not None else dk), q.device)

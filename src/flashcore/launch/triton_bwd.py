@@ -15,7 +15,7 @@ from ..kernels.triton.fwd import LOG2E
 from ..plan.backward import BwdConfig
 from ..plan.tables import block_d
 from ..runtime import KernelStep, cdiv, interpreting
-from .sm90_bwd import HopperDkdvLaunch, hopper_dkdv_serves, wide_step
+from .sm90_bwd import HopperDkdvLaunch, hopper_dkdv_serves, ordered_dq_serves, wide_step
 
 # The fused Gluon form with GQA, by its step (True: the 128-query step, launch.sm90_bwd.wide_step): one program per
 # query head, dK/dV added up over the group in fp32 buffers (True; v33.7, the 64-query step at D=128), or one per K/V
@@ -40,7 +40,8 @@ class BackwardLaunch:
     them to the kernels' views ([B, H, S, D] dense, packed varlen), ``out``/``dout`` are such views already, ``lse`` is the forward's
     natural-log logsumexp ([B, H, S] or [H, total], contiguous) and ``has_dlse`` says whether its gradient comes
     too. ``seqlen_*``: the dense lengths, or the varlen maxima."""
-    __slots__ = ("varlen", "as_view", "atomic", "split", "pre", "dkdv", "hopper_dkdv", "dq", "empty", "ws_shape")
+    __slots__ = ("varlen", "as_view", "atomic", "ordered", "split", "pre", "dkdv", "hopper_dkdv", "dq", "empty",
+                 "ws_shape")
 
     def __init__(self, dout, q_user, k_user, v_user, out, lse, *, has_dlse: bool, as_view, varlen: bool,
                  num_seqs: int, seqlen_q: int, seqlen_k: int, scale: float, causal: bool, config: BwdConfig):
@@ -60,6 +61,12 @@ class BackwardLaunch:
         # dQ added inside the dK/dV kernel: a Gluon form's reduce-add only where the Gluon kernel runs (the Triton
         # kernel's per-thread atomics were slower everywhere: then the dQ kernel runs), or an explicit Triton one's
         self.atomic = cfg.atomic_dq and (use_hopper or not cfg.gluon_dkdv)
+        # deterministic's fused dQ, in a fixed order: the Gluon form's reduce-add without GQA only; elsewhere the dQ
+        # kernel (never the atomics)
+        self.ordered = (cfg.ordered_dq and self.atomic and use_hopper
+                        and ordered_dq_serves(*cfg.gluon_dkdv[:2], num_heads_q, num_heads_kv))
+        if cfg.ordered_dq and not self.ordered:
+            self.atomic = False
         # with GQA the fused Gluon form runs a program per query head and adds dK/dV into fp32 buffers, where
         # SPLIT_GROUP says so for its step
         self.split = (self.atomic and use_hopper and num_heads_q > num_heads_kv
@@ -92,7 +99,7 @@ class BackwardLaunch:
                 q, k, v, dout, dk_target, dv_target, self.ws_shape, seqlen_q=seqlen_q, seqlen_k=seqlen_k, scale=scale,
                 qk_scale=scale * LOG2E, causal=causal, block_m=cfg.gluon_dkdv[0], block_n=cfg.gluon_dkdv[1],
                 num_warps=cfg.gluon_dkdv[2], stages=cfg.gluon_dkdv[3], dq_accum=dq_target if self.atomic else None,
-                split_group=self.split)
+                split_group=self.split, dq_ordered=self.ordered)
         self.dkdv = None if self.hopper_dkdv is not None else KernelStep(
             attn_bwd_dkdv_kernel, (cdiv(seqlen_k, cfg.block_n1), batch * num_heads_kv),
             [None] * 11 + [scale * LOG2E, scale, *qkv_strides, *_strides(dk, varlen), *_strides(dv, varlen),
@@ -129,8 +136,10 @@ class BackwardLaunch:
                 dk_target, dv_target = (view(torch.zeros_like(t, dtype=torch.float32)) for t in (k_user, v_user))
             else:
                 dk_target, dv_target = dk, dv
+            turns = (torch.zeros(self.hopper_dkdv.turns_size, dtype=torch.int32, device=device) if self.ordered
+                     else None)
             self.hopper_dkdv.run(q, k, v, dout, dk_target, dv_target, lse2, delta,
-                                 dq_target if self.atomic else None)
+                                 dq_target if self.atomic else None, turns)
             if self.split:
                 dk.copy_(dk_target)
                 dv.copy_(dv_target)

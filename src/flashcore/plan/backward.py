@@ -29,6 +29,10 @@ class BwdConfig:
     # dK/dV on the Hopper Gluon kernel (kernels/sm90/bwd.py) where the views suit it, with (query tile, key tile,
     # warps, Q/dO ring depth); None, or views it cannot address (varlen, a zero stride): the Triton kernel above
     gluon_dkdv: tuple[int, int, int, int] | None = None
+    # deterministic=True's fused dQ (v41): the Gluon form's reduce-adds in a fixed order of key tiles, each program
+    # waiting for its turn at every query tile (kernels.sm90.bwd._dq_turn), so the fp32 sums are the same in every
+    # run. Where the Gluon fused form cannot run it (GQA, views it cannot address), the dQ kernel runs instead
+    ordered_dq: bool = False
 
 
 # The Gluon dK/dV kernel's forms on Hopper (v29; H100 sweeps in bench/results/sweeps/bwd-v29-*): (query tile, key
@@ -48,6 +52,13 @@ GLUON_DKDV = {128: (64, 128, 8, 2), 64: (64, 64, 4, 3)}
 WIDE_D64 = (128, 128, 8, 2)
 WIDE_CAUSAL_MIN_SEQLEN = 4096
 
+# deterministic=True at D=128 on Hopper: the ordered fused form (v41, H200, same-run A/Bs against the default's speed,
+# bench/results/sweeps/bwd-v41-ordered-*-h200.json): non-causal 0.96-0.99 (the dQ kernel: 0.84-0.88), causal 0.98 at
+# 4x32x4096 (0.86-0.87) but 0.79-0.90 at 1x32x16384 (0.89-0.90; its longest programs go last, and its times spread
+# 12.8-14.9 ms in one run): causal takes it up to ORDERED_CAUSAL_MAX_SEQLEN queries. ORDERED_DQ off: the dQ kernel
+ORDERED_DQ = True
+ORDERED_CAUSAL_MAX_SEQLEN = 8192
+
 # Small tiles keep the interpreter fast; m != n exercises the causal stage split in both kernels.
 INTERPRETER = BwdConfig(16, 32, 4, 1, 32, 16, 4, 1)
 
@@ -66,8 +77,12 @@ def backward_config(arch, *, head_dim: int, dtype_name: str, causal: bool, deter
         cfg = BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)
     else:
         cfg = BwdConfig(32, 64, 4, 2, 64, 32, 4, 2)
-    if deterministic and cfg.atomic_dq:  # (the Gluon kernel's form without dQ in it: the head dim's own)
-        cfg = replace(cfg, atomic_dq=False, gluon_dkdv=GLUON_DKDV.get(head_dim) if cfg.gluon_dkdv else None)
+    if deterministic and cfg.atomic_dq:
+        if (head_dim == 128 and cfg.gluon_dkdv == GLUON_DKDV[128] and ORDERED_DQ
+                and (not causal or seqlen_q <= ORDERED_CAUSAL_MAX_SEQLEN)):
+            cfg = replace(cfg, ordered_dq=True)
+        else:  # (the Gluon kernel's form without dQ in it: the head dim's own)
+            cfg = replace(cfg, atomic_dq=False, gluon_dkdv=GLUON_DKDV.get(head_dim) if cfg.gluon_dkdv else None)
     return cfg
 
 
@@ -102,17 +117,17 @@ def bwd_config_name(cfg: BwdConfig | None) -> str:
         return "auto"
     c = cfg
     return (f"{c.block_m1}x{c.block_n1}w{c.num_warps1}s{c.num_stages1}-{c.block_m2}x{c.block_n2}w{c.num_warps2}"
-            f"s{c.num_stages2}{'-atomic' if c.atomic_dq else ''}"
+            f"s{c.num_stages2}{'-atomic' if c.atomic_dq else ''}{'-ordered' if c.ordered_dq else ''}"
             f"{'-gluon%dx%dw%ds%d' % c.gluon_dkdv if c.gluon_dkdv else ''}")
 
 
 def parse_bwd_config_name(text: str) -> BwdConfig | None:
     if text == "auto":
         return None
-    m = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)-(\d+)x(\d+)w(\d+)s(\d+)(-atomic)?(?:-gluon(\d+)x(\d+)w(\d+)s(\d+))?",
-                     text)
+    m = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)-(\d+)x(\d+)w(\d+)s(\d+)(-atomic)?(-ordered)?"
+                     r"(?:-gluon(\d+)x(\d+)w(\d+)s(\d+))?", text)
     if m is None:
         raise ValueError(f"cannot parse a backward config name from {text!r}")
     g = m.groups()
-    return BwdConfig(*(int(x) for x in g[:8]), atomic_dq=bool(g[8]),
-                     gluon_dkdv=tuple(int(x) for x in g[9:]) if g[9] else None)
+    return BwdConfig(*(int(x) for x in g[:8]), atomic_dq=bool(g[8]), ordered_dq=bool(g[9]),
+                     gluon_dkdv=tuple(int(x) for x in g[10:]) if g[10] else None)

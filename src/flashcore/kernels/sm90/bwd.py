@@ -18,10 +18,13 @@ at 8 warps only by spilling and issues its loads between products (perf-notes v1
   the next step and waited for under its ``S^T``; only then are their operands (and the slot) released.
 
 dQ: without ``FUSED_DQ`` the Triton dQ kernel runs after this one (deterministic; seven products per tile pair in
-all). With it (the planner's D=128 form, never with ``deterministic=True``), every consumer also writes
-its dS^T to a shared set, and one step later computes its columns of that step's dQ over every consumer's keys,
-which the copy engine adds into an fp32 buffer (TMA reduce-add; not deterministic: the order of the additions
-varies); see :func:`_consumer_fused_dq`. With GQA (``SPLIT_GROUP``) a fused program takes one query head instead
+all). With it (the planner's D=128 form), every consumer also writes its dS^T to a shared set, and one step later
+computes its columns of that step's dQ over every consumer's keys, which the copy engine adds into an fp32 buffer
+(TMA reduce-add; the order of the additions varies); see :func:`_consumer_fused_dq`. ``DQ_ORDERED`` (the planner's
+``deterministic=True`` form at D=128 without GQA) fixes that order: the consumers stage their shares for a fifth
+partition, a **dQ-writer** warp, which adds each query tile's shares when its program's turn there has come (a
+counter per query tile in global memory, key tiles in a fixed order: :func:`_dq_turn`), so the fp32 sums come out
+bitwise the same in every run. With GQA (``SPLIT_GROUP``) a fused program takes one query head instead
 of the whole group and adds its share of dK/dV into fp32 buffers (the group's programs of one key tile would
 otherwise be one long program: v33.7). lse2 and delta come in whole query tiles: the pre-pass pads them to a tile
 multiple with lse2 = +inf and delta = 0, so a query row past the end (Q = dO = 0 from the copy engine's zero fill)
@@ -46,6 +49,12 @@ from ..capabilities import Capabilities
 from .gluon_compat import async_atomic_add, async_load, thread_barrier
 from .mma_layouts import acc_layout
 
+# The ordered dQ's hand-off (DQ_ORDERED): hardware named barriers of a consumer warpgroup and the dQ-writer warp, one
+# pair per warpgroup (FULL: its share is staged; EMPTY: the writer is done with the staging tile). Gluon's own
+# partition barriers take the low ids
+DQ_FULL_BAR: gl.constexpr = gl.constexpr(8)
+DQ_EMPTY_BAR: gl.constexpr = gl.constexpr(10)
+
 
 @gluon.jit
 def _issue_step(q_desc, do_desc, lse2_desc, delta_desc, q_smem, do_smem, lse2_smem, delta_smem, ready, j, b, hq0,
@@ -66,7 +75,7 @@ def _issue_step(q_desc, do_desc, lse2_desc, delta_desc, q_smem, do_smem, lse2_sm
 
 @gluon.jit
 def _steps(seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, BLOCK_M: gl.constexpr, KEY_ROWS: gl.constexpr,
-           CAUSAL: gl.constexpr, SPLIT_GROUP: gl.constexpr):
+           CAUSAL: gl.constexpr, SPLIT_GROUP: gl.constexpr, KEYS_DOWN: gl.constexpr = False):
     """This program's (batch entry, K/V head, first query head, first key, first query tile, query tiles per head,
     steps). SPLIT_GROUP: a program takes one query head of a GQA group instead of all of them (its K/V head's
     dK/dV are then added up across the group's programs).
@@ -76,7 +85,8 @@ def _steps(seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, BLOCK_M: gl.cons
     key tiles see the most query tiles) all start before its short ones, and the short ones fill the end. Chunks,
     not the whole grid, keep the programs that run at once on a few heads: their Q/dO tiles and (fused dQ) the fp32
     dQ rows they add into stay in L2 (v33: the key tiles outer over every head at once cost +33% at 4x32x4096x128
-    causal). ``head_chunk`` = 1 is head-major order."""
+    causal). ``head_chunk`` = 1 is head-major order. KEYS_DOWN: the key tiles in descending order instead (the
+    ordered causal dQ's, :func:`_dq_turn`: a tile's first contributor is its last key tile)."""
     pid = gl.program_id(0)
     n_kt = gl.cdiv(seqlen_k, KEY_ROWS)
     num_bh = gl.num_programs(0) // n_kt
@@ -93,7 +103,10 @@ def _steps(seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, BLOCK_M: gl.cons
         b = pid_bh // num_heads_kv
         hkv = pid_bh % num_heads_kv
         hq0 = hkv * group
-    n0 = (r // width) * KEY_ROWS
+    if KEYS_DOWN:
+        n0 = (n_kt - 1 - r // width) * KEY_ROWS
+    else:
+        n0 = (r // width) * KEY_ROWS
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
     if CAUSAL:  # the first query that sees key n0 is n0 - (seqlen_k - seqlen_q) (bottom-right)
         m_first = gl.minimum(gl.maximum(n0 - (seqlen_k - seqlen_q), 0) // BLOCK_M, num_m)
@@ -108,14 +121,14 @@ def _steps(seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, BLOCK_M: gl.cons
 
 
 @gluon.jit
-def _loader(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, lse2_smem,
-            delta_smem, ready, empty, kv_ready, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk,
+def _loader(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
+            lse2_smem, delta_smem, ready, empty, kv_ready, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk,
             BLOCK_M: gl.constexpr, STAGES: gl.constexpr, NUM_WG: gl.constexpr, CAUSAL: gl.constexpr,
-            SPLIT_GROUP: gl.constexpr):
+            SPLIT_GROUP: gl.constexpr, DQ_ORDERED: gl.constexpr):
     """The loader partition (one warp): each consumer's 64 K and V rows once, then every step's Q and dO tiles
     through the ring, a slot refilled once every consumer has released it."""
     b, hkv, hq0, n0, m_first, n_m, n_steps = _steps(seqlen_q, seqlen_k, num_heads_kv, group, head_chunk,
-                                               BLOCK_M, NUM_WG * 64, CAUSAL, SPLIT_GROUP)
+                                               BLOCK_M, NUM_WG * 64, CAUSAL, SPLIT_GROUP, CAUSAL and DQ_ORDERED)
     mbarrier.expect(kv_ready, NUM_WG * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
     for w in gl.static_range(NUM_WG):
         async_load(k_desc, [b, hkv, n0 + w * 64, 0], kv_ready, k_smem.index(w))
@@ -134,6 +147,110 @@ def _add_dq(dq, dq_base, hq, m0, dq_row, dq_col, scale, seqlen_q, stride_dqh, st
     ptrs = (dq_base + hq.to(gl.int64) * stride_dqh + gl.expand_dims(rows.to(gl.int64) * stride_dqs, 1)
             + gl.expand_dims(dq_col, 0))
     gl.atomic_add(ptrs, dq * scale, mask=gl.expand_dims(rows < seqlen_q, 1), sem="relaxed")
+
+
+@gluon.jit
+def _dq_turns_row(turns_ptr, b, hq, seqlen_q, num_heads_q, BLOCK_M: gl.constexpr):
+    """The ordered dQ's counters of query head ``hq``, one per query tile, in a zeroed int32 buffer of a counter per
+    (batch entry, query head, query tile)."""
+    return turns_ptr + (b * num_heads_q + hq) * gl.cdiv(seqlen_q, BLOCK_M)
+
+
+@gluon.jit
+def _dq_turn(turns_row, m_tile, key_tile, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, KEY_TILE: gl.constexpr,
+             CAUSAL: gl.constexpr):
+    """The ordered dQ (deterministic): (the counter of query tile ``m_tile``'s share, and this program's turn there).
+    Every program whose key tile sees the query tile adds its share once, in a fixed order of key tiles, so the fp32
+    sums come out the same in every run: ascending without a mask (every key tile adds to every query tile),
+    descending when causal (the last key tile that sees the query tile goes first; the programs then take the key
+    tiles downwards, :func:`_steps`' KEYS_DOWN, so a program reaches each of its query tiles a few steps after the
+    one before it in the order, which is shorter and started no later). A program waits only for programs with
+    lower ids (the grid is in this order, :func:`_steps`), which the hardware starts first, as a CUDA grid's blocks
+    go in practice (FA3/FA4's deterministic backward and CUB's decoupled look-back rely on the same): a wait never
+    waits for a program that has no SM."""
+    if CAUSAL:  # key tiles 0 ... last see this query tile (bottom-right diagonal)
+        last = gl.minimum(((m_tile + 1) * BLOCK_M + (seqlen_k - seqlen_q) - 1) // KEY_TILE,
+                          gl.cdiv(seqlen_k, KEY_TILE) - 1)
+        turn = last - key_tile
+    else:
+        turn = key_tile
+    return turns_row + m_tile, turn
+
+
+@gluon.jit
+def _dq_turn_wait(ptr, turn):
+    """Every thread waits (acquire, GPU scope) until ``turn`` shares have been added to the tile counted at ``ptr``;
+    the proxy fence orders what they added (the copy engine's writes) before this warpgroup's reduce-add."""
+    gl.inline_asm_elementwise("{ .reg .pred p; .reg .b32 v; WAIT_TURN: ld.global.acquire.gpu.b32 v, [$1]; "
+                              "setp.ne.s32 p, v, $2; @p bra WAIT_TURN; mov.b32 $0, v; fence.proxy.async.global; }",
+                              "=r,l,r", [ptr, turn], gl.int32, False, 1)
+
+
+@gluon.jit
+def _dq_turn_pass(ptr):
+    """This warp's reduce-adds are complete (their writes done, not only their reads of shared memory; several lanes
+    issue a tile's copies, so every lane waits): one lane counts this program's turn at ``ptr`` done (a fence at GPU
+    scope, then the add: a release)."""
+    gl.inline_asm_elementwise("{ .reg .pred p; .reg .b32 t; cp.async.bulk.wait_group 0; fence.proxy.async.global; "
+                              "bar.warp.sync -1; mov.u32 t, %laneid; setp.eq.u32 p, t, 0; @p fence.acq_rel.gpu; "
+                              "@p red.relaxed.gpu.global.add.s32 [$1], 1; mov.b32 $0, 0; }",
+                              "=r,l", [ptr], gl.int32, False, 1)
+
+
+@gluon.jit
+def _named_barrier(bar_id, ARRIVE: gl.constexpr):
+    """Hardware named barrier ``bar_id`` of 160 threads (a consumer warpgroup and the dQ-writer warp), in inline PTX
+    (Gluon has no barrier between partitions but mbarriers): ARRIVE counts this warp's threads in and goes on, else
+    waits for all 160 (FA3/FA4's dQ hand-off)."""
+    if ARRIVE:
+        gl.inline_asm_elementwise("bar.arrive $1, 160; mov.u32 $0, 0;", "=r,r", [bar_id], gl.int32, False, 1)
+    else:
+        gl.inline_asm_elementwise("bar.sync $1, 160; mov.u32 $0, 0;", "=r,r", [bar_id], gl.int32, False, 1)
+
+
+@gluon.jit
+def _stage_dq(dq, dq_smem, TILE_ROWS: gl.constexpr, DQ_COLS: gl.constexpr, WG: gl.constexpr):
+    """One step's dQ share (scaled) into warpgroup ``WG``'s staging tile for the dQ-writer warp (DQ_ORDERED): wait
+    until the writer is done with the tile, store, fence, and signal without waiting."""
+    zero = gl.program_id(0) * 0  # (the barrier ids as values: inline PTX takes no constexpr operands)
+    _named_barrier(zero + (DQ_EMPTY_BAR + WG), False)
+    dq_smem.index(WG).reshape([TILE_ROWS, DQ_COLS]).store(dq)
+    fence_async_shared()
+    _named_barrier(zero + (DQ_FULL_BAR + WG), True)
+
+
+@gluon.jit
+def _dq_writer(dq_desc, dq_smem, turns_ptr, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk,
+               BLOCK_M: gl.constexpr, NUM_WG: gl.constexpr, CAUSAL: gl.constexpr, DQ_COLS: gl.constexpr,
+               SPLIT_GROUP: gl.constexpr, DQ_ORDERED: gl.constexpr):
+    """The dQ-writer partition of the ordered dQ (one warp, DQ_ORDERED): every step, once this program's turn at the
+    step's query tile has come (:func:`_dq_turn`; waited for while the consumers still compute the share), each
+    consumer warpgroup's staged share is added into the fp32 buffer by the copy engine; the staging tiles go back
+    to the consumers once read, and the turn passes on once the additions are complete (written). The consumers
+    stage and go on: only this warp waits, on the other programs and on the copy engine (FA3/FA4's deterministic
+    form)."""
+    b, hkv, hq0, n0, m_first, n_m, n_steps = _steps(seqlen_q, seqlen_k, num_heads_kv, group, head_chunk,
+                                               BLOCK_M, NUM_WG * 64, CAUSAL, SPLIT_GROUP, CAUSAL and DQ_ORDERED)
+    key_tile = n0 // (NUM_WG * 64)
+    turns_row = _dq_turns_row(turns_ptr, b, hq0, seqlen_q, num_heads_kv * group, BLOCK_M)
+    zero = b * 0
+    for w in gl.static_range(NUM_WG):  # the staging tiles are free
+        _named_barrier(zero + (DQ_EMPTY_BAR + w), True)
+    for j in range(n_steps):
+        if DQ_ORDERED:  # (no GQA: every step's query head is hq0, its query tile m_first + j)
+            turn_ptr, turn = _dq_turn(turns_row, m_first + j, key_tile, seqlen_q, seqlen_k, BLOCK_M, NUM_WG * 64,
+                                      CAUSAL)
+            _dq_turn_wait(turn_ptr, turn)
+        for w in gl.static_range(NUM_WG):
+            _named_barrier(zero + (DQ_FULL_BAR + w), False)
+            async_atomic_add(dq_desc, [b, hq0 + j // n_m, (m_first + j % n_m) * BLOCK_M, w * DQ_COLS],
+                             dq_smem.index(w))
+        tma.store_wait(0)  # (read: the tiles are free)
+        if j + 1 < n_steps:
+            for w in gl.static_range(NUM_WG):
+                _named_barrier(zero + (DQ_EMPTY_BAR + w), True)
+        if DQ_ORDERED:
+            _dq_turn_pass(turn_ptr)
 
 
 @gluon.jit
@@ -163,7 +280,8 @@ def _consumer(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, 
               NUM_WG: gl.constexpr, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr, DQ_TMA: gl.constexpr,
               OPERANDS_SMEM: gl.constexpr, DS_SETS: gl.constexpr, SPLIT_GROUP: gl.constexpr, WG: gl.constexpr,
               RS_DV: gl.constexpr, DQ_SPLIT_Q: gl.constexpr = False, P_BF16: gl.constexpr = False,
-              BIAS_IN_ACC: gl.constexpr = False, WIDEN_ASM: gl.constexpr = False):
+              BIAS_IN_ACC: gl.constexpr = False, WIDEN_ASM: gl.constexpr = False, DQ_ORDERED: gl.constexpr = False,
+              DQ_WRITER: gl.constexpr = False):
     """A consumer partition (warpgroup ``WG``): dK and dV of key rows ``n0 + 64 WG ...`` over every step, and with
     FUSED_DQ this warpgroup's columns of every step's dQ as well (:func:`_consumer_fused_dq`)."""
     if FUSED_DQ:
@@ -172,7 +290,7 @@ def _consumer(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, 
                            scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb, stride_dkh,
                            stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M,
                            HEAD_DIM, STAGES, NUM_WG, CAUSAL, DQ_TMA, DS_SETS, SPLIT_GROUP, WG, RS_DV, DQ_SPLIT_Q,
-                           P_BF16, BIAS_IN_ACC, WIDEN_ASM)
+                           P_BF16, BIAS_IN_ACC, WIDEN_ASM, DQ_ORDERED, DQ_WRITER)
     else:
         _consumer_dkdv(q_desc, dk_ptr, dv_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem, delta_smem, ds_smem,
                        p_smem, ready, empty, kv_ready, qk_scale, scale, seqlen_q, seqlen_k, num_heads_kv, group,
@@ -308,8 +426,8 @@ def _accumulate(a, a_smem, b_t, acc, a_op, OPERANDS_SMEM: gl.constexpr, op_layou
 
 
 @gluon.jit
-def _consumer_dkdv(q_desc, dk_ptr, dv_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem, delta_smem, ds_smem, p_smem,
-                   ready, empty, kv_ready, qk_scale, scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk,
+def _consumer_dkdv(q_desc, dk_ptr, dv_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem, delta_smem, ds_smem,
+                   p_smem, ready, empty, kv_ready, qk_scale, scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk,
                    stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, BLOCK_M: gl.constexpr,
                    HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NUM_WG: gl.constexpr, CAUSAL: gl.constexpr,
                    OPERANDS_SMEM: gl.constexpr, WG: gl.constexpr):
@@ -386,9 +504,11 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
                        DQ_TMA: gl.constexpr, DS_SETS: gl.constexpr, SPLIT_GROUP: gl.constexpr,
                        WG: gl.constexpr, RS_DV: gl.constexpr, DQ_SPLIT_Q: gl.constexpr = False,
                        P_BF16: gl.constexpr = False, BIAS_IN_ACC: gl.constexpr = False,
-                       WIDEN_ASM: gl.constexpr = False):
-    """dK, dV and this warpgroup's share of dQ (five products per tile pair; not deterministic: the order of the
-    additions into the fp32 ``dq_ptr`` buffer varies).
+                       WIDEN_ASM: gl.constexpr = False, DQ_ORDERED: gl.constexpr = False,
+                       DQ_WRITER: gl.constexpr = False):
+    """dK, dV and this warpgroup's share of dQ (five products per tile pair; the order of the additions into the fp32
+    ``dq_ptr`` buffer varies, unless DQ_ORDERED: then each step's share is staged for the dQ-writer warp,
+    :func:`_stage_dq`, which adds it in turn; DQ_WRITER is that hand-off, measured without the order too).
 
     dS^T goes through shared memory, and the dK product reads it there: it must be there anyway for the dQ product,
     whose K runs over every warpgroup's keys. P^T goes there too (the dV product's left operand), or, with RS_DV,
@@ -426,7 +546,7 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
     dq_layout: gl.constexpr = acc_layout(DQ_COLS)
 
     b, hkv, hq0, n0, m_first, n_m, n_steps = _steps(seqlen_q, seqlen_k, num_heads_kv, group, head_chunk,
-                                               BLOCK_M, NUM_WG * KEYS, CAUSAL, SPLIT_GROUP)
+                                               BLOCK_M, NUM_WG * KEYS, CAUSAL, SPLIT_GROUP, CAUSAL and DQ_ORDERED)
     n0, k_t, v_t, key, col = _own_keys(k_smem, v_smem, n0, WG, KEYS, HEAD_DIM, BLOCK_M, row_layout, col_layout)
     diag = seqlen_k - seqlen_q
     p_t = p_smem.index(WG)
@@ -499,9 +619,12 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
             dq = warpgroup_mma_wait(1, deps=(dq, ))
         if j > 0:
             mbarrier.arrive(ds_free.index(prev), count=1)
-            _out_dq(dq, dq_base, dq_desc, dq_smem, b, hq0 + (j - 1) // n_m, (m_first + (j - 1) % n_m) * BLOCK_M,
-                    dq_row, dq_col, scale, seqlen_q, stride_dqh, stride_dqs, DQ_TILE_ROWS, DQ_COLS, DQ_TMA, WG,
-                    DQ_ROW0, DQ_COL0)
+            if DQ_WRITER:  # the dQ-writer warp adds it (in turn, DQ_ORDERED)
+                _stage_dq(dq * scale, dq_smem, DQ_TILE_ROWS, DQ_COLS, WG)
+            else:
+                _out_dq(dq, dq_base, dq_desc, dq_smem, b, hq0 + (j - 1) // n_m, (m_first + (j - 1) % n_m) * BLOCK_M,
+                        dq_row, dq_col, scale, seqlen_q, stride_dqh, stride_dqs, DQ_TILE_ROWS, DQ_COLS, DQ_TMA, WG,
+                        DQ_ROW0, DQ_COL0)
 
     dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
     if n_steps > 0:  # the last step's dQ share
@@ -509,10 +632,13 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
         mbarrier.wait(ds_ready.index(last), ((n_steps - 1) // DS_SETS) & 1)
         dq = _dq_product(ds_smem, k_smem, dq_zero, last, KEYS, HEAD_DIM, DQ_COLS, NUM_WG, WG, DQ_ROWS)
         dq = warpgroup_mma_wait(0, deps=(dq, ))
-        _out_dq(dq, dq_base, dq_desc, dq_smem, b, hq0 + (n_steps - 1) // n_m, (m_first + (n_steps - 1) % n_m) * BLOCK_M,
-                dq_row, dq_col, scale, seqlen_q, stride_dqh, stride_dqs, DQ_TILE_ROWS, DQ_COLS, DQ_TMA, WG,
-                DQ_ROW0, DQ_COL0)
-    if DQ_TMA:  # the last reduce must have read its tile before the program exits
+        if DQ_WRITER:
+            _stage_dq(dq * scale, dq_smem, DQ_TILE_ROWS, DQ_COLS, WG)
+        else:
+            _out_dq(dq, dq_base, dq_desc, dq_smem, b, hq0 + (n_steps - 1) // n_m,
+                    (m_first + (n_steps - 1) % n_m) * BLOCK_M, dq_row, dq_col, scale, seqlen_q, stride_dqh,
+                    stride_dqs, DQ_TILE_ROWS, DQ_COLS, DQ_TMA, WG, DQ_ROW0, DQ_COL0)
+    if DQ_TMA and not DQ_WRITER:  # the last reduce must have read its tile before the program exits
         tma.store_wait(0)
     # (SPLIT_GROUP: this query head's share of its K/V head's dK/dV, added into fp32 buffers)
     _store_dkdv(dk, dv, dk_ptr, dv_ptr, b, hkv, n0, scale, seqlen_k, stride_dkb, stride_dkh, stride_dks, stride_dvb,
@@ -521,8 +647,8 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
 
 @gluon.jit
 def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr,
-                                qk_scale, scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb,
-                                stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh,
+                                turns_ptr, qk_scale, scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk,
+                                stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh,
                                 stride_dqs, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                                 CAUSAL: gl.constexpr, NUM_WG: gl.constexpr, CONSUMER_WG_REGS: gl.constexpr,
                                 LOADER_WG_REGS: gl.constexpr, FUSED_DQ: gl.constexpr = False,
@@ -530,8 +656,15 @@ def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delt
                                 DS_SETS: gl.constexpr = 2, SPLIT_GROUP: gl.constexpr = False,
                                 RS_DV: gl.constexpr = False, DQ_SPLIT_Q: gl.constexpr = False,
                                 P_BF16: gl.constexpr = False, BIAS_IN_ACC: gl.constexpr = False,
-                                WIDEN_ASM: gl.constexpr = False):
-    """One program per (key tile of ``64 NUM_WG`` keys, batch entry x K/V head); see the module's docstring."""
+                                WIDEN_ASM: gl.constexpr = False, DQ_ORDERED: gl.constexpr = False,
+                                DQ_WRITER: gl.constexpr = False):
+    """One program per (key tile of ``64 NUM_WG`` keys, batch entry x K/V head); see the module's docstring.
+
+    DQ_ORDERED (fused dQ, deterministic): ``turns_ptr`` is a zeroed int32 buffer, a counter per (batch entry, query
+    head, query tile), :func:`_dq_turn`; otherwise unused. (Each program's place in the order is its program id: a
+    place taken from an atomic ticket instead, so as not to rely on the hardware starting programs in the order of
+    their ids, made every value derived from it non-uniform and cost the consumers 10-12 spilled registers, perf-notes
+    v41.)"""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
@@ -574,23 +707,43 @@ def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delt
     mbarrier.init(kv_ready, count=1)
     # (Triton 3.6's warp_specialize wants each partition's arguments spelled out: a tuple built in the kernel and
     # extended there turns the constexprs in it into tensors)
-    if NUM_WG == 2:
+    if NUM_WG == 2 and DQ_WRITER:
         gl.warp_specialize([
             (_consumer, (q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem,
                          delta_smem, ds_smem, p_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale,
                          scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb, stride_dkh, stride_dks,
                          stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM,
                          STAGES, NUM_WG, CAUSAL, FUSED_DQ, DQ_TMA, OPERANDS_SMEM, DS_SETS, SPLIT_GROUP, 0,
-                         RS_DV, DQ_SPLIT_Q, P_BF16, BIAS_IN_ACC, WIDEN_ASM)),
+                         RS_DV, DQ_SPLIT_Q, P_BF16, BIAS_IN_ACC, WIDEN_ASM, DQ_ORDERED, DQ_WRITER)),
             (_consumer, (q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem,
                          delta_smem, ds_smem, p_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale,
                          scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb, stride_dkh, stride_dks,
                          stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM,
                          STAGES, NUM_WG, CAUSAL, FUSED_DQ, DQ_TMA, OPERANDS_SMEM, DS_SETS, SPLIT_GROUP, 1,
-                         RS_DV, DQ_SPLIT_Q, P_BF16, BIAS_IN_ACC, WIDEN_ASM)),
+                         RS_DV, DQ_SPLIT_Q, P_BF16, BIAS_IN_ACC, WIDEN_ASM, DQ_ORDERED, DQ_WRITER)),
             (_loader, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                        lse2_smem, delta_smem, ready, empty, kv_ready, seqlen_q, seqlen_k, num_heads_kv, group,
-                       head_chunk, BLOCK_M, STAGES, NUM_WG, CAUSAL, SPLIT_GROUP)),
+                       head_chunk, BLOCK_M, STAGES, NUM_WG, CAUSAL, SPLIT_GROUP, DQ_ORDERED)),
+            (_dq_writer, (dq_desc, dq_smem, turns_ptr, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk,
+                          BLOCK_M, NUM_WG, CAUSAL, HEAD_DIM // NUM_WG, SPLIT_GROUP, DQ_ORDERED)),
+        ], [4, 1, 1], [CONSUMER_WG_REGS, LOADER_WG_REGS, LOADER_WG_REGS])
+    elif NUM_WG == 2:
+        gl.warp_specialize([
+            (_consumer, (q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem,
+                         delta_smem, ds_smem, p_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale,
+                         scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb, stride_dkh, stride_dks,
+                         stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM,
+                         STAGES, NUM_WG, CAUSAL, FUSED_DQ, DQ_TMA, OPERANDS_SMEM, DS_SETS, SPLIT_GROUP, 0,
+                         RS_DV, DQ_SPLIT_Q, P_BF16, BIAS_IN_ACC, WIDEN_ASM, DQ_ORDERED, DQ_WRITER)),
+            (_consumer, (q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem,
+                         delta_smem, ds_smem, p_smem, dq_smem, ready, empty, kv_ready, ds_ready, ds_free, qk_scale,
+                         scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb, stride_dkh, stride_dks,
+                         stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM,
+                         STAGES, NUM_WG, CAUSAL, FUSED_DQ, DQ_TMA, OPERANDS_SMEM, DS_SETS, SPLIT_GROUP, 1,
+                         RS_DV, DQ_SPLIT_Q, P_BF16, BIAS_IN_ACC, WIDEN_ASM, DQ_ORDERED, DQ_WRITER)),
+            (_loader, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
+                       lse2_smem, delta_smem, ready, empty, kv_ready, seqlen_q, seqlen_k, num_heads_kv, group,
+                       head_chunk, BLOCK_M, STAGES, NUM_WG, CAUSAL, SPLIT_GROUP, DQ_ORDERED)),
         ], [4, 1], [CONSUMER_WG_REGS, LOADER_WG_REGS])
     else:
         gl.warp_specialize([
@@ -599,10 +752,10 @@ def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delt
                          scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk, stride_dkb, stride_dkh, stride_dks,
                          stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh, stride_dqs, BLOCK_M, HEAD_DIM,
                          STAGES, NUM_WG, CAUSAL, FUSED_DQ, DQ_TMA, OPERANDS_SMEM, DS_SETS, SPLIT_GROUP, 0,
-                         RS_DV, DQ_SPLIT_Q, P_BF16, BIAS_IN_ACC, WIDEN_ASM)),
+                         RS_DV, DQ_SPLIT_Q, P_BF16, BIAS_IN_ACC, WIDEN_ASM, DQ_ORDERED, DQ_WRITER)),
             (_loader, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                        lse2_smem, delta_smem, ready, empty, kv_ready, seqlen_q, seqlen_k, num_heads_kv, group,
-                       head_chunk, BLOCK_M, STAGES, NUM_WG, CAUSAL, SPLIT_GROUP)),
+                       head_chunk, BLOCK_M, STAGES, NUM_WG, CAUSAL, SPLIT_GROUP, DQ_ORDERED)),
         ], [1], [LOADER_WG_REGS])
 
 
