@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from flashcore.bench.training import (BWD_FLOP_FACTOR, SUITES, TrainCase, best_peer, markdown_table, results_table,
+from flashcore.bench.training import (BWD_FLOP_FACTOR, SUITES, TrainCase, best_peer, deterministic_table,
+                                      markdown_table, results_table,
                                       training_suite)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -93,6 +94,29 @@ def test_readme_sustained_backward_table_is_the_committed_run():
     assert doc["config"]["sustained_s"] > 0 and doc["config"]["sustained_rounds"] >= 2
     assert doc["environment"]["gpu"]["name"].removeprefix("NVIDIA ") in readme[m.start() - 1500:m.start()]
     assert m.group(2).strip() == markdown_table(doc, "bwd_sustained_tflops").strip(), "stale: regenerate it"
+
+
+def test_deterministic_table_gives_its_speed_as_a_fraction_of_the_default():
+    doc = _doc()
+    r = doc["results"][0]["backends"]
+    r["flashcore"].update(bwd_sustained_tflops=400.0)
+    r["flashcore-deterministic"] = dict(status="ok", bwd_sustained_tflops=340.0)
+    assert "| 1x2x64x64 | 400 | 340 | 0.85x |" in deterministic_table(doc)
+    del r["flashcore-deterministic"]
+    assert "| 1x2x64x64 | - | - | - |" in deterministic_table(doc)
+
+
+def test_readme_deterministic_table_is_the_committed_run():
+    """deterministic=True beside the default, steady-load backward, from a committed run with both."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    m = re.search(r"<!-- train-deterministic-table: (\S+) -->\n(.*?)\n<!-- /train-deterministic-table -->", readme,
+                  re.S)
+    assert m, "README lost its generated deterministic table"
+    doc = json.load(open(os.path.join(ROOT, m.group(1))))
+    assert {"flashcore", "flashcore-deterministic"} <= set(doc["config"]["backends"])
+    assert doc["environment"]["gpu"]["name"].removeprefix("NVIDIA ") in readme[m.start() - 1500:m.start()]
+    assert doc["environment"]["git_sha"] in readme[m.start() - 1500:m.start()]
+    assert m.group(2).strip() == deterministic_table(doc).strip(), "stale: regenerate it"
 
 
 def test_cli_refuses_a_suite_it_does_not_know():

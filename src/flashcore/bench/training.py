@@ -416,6 +416,19 @@ def run_cli(args, console) -> int:
     return 1 if bad else 0
 
 
+def deterministic_table(doc, field: str = "bwd_sustained_tflops") -> str:
+    """The README's table of ``deterministic=True`` beside the default from a committed run with both: TFLOP/s each
+    and the deterministic backward's speed as a fraction of the default's (issue 23's bar: >= 0.85)."""
+    head = "| shape (B x Hq[/Hkv] x S x D) | flashcore | flashcore-deterministic | deterministic / default |"
+    rows = [head, "|---|---|---|---|"]
+    for e in doc["results"]:
+        fc, det = (e["backends"].get(n, {}) for n in ("flashcore", "flashcore-deterministic"))
+        ok = fc.get("status") == det.get("status") == "ok" and field in fc and field in det
+        cells = [f"{fc[field]:.0f}", f"{det[field]:.0f}", f"{det[field] / fc[field]:.2f}x"] if ok else ["-"] * 3
+        rows.append(f"| {e['label']} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def markdown_table(doc, field: str = "bwd_tflops") -> str:
     """The README's backward table from a committed run: TFLOP/s per backend and flashcore / fastest peer."""
     names = [n for n in doc["config"]["backends"]]
