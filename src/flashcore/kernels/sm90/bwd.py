@@ -706,7 +706,8 @@ def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delt
         mbarrier.init(empty.index(i), count=NUM_WG)  # one arrival per consumer warpgroup
     mbarrier.init(kv_ready, count=1)
     # (Triton 3.6's warp_specialize wants each partition's arguments spelled out: a tuple built in the kernel and
-    # extended there turns the constexprs in it into tensors)
+    # extended there turns the constexprs in it into tensors, and so does one only assigned to a name, v41; hence
+    # three lists, alike but for their partitions)
     if NUM_WG == 2 and DQ_WRITER:
         gl.warp_specialize([
             (_consumer, (q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem,
