@@ -73,8 +73,9 @@ def attention(
 
     Gradients: when q, k or v requires grad (and grad mode is on), the call records a backward pass (the
     Triton backward kernels; the forward saves its output and logsumexp, so the backward never reruns it).
-    ``deterministic=True`` makes the gradients bitwise reproducible from run to run (no floating-point
-    atomics). A returned lse is differentiable too. ``secure=True`` and ``out=`` are forward-only: with
+    ``deterministic=True`` makes the gradients bitwise reproducible from run to run (every floating-point sum
+    in a fixed order: dQ on its own kernel, or at D=128 on Hopper added inside the dK/dV kernel in a fixed order of
+    key tiles). A returned lse is differentiable too. ``secure=True`` and ``out=`` are forward-only: with
     inputs that want gradients they raise.
     """
     key = None
