@@ -351,6 +351,16 @@ def test_deterministic_orders_the_fused_dq_without_gqa_only():
     gqa = build(8, 2)
     assert not gqa.atomic and not gqa.ordered and gqa.dq is not None and gqa.hopper_dkdv is not None
     assert not gqa.hopper_dkdv.step.constexprs["FUSED_DQ"]
+    # only the form with two consumer warpgroups has the dQ-writer partition (one would wait forever at its barrier)
+    from flashcore.launch.sm90_bwd import HopperDkdvLaunch, ordered_dq_serves
+
+    assert ordered_dq_serves(64, 128, 8, 8)
+    assert not ordered_dq_serves(64, 64, 8, 8) and not ordered_dq_serves(128, 128, 8, 8)
+    q = torch.randn(1, 2, 256, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="dq_ordered"):
+        HopperDkdvLaunch(q, q, q, q, q, q, (1, 2, 256), seqlen_q=256, seqlen_k=256, scale=0.125, qk_scale=0.18,
+                         causal=False, block_m=64, block_n=64, num_warps=4, stages=3,
+                         dq_accum=torch.empty(q.shape, dtype=torch.float32), dq_ordered=True)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["d128-ordered", "d128-causal-ordered"])

@@ -77,9 +77,11 @@ def hopper_dkdv_serves(q, k, v, dout, dk, dv, *, varlen: bool) -> bool:
 
 def ordered_dq_serves(block_m: int, block_n: int, num_heads_q: int, num_heads_kv: int) -> bool:
     """The fused dQ in a fixed order (``dq_ordered``, deterministic) runs this form: the copy engine's reduce-add (a
-    Triton that has it), 64-query steps, no GQA (with GQA the fused form adds dK/dV up over the group in a varying
-    order)."""
-    return async_atomic_add is not None and not wide_step(block_m, block_n) and num_heads_q == num_heads_kv
+    Triton that has it), 64-query steps on two consumer warpgroups (the kernel's dQ-writer partition is built beside
+    two; with one, its consumers would wait at a named barrier nobody arrives at), no GQA (with GQA the fused form
+    adds dK/dV up over the group in a varying order)."""
+    return (async_atomic_add is not None and (block_m, block_n) == (KEY_ROWS, 2 * KEY_ROWS)
+            and num_heads_q == num_heads_kv)
 
 
 class HopperDkdvLaunch:
