@@ -426,8 +426,8 @@ def _accumulate(a, a_smem, b_t, acc, a_op, OPERANDS_SMEM: gl.constexpr, op_layou
 
 
 @gluon.jit
-def _consumer_dkdv(q_desc, dk_ptr, dv_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem, delta_smem, ds_smem,
-                   p_smem, ready, empty, kv_ready, qk_scale, scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk,
+def _consumer_dkdv(q_desc, dk_ptr, dv_ptr, q_smem, do_smem, k_smem, v_smem, lse2_smem, delta_smem, ds_smem, p_smem,
+                   ready, empty, kv_ready, qk_scale, scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk,
                    stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, BLOCK_M: gl.constexpr,
                    HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NUM_WG: gl.constexpr, CAUSAL: gl.constexpr,
                    OPERANDS_SMEM: gl.constexpr, WG: gl.constexpr):
@@ -648,9 +648,10 @@ def _consumer_fused_dq(q_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr, q_smem, do_smem,
 @gluon.jit
 def attn_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, dq_desc, dk_ptr, dv_ptr, dq_ptr,
                                 turns_ptr, qk_scale, scale, seqlen_q, seqlen_k, num_heads_kv, group, head_chunk,
-                                stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_dqb, stride_dqh,
-                                stride_dqs, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                                CAUSAL: gl.constexpr, NUM_WG: gl.constexpr, CONSUMER_WG_REGS: gl.constexpr,
+                                stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh, stride_dvs, stride_dqb,
+                                stride_dqh, stride_dqs, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
+                                STAGES: gl.constexpr, CAUSAL: gl.constexpr, NUM_WG: gl.constexpr,
+                                CONSUMER_WG_REGS: gl.constexpr,
                                 LOADER_WG_REGS: gl.constexpr, FUSED_DQ: gl.constexpr = False,
                                 DQ_TMA: gl.constexpr = False, OPERANDS_SMEM: gl.constexpr = False,
                                 DS_SETS: gl.constexpr = 2, SPLIT_GROUP: gl.constexpr = False,
