@@ -181,6 +181,81 @@ def test_compile_fullgraph_traces_forward_and_backward():
 
 
 @interp
+def test_compile_fullgraph_traces_varlen_forward_and_backward():
+    """attention_varlen under torch.compile(fullgraph=True): forward and backward traced through the custom ops
+    (a zero-length sequence included), the gradients those of the eager call."""
+    cu_q = torch.tensor([0, 7, 7, 19], dtype=torch.int32)
+    cu_k = torch.tensor([0, 9, 14, 30], dtype=torch.int32)
+    q = torch.randn(19, 4, 32, requires_grad=True)
+    k, v = (torch.randn(30, 2, 32, requires_grad=True) for _ in range(2))
+
+    def loss(q, k, v):
+        out, lse = flashcore.attention_varlen(q, k, v, cu_q, cu_k, 12, 16, causal=True, backend="triton",
+                                              return_lse=True)
+        return out.square().sum() + lse.masked_fill(~torch.isfinite(lse), 0).sum()
+
+    torch.compile(loss, fullgraph=True, backend="aot_eager")(q, k, v).backward()
+    got = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    loss(q, k, v).backward()
+    for a, b in zip(got, (q.grad, k.grad, v.grad)):
+        assert torch.isfinite(a).all() and rel(a, b) < 1e-6
+
+
+def _directional_check(kernel_fn, reference_fn, inputs, do, *, seed, eps=1e-6, directions=3):
+    """gradcheck's comparison for a kernel that cannot run in float64: the kernel's gradient of <do, f(x)> (fp32)
+    against central finite differences of the float64 function along random directions u, <grad, u> against
+    (L(x + eps u) - L(x - eps u)) / 2 eps. Returns the largest relative difference."""
+    xs = [t.detach().clone().requires_grad_(True) for t in inputs]
+    torch.autograd.backward(kernel_fn(*xs), do)
+    grads = [x.grad.double() for x in xs]
+    g = torch.Generator().manual_seed(seed)
+    worst = 0.0
+    for _ in range(directions):
+        us = [torch.randn(x.shape, generator=g, dtype=torch.float64) for x in xs]
+
+        def loss(sign):
+            with torch.no_grad():
+                return (reference_fn(*(x.detach().double() + sign * eps * u for x, u in zip(xs, us)))
+                        * do.double()).sum().item()
+
+        numerical = (loss(1) - loss(-1)) / (2 * eps)
+        analytical = sum((gr * u).sum().item() for gr, u in zip(grads, us))
+        worst = max(worst, abs(numerical - analytical) / max(abs(numerical), 1e-3))
+    return worst
+
+
+@interp
+@pytest.mark.parametrize("causal", [False, True])
+def test_kernel_gradients_match_finite_differences_of_the_float64_function(causal):
+    """gradcheck on the kernel path, as far as the interpreter allows (the kernels take no float64): the Triton
+    backward's fp32 gradients along random directions against finite differences of the float64 attention. GQA,
+    Sq != Sk (bottom-right causal), odd lengths."""
+    g = torch.Generator().manual_seed(11 + causal)
+    q = torch.randn(1, 4, 13, 16, generator=g)
+    k, v = (torch.randn(1, 2, 21, 16, generator=g) for _ in range(2))
+    do = torch.randn(1, 4, 13, 16, generator=g)
+    worst = _directional_check(lambda q, k, v: flashcore.attention(q, k, v, causal=causal, backend="triton"),
+                               lambda q, k, v: reference.attention(q, k, v, causal=causal), (q, k, v), do, seed=5)
+    assert worst < 2e-4, worst
+
+
+@interp
+def test_varlen_kernel_gradients_match_finite_differences_of_the_float64_function():
+    g = torch.Generator().manual_seed(12)
+    cu_q = torch.tensor([0, 5, 5, 14], dtype=torch.int32)
+    cu_k = torch.tensor([0, 8, 11, 24], dtype=torch.int32)
+    q = torch.randn(14, 4, 16, generator=g)
+    k, v = (torch.randn(24, 2, 16, generator=g) for _ in range(2))
+    do = torch.randn(14, 4, 16, generator=g)
+    worst = _directional_check(
+        lambda q, k, v: flashcore.attention_varlen(q, k, v, cu_q, cu_k, 9, 13, causal=True, backend="triton"),
+        lambda q, k, v: reference.attention_varlen(q, k, v, cu_q, cu_k, 9, 13, causal=True), (q, k, v), do, seed=6)
+    assert worst < 2e-4, worst
+
+
+@interp
 def test_deterministic_gradients_are_bitwise_identical():
     q, k, v, do = (torch.randn(1, 4, 40, 32) for _ in range(4))
     runs = [_dense_grads(q, k, v, do, None, causal=True, deterministic=True) for _ in range(2)]
@@ -214,6 +289,21 @@ def test_deterministic_must_be_a_bool(backend):
     with pytest.raises(TypeError, match="deterministic must be a bool"):
         flashcore.attention_varlen(q[0].transpose(0, 1), q[0].transpose(0, 1), q[0].transpose(0, 1), cu, cu, 8, 8,
                                    deterministic="yes", backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_deterministic_is_checked_on_a_repeated_call_too(backend):
+    """A repeat call replays the cached plan of an earlier one without the metadata checks: a bad ``deterministic``
+    must still be refused, not answered from the plan that a valid call left."""
+    q = torch.randn(1, 2, 8, 16, dtype=torch.float16 if backend == "triton" else torch.float32)
+    flashcore.attention(q, q, q, backend=backend)
+    flashcore.attention(q, q, q, deterministic=True, backend=backend)
+    for bad in (1, "yes", None):
+        with pytest.raises(TypeError, match="deterministic must be a bool"):
+            flashcore.attention(q, q, q, deterministic=bad, backend=backend)
+    flashcore.plan_attention(q, q, q, deterministic=False, backend=backend)
+    with pytest.raises(TypeError, match="deterministic must be a bool"):
+        flashcore.plan_attention(q, q, q, deterministic=0, backend=backend)
 
 
 def test_plan_attention_takes_the_same_arguments_as_attention():

@@ -366,14 +366,16 @@ def test_varlen_gradients_with_empty_sequences_and_lse():
             assert _rel(got, r) < 2e-2, f"sequence {i} {name}: {_rel(got, r):.2e}"
 
 
+@pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("hkv", [4, 16], ids=["gqa", "mha"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_deterministic_gradients_are_bitwise_identical(causal, hkv):
-    """With GQA deterministic=True runs the dQ kernel at D=128, without it the fused form with dQ added in order."""
-    torch.manual_seed(11)
-    q = torch.randn(2, 1024, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    k = torch.randn(2, 1024, hkv, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    v = torch.randn(2, 1024, hkv, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+def test_deterministic_gradients_are_bitwise_identical(causal, hkv, D):
+    """With GQA deterministic=True runs the dQ kernel at D=128, without it the fused form with dQ added in order;
+    D=64 runs the dQ kernel beside the Gluon dK/dV kernel (its wide fused step only by default)."""
+    torch.manual_seed(11 + D)
+    q = torch.randn(2, 1024, 16, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(2, 1024, hkv, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(2, 1024, hkv, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     do = torch.randn_like(q)
     runs = []
     for _ in range(5):
@@ -384,6 +386,30 @@ def test_deterministic_gradients_are_bitwise_identical(causal, hkv):
     for r in runs[1:]:
         for a, b in zip(runs[0], r):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_deterministic_varlen_gradients_are_bitwise_identical(causal):
+    """attention_varlen with deterministic=True (the Triton backward with its dQ kernel, no atomics): the same bits
+    in five runs, a zero-length sequence included, each gradient within 2e-2 of the float64 reference's."""
+    torch.manual_seed(17)
+    cu = torch.tensor([0, 700, 700, 1900, 3000], device="cuda", dtype=torch.int32)
+    q = torch.randn(3000, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(3000, 4, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    do = torch.randn_like(q)
+    runs = []
+    for _ in range(5):
+        for t in (q, k, v):
+            t.grad = None
+        flashcore.attention_varlen(q, k, v, cu, cu, 1200, 1200, causal=causal, deterministic=True).backward(do)
+        runs.append([t.grad.clone() for t in (q, k, v)])
+    for r in runs[1:]:
+        for a, b in zip(runs[0], r):
+            assert torch.equal(a, b)
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    flashcore.reference.attention_varlen(qd, kd, vd, cu, cu, 1200, 1200, causal=causal).backward(do.double())
+    for a, b in zip(runs[0], (qd.grad, kd.grad, vd.grad)):
+        assert torch.isfinite(a).all() and _rel(a, b) < 2e-2
 
 
 def test_compile_fullgraph_traces_forward_and_backward():

@@ -82,7 +82,7 @@ def attention(
     if not torch.compiler.is_compiling() and not C.wants_grad({"q": q, "k": k, "v": v}):
         key = dense_key(backend, q, k, v, seqlens_q, seqlens_k, out, layout=layout, causal=causal, scale=scale,
                         secure=secure, self_attention=seqlens_q is seqlens_k, return_lse=return_lse,
-                        validate=validate_seqlens)
+                        validate=validate_seqlens, deterministic=deterministic)
         plan = PLANS.get(key) if key is not None else None
         if plan is not None:
             res, lse = plan(q, k, v, seqlens_q, seqlens_k, out)
@@ -136,7 +136,8 @@ def plan_attention(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Plan | None:
         return None
     key = dense_key(backend, q, k, v, seqlens_q, seqlens_k, out, layout=layout, causal=kwargs.get("causal", False),
                     scale=kwargs.get("scale"), secure=secure, self_attention=seqlens_q is seqlens_k,
-                    return_lse=kwargs.get("return_lse", False), validate=kwargs.get("validate_seqlens", True))
+                    return_lse=kwargs.get("return_lse", False), validate=kwargs.get("validate_seqlens", True),
+                    deterministic=kwargs.get("deterministic", False))
     return PLANS.get_or_build(key, lambda: ops.dense_plan(
         q, k, v, seqlens_q, seqlens_k, a.causal, a.scale, layout == "bshd", "strict" if a.strict else a.secure,
         a.return_lse, out, validate=a.validate))

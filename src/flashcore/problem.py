@@ -47,10 +47,12 @@ def _key(kind, tensors, flags):
 
 
 def dense_key(route: str, q, k, v, seqlens_q, seqlens_k, out, *, layout, causal, scale, secure, self_attention,
-              return_lse, validate):
+              return_lse, validate, deterministic=False):
     """The plan key of a dense call (None where the arguments cannot be keyed). ``route`` names the caller
-    (the public entry point with its backend, or the custom op), so plans of different routes never mix."""
-    flags = (route, layout, causal, scale, secure, self_attention, return_lse, validate)
+    (the public entry point with its backend, or the custom op), so plans of different routes never mix. Every
+    argument a call's checks look at is in the key (``deterministic`` too, though the forward plan does not use
+    it): a repeat call skips the checks, so an invalid value must miss every plan a valid one made."""
+    flags = (route, layout, causal, scale, secure, self_attention, return_lse, validate, deterministic)
     return _key("dense", (q, k, v, seqlens_q, seqlens_k, out), flags)
 
 
