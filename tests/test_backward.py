@@ -164,6 +164,18 @@ def test_a_strided_expanded_incoming_gradient():
     assert rel(qkv.grad, ref.grad) < 1e-5
 
 
+def _assert_compiled_grads_are_eager(loss, inputs):
+    """``loss(*inputs).backward()`` through torch.compile(fullgraph=True) (aot_eager) and eagerly: the same
+    gradients, finite."""
+    torch.compile(loss, fullgraph=True, backend="aot_eager")(*inputs).backward()
+    got = [t.grad.clone() for t in inputs]
+    for t in inputs:
+        t.grad = None
+    loss(*inputs).backward()
+    for a, t in zip(got, inputs):
+        assert torch.isfinite(a).all() and rel(a, t.grad) < 1e-6
+
+
 @interp
 def test_compile_fullgraph_traces_forward_and_backward():
     q, k, v = (torch.randn(1, 2, 24, 32, requires_grad=True) for _ in range(3))
@@ -171,13 +183,7 @@ def test_compile_fullgraph_traces_forward_and_backward():
     def loss(q, k, v):
         return flashcore.attention(q, k, v, causal=True, backend="triton").square().sum()
 
-    torch.compile(loss, fullgraph=True, backend="aot_eager")(q, k, v).backward()
-    got = [t.grad.clone() for t in (q, k, v)]
-    for t in (q, k, v):
-        t.grad = None
-    loss(q, k, v).backward()
-    for a, b in zip(got, (q.grad, k.grad, v.grad)):
-        assert rel(a, b) < 1e-6
+    _assert_compiled_grads_are_eager(loss, (q, k, v))
 
 
 @interp
@@ -194,13 +200,7 @@ def test_compile_fullgraph_traces_varlen_forward_and_backward():
                                               return_lse=True)
         return out.square().sum() + lse.masked_fill(~torch.isfinite(lse), 0).sum()
 
-    torch.compile(loss, fullgraph=True, backend="aot_eager")(q, k, v).backward()
-    got = [t.grad.clone() for t in (q, k, v)]
-    for t in (q, k, v):
-        t.grad = None
-    loss(q, k, v).backward()
-    for a, b in zip(got, (q.grad, k.grad, v.grad)):
-        assert torch.isfinite(a).all() and rel(a, b) < 1e-6
+    _assert_compiled_grads_are_eager(loss, (q, k, v))
 
 
 def _directional_check(kernel_fn, reference_fn, inputs, do, *, seed, eps=1e-6, directions=3):
