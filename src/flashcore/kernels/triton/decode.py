@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from ..capabilities import Capabilities
 
@@ -242,7 +243,13 @@ def decode_split_kernel(
     REG_PAGES: tl.constexpr, ASM: tl.constexpr, SAME_KV: tl.constexpr,
     RETURN_LSE: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL_TRIGGER: tl.constexpr = False,
 ):
+    if PDL_TRIGGER and SPLIT and ASM:
+        # the combine step, a programmatic dependent of this one, may launch now: its programs start and wait
+        # (griddepcontrol.wait, which returns once this whole grid has completed) beside these
+        # (launch.triton_decode.triggers_combine; safe where the combine is not launched as a dependent)
+        gdc_launch_dependents()
     pid_s = tl.program_id(0)
     pid_bh = tl.program_id(1)
     split = pid_s % num_splits
