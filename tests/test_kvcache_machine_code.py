@@ -38,9 +38,9 @@ def decode_fp8_sass(secure: bool, cache: str, page: int, splits: int = 1, cache_
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    r = subprocess.run([sys.executable, "-c", _DECODE_SASS, "secure" if secure else "fast", cache, str(page), str(splits),
-                        cache_dtype],
-                       env=env, capture_output=True, text=True, timeout=600)
+    argv = ["secure" if secure else "fast", cache, str(page), str(splits), cache_dtype]
+    r = subprocess.run([sys.executable, "-c", _DECODE_SASS, *argv], env=env, capture_output=True, text=True,
+                       timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stdout
 
