@@ -10,6 +10,8 @@ each checked in both directions (the leak is found; the safe twin is clean):
 """
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 triton = pytest.importorskip("triton")
@@ -325,3 +327,314 @@ def test_public_reduction_beside_a_secret_one_is_not_a_leak():
     rep = sass_taint(k_two_reductions, sig, ce, {"X"}, num_warps=8)
     assert rep.ok, str(rep)
     assert "address" in kinds(sass_taint(k_two_reductions, sig, ce, {"IDX"}, num_warps=8))
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. a fourth review (2026-11-28): adversarial kernels per class, each found clean before its fix
+# ---------------------------------------------------------------------------------------------
+
+
+_STASH: dict = {}
+
+
+class _Rules:
+    def even(self, a):
+        return a["n"] % 16 == 0
+
+
+def _rule_through_a_traceback(a):
+    try:
+        raise ValueError
+    except ValueError as e:
+        frame = e.__traceback__.tb_frame
+    return getattr(frame, "f_" + "back").f_locals["args"][2] % 16 == 0
+
+
+def _launcher_rules():
+    def body(X, Y, n, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        if EVEN:
+            tl.store(Y + offs, tl.load(X + offs) + n)
+        else:
+            tl.store(Y + offs, tl.load(X + offs) - n)
+
+    kj = triton.jit(body, do_not_specialize=["n"])
+
+    def divisible(name, k):  # the argument's name in a closure cell
+        return lambda args: args[name] % k == 0
+
+    def reads_n(a):  # a helper the rule calls
+        return a["n"] % 16 == 0
+
+    rules = {
+        "closure": divisible("n", 16),
+        "default": lambda a, key="n": a[key] % 16 == 0,
+        "helper": lambda a: reads_n(a),
+        "generic": lambda a: all(v % 16 == 0 for v in a.values() if isinstance(v, int)),
+        # the caller's frame: Heuristics.run's positional arguments, n among them
+        "frame": lambda a: sys._getframe(1).f_locals["args"][2] % 16 == 0,
+        "traceback": _rule_through_a_traceback,
+        # state that a pre-run hook (or a Config.pre_hook) filled with the call's arguments: a global, a default
+        "global state": lambda a: _STASH.get("n", 0) % 16 == 0,
+        "default state": lambda a, s=_STASH: s.get("n", 0) % 16 == 0,
+        "bound method": _Rules().even,  # its first parameter is self
+    }
+    heuristics = {k: triton.heuristics({"EVEN": r})(kj) for k, r in rules.items()}
+    from triton.runtime.autotuner import Heuristics
+
+    class OtherHeuristics(Heuristics):  # a subclass may run anything at launch
+        pass
+
+    heuristics["subclass"] = OtherHeuristics(kj, kj.arg_names, {"EVEN": lambda a: a["BLOCK"] > 64})
+    public = triton.heuristics({"EVEN": lambda a: a.get("BLOCK") > 64 and a["BLOCK"] % 2 == 0})(kj)
+    two = [triton.Config({"EVEN": True}), triton.Config({"EVEN": False})]
+
+    def prune_by_n(configs, named_args, **kw):
+        return [c for c in configs if c.kwargs["EVEN"] == (named_args["n"] % 16 == 0)]
+
+    def prune_by_block(configs, named_args, **kw):
+        return configs[:1] if named_args["BLOCK"] > 64 else configs
+
+    tuned = {
+        "prune": triton.autotune(configs=two, key=["BLOCK"], prune_configs_by={"early_config_prune": prune_by_n})(kj),
+        "perf_model": triton.autotune(configs=two, key=["BLOCK"],
+                                      prune_configs_by={"perf_model": lambda **kw: kw["n"] % 7, "top_k": 1})(kj),
+        "timed": triton.autotune(configs=two, key=["BLOCK"])(kj),
+    }
+    one = triton.autotune(configs=two[:1], key=["BLOCK"], prune_configs_by={"early_config_prune": prune_by_block})(kj)
+    return heuristics, public, tuned, one
+
+
+def test_a_launcher_rule_is_read_off_its_bytecode():
+    """What a heuristic or an autotuner's rule reads is read off its bytecode: a key in a closure cell or a default
+    value, a helper the rule passes the arguments to, and a generic walk over them all read the secret; an autotuner
+    with several configurations times them on the secret arguments themselves. Each of these was reported clean
+    before (the rules' names were scanned, and only the autotuner's key)."""
+    heuristics, public, tuned, one = _launcher_rules()
+    sig = {"X": "*i32", "Y": "*i32", "n": "i32", "BLOCK": "constexpr", "EVEN": "constexpr"}
+    ce = {"BLOCK": 128, "EVEN": True}
+    for name, fn in list(heuristics.items()) + list(tuned.items()):
+        rep = sass_taint(fn, sig, ce, {"n"})
+        assert kinds(rep) == {"specialisation"}, (name, str(rep))
+    assert sass_taint(public, sig, ce, {"n"}).ok  # constant keys of public arguments only
+    assert sass_taint(one, sig, ce, {"n"}).ok  # one configuration, pruned by a public argument
+    assert sass_taint(tuned["timed"], sig, ce, set()).ok  # nothing secret to time
+
+
+def test_a_secret_scalar_declared_wider_than_i32_is_more_than_one_binary():
+    """do_not_specialize keeps a value out of the launcher's key, not its type: below 2**31 an integer runs the i32
+    binary, so a secret declared i64 (or u64) is not the only binary that runs."""
+    for ty in ("i64", "u64"):
+        rep = sass_taint(k_add_scalar_dns, dict(SIG_ADD, n=ty), {"BLOCK": 128}, {"n"})
+        assert kinds(rep) == {"specialisation"} and "i32" in rep.violations[0].detail, str(rep)
+    assert sass_taint(k_add_scalar_dns, SIG_ADD, {"BLOCK": 128}, {"n"}).ok
+
+
+def _tma_into_barrier_kernel():
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+
+    nv = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+    copy = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+
+    @gluon.jit
+    def view_words(bars, layout: gl.constexpr):
+        if hasattr(bars, "reinterpret"):
+            return bars.reinterpret(gl.int32, [2, 1, 4], layout)
+        else:
+            return bars._reinterpret(gl.int32, [2, 1, 4], layout)
+
+    @gluon.jit
+    def k_tma_into_barrier(Xd, Y, k, WHERE: gl.constexpr, LAYOUT: gl.constexpr):
+        tile = gl.allocate_shared_memory(gl.int32, [2, 1, 4], LAYOUT)  # the data area, first
+        bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+        done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(4):
+            mbarrier.init(bars.index(i), count=1)
+        mbarrier.init(done, count=1)
+        if WHERE == 0:  # the data tile
+            dst = tile.index(0)
+        elif WHERE == 1:  # barriers 0 and 1 seen as a row of int32, at a constant index
+            dst = view_words(bars, LAYOUT).index(0)
+        else:  # the same at a public index known only at run time
+            dst = view_words(bars, LAYOUT).index(k)
+        mbarrier.expect(done, 16)
+        copy(Xd, [0, 0], done, dst)
+        mbarrier.wait(done, 0)
+        mbarrier.wait(bars.index(0), 0)  # returns at once or spins, by what the copy wrote
+        mbarrier.expect(done, 16)
+        copy(Xd, [1, 0], done, tile.index(1))  # the data tile is used in every form (it is the data area)
+        mbarrier.wait(done, 1)
+        L: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, 4], [1, 0])
+        r = gl.arange(0, 1, layout=gl.SliceLayout(1, L))
+        c = gl.arange(0, 4, layout=gl.SliceLayout(0, L))
+        gl.store(Y + r[:, None] * 4 + c[None, :], tile.index(1).load(L))
+
+    return k_tma_into_barrier, nv
+
+
+def test_a_tma_copy_into_mbarrier_words_makes_the_wait_leak():
+    """An elected TMA copy's shared address is written under the elect predicate (``@UP0 UIADD3``) and read under
+    another (``@UP6 UTMALDG``): it resolves now, to the barriers here; and a barrier allocation viewed as other data
+    makes shared memory one area, since a register index into such a view may reach any barrier. Both forms were
+    clean before (the copy was placed at its immediate, in the data area)."""
+    fn, nv = _tma_into_barrier_kernel()
+    sig = {"Xd": "tensordesc<i32[1, 4],NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2, "
+                 "transposed=False, fp4_padded=False, cga_layout=[])>", "Y": "*i32", "k": "i32",
+           "WHERE": "constexpr", "LAYOUT": "constexpr"}
+    for where in (1, 2):
+        rep = sass_taint(fn, sig, {"WHERE": where, "LAYOUT": nv}, {"Xd"})
+        assert "branch" in kinds(rep), (where, str(rep))
+        assert sass_taint(fn, sig, {"WHERE": where, "LAYOUT": nv}, set()).ok
+    assert sass_taint(fn, sig, {"WHERE": 0, "LAYOUT": nv}, {"Xd"}).ok  # a secret tile in the data area
+
+
+from triton.language.extra.cuda import gdc_launch_dependents  # noqa: E402
+
+
+@triton.jit
+def k_pdl_trigger(X, Y, BLOCK: tl.constexpr, GUARDED: tl.constexpr):
+    s = tl.load(X)
+    if GUARDED:
+        if s == 7:
+            gdc_launch_dependents()
+    else:
+        gdc_launch_dependents()
+    tl.store(Y + tl.arange(0, BLOCK), tl.load(X + tl.arange(0, BLOCK)))
+
+
+def test_a_dependent_launch_triggered_under_a_secret_is_a_violation():
+    """``griddepcontrol.launch_dependents`` (``PREEXIT``) lets the next kernel start: under a secret predicate, when it
+    starts follows the secret (it was an unknown opcode, whose guard went unchecked)."""
+    sig = {"X": "*i32", "Y": "*i32", "BLOCK": "constexpr", "GUARDED": "constexpr"}
+    assert "PREEXIT" in _ops(k_pdl_trigger, sig, {"BLOCK": 128, "GUARDED": True})
+    rep = sass_taint(k_pdl_trigger, sig, {"BLOCK": 128, "GUARDED": True}, {"X"})
+    assert not rep.ok and any(v.opcode == "PREEXIT" for v in rep.violations), str(rep)
+    assert sass_taint(k_pdl_trigger, sig, {"BLOCK": 128, "GUARDED": False}, {"X"}).ok
+
+
+def test_an_unmodelled_opcode_under_a_secret_guard_is_a_violation():
+    """An opcode the tables do not know: what it does beside its data flow is not modelled, so a secret guard (it
+    runs or not) or a secret operand is reported."""
+    body = """
+        /*0000*/                   LDC.64 R2, c[0x0][0x210] ;
+        /*0010*/                   ULDC.64 UR4, c[0x0][0x208] ;
+        /*0020*/                   LDG.E R4, desc[UR4][R2.64] ;
+        /*0030*/                   ISETP.NE.AND P0, PT, R4, 0x7, PT ;
+        /*0040*/              {op} ;
+        /*0050*/                   EXIT ;
+"""
+    assert _at(_run(body.format(op="@!P0 FOOBAR R6, R0")), 0x40) == {"branch"}
+    assert _at(_run(body.format(op="FOOBAR R6, R4")), 0x40) == {"timing"}
+    assert _at(_run(body.format(op="FOOBAR R6, R0")), 0x40) == set()
+
+
+@triton.jit
+def k_cache_policy(X, T, Y, BLOCK: tl.constexpr, SECRET_POLICY: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    s = tl.load(X)
+    if SECRET_POLICY:  # evict-last or evict-first, by the secret
+        pol = tl.where(s > 0, 0x14F0000000000000, 0x12F0000000000000).to(tl.int64)
+    else:
+        pol = tl.full([], 0x12F0000000000000, tl.int64)
+    # the L2 policy of a load at a public address
+    v = tl.inline_asm_elementwise("ld.global.L2::cache_hint.b32 $0, [$1], $2;", "=r,l,l", [T + offs, pol],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+    tl.store(Y + offs, v + s)
+
+
+def test_a_load_whose_cache_policy_follows_a_secret_is_a_secret_address():
+    """A global access's ``desc[URx]`` is a 64-bit pair that holds its L2 policy among others: both registers are
+    address operands (only URx was read)."""
+    sig = {"X": "*i32", "T": "*i32", "Y": "*i32", "BLOCK": "constexpr", "SECRET_POLICY": "constexpr"}
+    rep = sass_taint(k_cache_policy, sig, {"BLOCK": 128, "SECRET_POLICY": True}, {"X"})
+    assert kinds(rep) == {"address"}, str(rep)
+    assert sass_taint(k_cache_policy, sig, {"BLOCK": 128, "SECRET_POLICY": False}, {"X"}).ok
+
+
+@triton.jit
+def k_pointer_table(X, PT, Y, T, O, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    a = tl.load(PT)  # X's address, written by the host into a 64-bit integer table
+    p = Y + (a - Y.to(tl.int64)) // 4  # rebased onto Y: it points into X
+    s = tl.load(p + offs)  # X's data
+    tl.store(O + offs, tl.load(T + (s & 255)))  # ... as an index
+
+
+def test_a_table_of_64_bit_integers_may_hold_addresses():
+    """A ``*i64``/``*u64`` argument is read like a ``**T``: its values may be addresses, so a pointer rebased onto a
+    public argument through it is not taken for that argument (X's data was read as Y's, and its use as an index
+    missed)."""
+    sig = {"X": "*i32", "PT": "*i64", "Y": "*i32", "T": "*i32", "O": "*i32", "BLOCK": "constexpr"}
+    rep = sass_taint(k_pointer_table, sig, {"BLOCK": 128}, {"X"})
+    assert kinds(rep) == {"address"}, str(rep)
+    assert sass_taint(k_pointer_table, sig, {"BLOCK": 128}, set()).ok
+
+
+_GUARDED_COPY = """
+        /*0000*/                   S2UR UR4, SR_CgaCtaId ;
+        /*0010*/                   UMOV UR5, 0x400 ;
+        /*0020*/                   ULEA UR8, UR4, UR5, 0x18 ;
+        /*0030*/                   MOV R9, UR8 ;
+        /*0040*/                   LDC.64 R2, c[0x0][0x210] ;
+        /*0050*/                   ULDC.64 UR6, c[0x0][0x208] ;
+        /*0060*/                   S2R R0, SR_TID.X ;
+        /*0070*/                   ISETP.NE.AND P1, PT, R0, RZ, PT ;
+        /*0080*/              @!P1 IADD3 R5, R9, {offset}, RZ ;
+        /*0090*/              @!P1 LDGSTS.E [R5], desc[UR6][R2.64] ;
+        /*00a0*/                   LDGDEPBAR ;
+        /*00b0*/                   DEPBAR.LE SB0, 0x0 ;
+        /*00c0*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+.L_x_0:
+        /*00d0*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [URZ+0x8000], RZ ;
+        /*00e0*/              @!P0 BRA `(.L_x_0) ;
+        /*00f0*/                   EXIT ;
+"""
+
+
+def test_a_copy_address_written_under_a_guard_resolves():
+    """A shared address written under a predicate (``@!P1 IADD3 R5, ...``, the copy under the same one) is that value
+    where the register had none before: the secret copy lands in the control area here, so the wait on it leaks (it
+    was unresolved and placed at its immediate, 0, in the data area)."""
+    rep = _run(_GUARDED_COPY.format(offset="0x8000"))
+    assert _at(rep, 0xE0) == {"branch"}, str(rep)
+    assert _at(_run(_GUARDED_COPY.format(offset="0x100")), 0xE0) == set()
+
+
+def _copy_into_barrier_kernel():
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+
+    cp_async = async_copy.async_load if hasattr(async_copy, "async_load") else async_copy.async_copy_global_to_shared
+
+    @gluon.jit
+    def k_copy_into_barrier(X, Y, k, INTO_BARRIER: gl.constexpr):
+        L: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        buf = gl.allocate_shared_memory(gl.int32, [64], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(4):
+            mbarrier.init(bars.index(i), count=1)
+        if INTO_BARRIER:  # an i64 word of barrier k (a public index known at run time): the copy's destination
+            cp_async(bars.index(k), X + gl.arange(0, 1, layout=L))
+        else:  # the same two words into the data buffer
+            cp_async(buf.slice(0, 2), X.to(gl.pointer_type(gl.int32), bitcast=True) + gl.arange(0, 2, layout=L))
+        async_copy.commit_group()
+        async_copy.wait_group(0)
+        mbarrier.wait(bars.index(0), 0)
+        gl.store(Y + gl.arange(0, 64, layout=L), buf.load(L))
+
+    return k_copy_into_barrier
+
+
+def test_a_copy_whose_destination_is_a_barrier_makes_shared_memory_one_area():
+    """A barrier's memory as a copy's destination (no reinterpretation: an i64 view of a barrier's own layout folds
+    away), at a register index the analysis does not bound: shared memory is one area, and the wait leaks (it was
+    placed at its immediate, in the data area)."""
+    fn = _copy_into_barrier_kernel()
+    sig = {"X": "*i64", "Y": "*i32", "k": "i32", "INTO_BARRIER": "constexpr"}
+    rep = sass_taint(fn, sig, {"INTO_BARRIER": True}, {"X"})
+    assert "branch" in kinds(rep) and any("viewed as other data" in n for n in rep.notes), str(rep)
+    assert sass_taint(fn, sig, {"INTO_BARRIER": False}, {"X"}).ok

@@ -72,7 +72,8 @@ Modelling choices (over- / under-approximations)
   ``HGMMA.64xN`` (N/2 accumulator registers for f32/s32 accumulators, N/4 for f16; A-from-registers
   4 regs; ``gdesc[URx]`` = URx..URx+3), TMA coordinate vectors (``[URx]`` = URx..URx+2+ndim).
   Unknown opcodes: destinations get 4 registers, the first operand is also read, memory operands
-  are a generic read *and* write of unknown memory.  Unknown opcodes are listed in the report.
+  are a generic read *and* write of unknown memory; a secret guard (``branch``) or operand (``timing``)
+  is reported, as their other effects are not modelled.  Unknown opcodes are listed in the report.
 * Predicated instructions (``@P0 OP``) act as selects: destinations are tainted if the guard is
   (weak update: old value kept; for ``LOP3`` only the bits the instruction can change).  The state
   also remembers "value under guard": after ``@!P5 MOV R2, 0x4000`` a read of ``R2`` by another
@@ -101,7 +102,8 @@ Modelling choices (over- / under-approximations)
   address registers are address operands.  The contents of the descriptor (shape, strides) are not
   address operands: a descriptor whose shape is secret yields tainted data, not a violation.
 * Global memory reached from parameters is assumed to hold no pointers at kernel entry (Triton has
-  no pointer-to-pointer loads unless an argument is typed ``**T``, which is honoured).  A global or
+  no pointer-to-pointer loads unless an argument is typed ``**T``, which is honoured, as are ``*i64`` and
+  ``*u64`` arguments, whose 64-bit values may be addresses).  A global or
   generic access whose address has no provenance is treated as touching *all* memory (join of every
   region, every secret parameter, shared and local memory).
 * Implicit flows are not propagated past branches: every branch whose condition is tainted is

@@ -105,32 +105,183 @@ def check_secret_names(jfn, signature: dict, secret: set[str]) -> None:
                          f"D.strides, D.stride<k>, D.desc of a tensor-descriptor argument D): {sorted(bad)}")
 
 
-def _code_names(code) -> set[str]:
-    """Every string constant and name a function's code (and the code nested in it) mentions."""
-    out = set(code.co_names) | set(code.co_varnames)
-    for c in code.co_consts:
-        if isinstance(c, str):
-            out.add(c)
-        elif hasattr(c, "co_consts"):
-            out |= _code_names(c)
+_ALL = "*every argument*"
+
+
+def _mapping_reads(fn, params: tuple[str, ...]) -> set[str]:
+    """The keys a function reads from the mappings it receives as ``params`` (the arguments dict a heuristic or an
+    autotuner's pruning rule is called with): the constant keys of ``m["k"]`` and ``m.get("k")``, or ``{_ALL}`` when
+    a mapping is used any other way (iterated, passed on, indexed by a computed key, captured by a closure) or the
+    code cannot be read. Reading keys off the bytecode, not names off the code (found by a review, 2026-11-28: a
+    key in a closure cell or a default value, a helper that reads it, and ``a.values()`` all passed the name scan)."""
+    import dis
+
+    import types
+
+    if not isinstance(fn, types.FunctionType):
+        return {_ALL}  # a bound method, a callable object, a partial: its arguments are not where they seem
+    code = fn.__code__
+    if any(p in code.co_cellvars for p in params) or _FRAME_NAMES & set(_all_names(code)):
+        return {_ALL}  # captured by a nested function, or the caller's frame (and its locals) reached otherwise
+    if not _public_state(code, fn.__globals__, fn.__closure__ or ()) or not _public_defaults(fn):
+        return {_ALL}
+    ins = [x for x in dis.get_instructions(code) if x.opname not in ("CACHE", "EXTENDED_ARG", "NOP")]
+    out: set[str] = set()
+    for i, x in enumerate(ins):
+        if not (x.opname.startswith("LOAD_FAST") and x.argval in params):
+            continue
+        nxt = ins[i + 1] if i + 1 < len(ins) else None
+        nxt2 = ins[i + 2] if i + 2 < len(ins) else None
+        if nxt is not None and nxt.opname == "LOAD_CONST" and isinstance(nxt.argval, str) and nxt2 is not None \
+                and nxt2.opname == "BINARY_SUBSCR":
+            out.add(nxt.argval)
+        elif nxt is not None and nxt.opname in ("LOAD_METHOD", "LOAD_ATTR") and nxt.argval == "get" \
+                and nxt2 is not None and nxt2.opname == "LOAD_CONST" and isinstance(nxt2.argval, str):
+            out.add(nxt2.argval)
+        else:
+            return {_ALL}
     return out
+
+
+_FRAME_NAMES = frozenset({"_getframe", "currentframe", "f_back", "f_locals", "f_globals", "stack", "getouterframes",
+                          "get_referrers", "get_referents", "locals", "vars", "globals", "eval", "exec", "compile",
+                          "getattr", "__getattribute__", "__traceback__", "tb_frame", "tb_next", "gi_frame",
+                          "cr_frame", "ag_frame", "exc_info", "exception", "settrace", "setprofile", "__dict__",
+                          "__globals__", "__closure__", "__code__", "__self__", "__func__", "__builtins__",
+                          "modules", "import_module", "__import__"})
+_IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), range)
+
+
+def _public_defaults(fn) -> bool:
+    """Default values are state too (``lambda a, s=STASH: s["n"]``, a dict a pre-run hook fills): immutable only."""
+    vals = list(fn.__defaults__ or ()) + list((fn.__kwdefaults__ or {}).values())
+    return all(isinstance(v, _IMMUTABLE) or (isinstance(v, (tuple, frozenset)) and all(isinstance(u, _IMMUTABLE)
+                                                                                        for u in v)) for v in vals)
+
+
+def _public_state(code, glb: dict, cells: tuple, depth: int = 0) -> bool:
+    """Whether code reads nothing but its arguments, immutable constants, modules, classes and functions (themselves
+    reading no more, to a depth of 4) from outside: a rule that reads a mutable global or closure (a dict that a
+    pre-run hook or a ``Config.pre_hook`` fills with the call's arguments, or an autotuner's ``nargs``) reads what it
+    was given there."""
+    import builtins
+    import dis
+    import types
+
+    if depth > 4:
+        return False
+
+    def ok(obj) -> bool:
+        if isinstance(obj, _IMMUTABLE) or isinstance(obj, (types.ModuleType, type, types.BuiltinFunctionType)):
+            return True
+        if isinstance(obj, (tuple, frozenset)):
+            return all(ok(o) for o in obj)
+        if type(obj).__name__ == "constexpr":
+            return ok(getattr(obj, "value", None))
+        if isinstance(obj, types.FunctionType):
+            return _public_state(obj.__code__, obj.__globals__, obj.__closure__ or (), depth + 1)
+        return False
+
+    ins = [x for x in dis.get_instructions(code) if x.opname not in ("CACHE", "EXTENDED_ARG", "NOP")]
+    for i, x in enumerate(ins):
+        if x.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+            name = x.argval
+            if name in glb:
+                obj = glb[name]
+            elif hasattr(builtins, name):
+                obj = getattr(builtins, name)
+            else:
+                return False
+        elif x.opname in ("LOAD_DEREF", "LOAD_CLASSDEREF") and x.argval in code.co_freevars:
+            k = code.co_freevars.index(x.argval)
+            try:
+                obj = cells[k].cell_contents
+            except (IndexError, ValueError):
+                return False
+        else:
+            continue
+        for y in ins[i + 1:]:  # an attribute chain off it: what it names must be as public
+            if y.opname not in ("LOAD_ATTR", "LOAD_METHOD") or not isinstance(obj, (types.ModuleType, type)):
+                break
+            try:
+                obj = getattr(obj, y.argval)
+            except AttributeError:
+                return False
+        if not ok(obj):
+            return False
+    for c in code.co_consts:
+        if hasattr(c, "co_code") and not _public_state(c, glb, (), depth + 1):
+            return False
+    return True
+
+
+def _all_names(code):
+    yield from code.co_names
+    for c in code.co_consts:
+        if hasattr(c, "co_names"):
+            yield from _all_names(c)
+
+
+def _reads_secret(read: set[str], secret: set[str]) -> list[str]:
+    return sorted(secret) if _ALL in read else sorted(read & secret)
+
+
+def _keyword_reads(fn, secret: set[str]) -> set[str]:
+    """What a function called with the arguments as keywords (an autotuner's ``perf_model``) reads: its named
+    parameters, and from a ``**kwargs`` what :func:`_mapping_reads` finds."""
+    import types
+
+    if not isinstance(fn, types.FunctionType):
+        return {_ALL}
+    code = fn.__code__
+    if _FRAME_NAMES & set(_all_names(code)) or not _public_state(code, fn.__globals__, fn.__closure__ or ()) \
+            or not _public_defaults(fn):
+        return {_ALL}
+    n = code.co_argcount + code.co_kwonlyargcount
+    read = set(code.co_varnames[:n])
+    if code.co_flags & 0x08:  # CO_VARKEYWORDS
+        read |= _mapping_reads(fn, (code.co_varnames[n + (1 if code.co_flags & 0x04 else 0)],))
+    return read
 
 
 def launcher_choice_violations(fn, secret: set[str]) -> list[Violation]:
     """Wrappers that choose the binary from the call's arguments, outside the kernel: ``triton.heuristics`` computes
     constexprs from them (a heuristic that reads a secret makes the secret choose the machine code), and
-    ``triton.autotune`` benchmarks and picks a configuration per value of its ``key`` arguments (a secret key: the
-    binary, and a benchmarking run at each new value). A heuristic whose code cannot be read counts as reading every
-    argument."""
+    ``triton.autotune`` picks a configuration per value of its ``key`` arguments, after pruning them by
+    ``early_config_prune`` and ``perf_model`` (which see every argument), by timing each one on the call's own
+    arguments: with a secret among them and more than one configuration, the timing of the secret data chooses the
+    binary. What a rule reads is read off its bytecode (:func:`_mapping_reads`); a rule whose use of the arguments
+    cannot be read counts as reading every argument."""
+    from triton.runtime.autotuner import Autotuner, Heuristics
+    from triton.runtime.jit import JITFunction
+
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except Exception:  # pragma: no cover
+        InterpretedFunction = JITFunction
     out, seen = [], 0
-    while seen < 8 and type(fn).__name__ in ("Heuristics", "Autotuner"):
-        kind = type(fn).__name__
+    while seen < 8 and hasattr(fn, "fn") and not isinstance(fn, (JITFunction, InterpretedFunction)):
+        kind = "Heuristics" if isinstance(fn, Heuristics) else "Autotuner" if isinstance(fn, Autotuner) else None
+        if kind is None or type(fn) not in (Heuristics, Autotuner):
+            # a wrapper of another kind (or a subclass, which may run anything at launch): what it does with the
+            # arguments before the kernel runs is not read here (found by a review, 2026-11-28: a Heuristics subclass
+            # of another name was skipped, and the kernel under it audited)
+            if secret:
+                out.append(Violation(-1, "LAUNCH", "specialisation", f"wrapper {type(fn).__name__}",
+                                     "an unrecognised wrapper chooses how the kernel is launched from the call's "
+                                     "arguments; it is not audited"))
+            if kind is None:
+                fn = getattr(fn, "fn", None)
+                seen += 1
+                continue
         if kind == "Heuristics":
             for name, rule in getattr(fn, "values", {}).items():
                 code = getattr(rule, "__code__", None)
-                read = (_code_names(code) & secret) if code is not None else set(secret)
+                params = code.co_varnames[:1] if code is not None and code.co_argcount >= 1 else ()
+                # (a bound method's first parameter is ``self``: _mapping_reads takes plain functions only)
+                read = _reads_secret(_mapping_reads(rule, params) if params else {_ALL}, secret)
                 if read:
-                    out.append(Violation(-1, "LAUNCH", "specialisation", f"heuristic {name}: reads {sorted(read)}",
+                    out.append(Violation(-1, "LAUNCH", "specialisation", f"heuristic {name}: reads {read}",
                                          "triton.heuristics computes this constexpr from the arguments: a secret "
                                          "argument chooses the binary that runs"))
         elif kind == "Autotuner":
@@ -139,6 +290,32 @@ def launcher_choice_violations(fn, secret: set[str]) -> list[Violation]:
                 out.append(Violation(-1, "LAUNCH", "specialisation", f"autotune key {sorted(keys & secret)}",
                                      "triton.autotune picks (and benchmarks) a configuration per value of its key "
                                      "arguments: a secret key chooses the binary"))
+            prune = getattr(fn, "early_config_prune", None)
+            if prune is not None:
+                code = getattr(prune, "__code__", None)
+                params = ()
+                if code is not None and code.co_argcount >= 2:
+                    params = (code.co_varnames[1],)
+                    n = code.co_argcount + code.co_kwonlyargcount
+                    if code.co_flags & 0x08:
+                        params += (code.co_varnames[n + (1 if code.co_flags & 0x04 else 0)],)
+                read = _reads_secret(_mapping_reads(prune, params) if params else {_ALL}, secret)
+                if read:
+                    out.append(Violation(-1, "LAUNCH", "specialisation", f"autotune early_config_prune reads {read}",
+                                         "the configurations left to choose from follow a secret argument"))
+            model = getattr(fn, "perf_model", None)
+            if model is not None:
+                read = _reads_secret(_keyword_reads(model, secret), secret)
+                if read:
+                    out.append(Violation(-1, "LAUNCH", "specialisation", f"autotune perf_model reads {read}",
+                                         "the configurations kept follow a secret argument's estimated time"))
+            configs = getattr(fn, "configs", None) or ()
+            if secret and len(configs) > 1:
+                out.append(Violation(-1, "LAUNCH", "specialisation",
+                                     f"autotune times {len(configs)} configurations on secret arguments",
+                                     "triton.autotune runs each configuration on the call's own arguments and keeps "
+                                     "the fastest: the timing of the secret inputs chooses the binary (one "
+                                     "configuration, or tuning on public inputs ahead of time, does not)"))
         fn = getattr(fn, "fn", None)
         seen += 1
     return out
@@ -166,6 +343,14 @@ def specialisation_violations(jfn, signature: dict, constexprs: dict, secret: se
             out.append(Violation(-1, "LAUNCH", "specialisation", f"{name}: {ty}",
                                  "the launcher specialises integer arguments by value (== 1 becomes a constant, "
                                  "multiples of 16 get a divisibility hint): list it in do_not_specialize"))
+        elif isinstance(ty, str) and _INT_TYPES.match(ty) and ty != "i32":
+            # do_not_specialize keeps the value out of the key, not its type: the launcher passes an integer below
+            # 2**31 as i32, one below 2**63 as i64, a larger one as u64, each a binary of its own. A secret declared
+            # i32 is audited as the one binary its (promised) range runs; any other type is not the only binary
+            # (found by a review, 2026-11-28)
+            out.append(Violation(-1, "LAUNCH", "specialisation", f"{name}: {ty}",
+                                 "the launcher types an integer by its value (i32 below 2**31, i64, u64): a secret "
+                                 "declared wider than i32 runs the i32 binary for small values"))
     return out
 
 

@@ -115,7 +115,15 @@ def smem_layout(ttgir: str | None, cap: int, ptx_version: int) -> SmemLayout | N
     pm.run(mod, "flashcore_smem_layout")
     data, control, unknown, extents = [], [], [], []
     has_ws = False
-    for line in str(mod).splitlines():
+    text = str(mod)
+    viewed = barriers_viewed_as_data(text)
+    if viewed:
+        # the split assumes that only barrier operations touch a barrier's words; a view of them as other data (a
+        # copy or a store through it, at an address the analysis may not resolve: a register index) breaks that, so
+        # shared memory is one area, read by every wait (found by a review, 2026-11-28: a TMA copy of a secret tile
+        # into a reinterpreted barrier allocation, at a public register index, was placed in the data area)
+        return SmemLayout(None, [], [("mbarriers", 0)], f"an mbarrier allocation is viewed as other data ({viewed})")
+    for line in text.splitlines():
         m = re.search(r"allocation\.offset = (\d+)", line)
         if not m:
             continue
@@ -159,6 +167,32 @@ def smem_layout(ttgir: str | None, cap: int, ptx_version: int) -> SmemLayout | N
         ranges = (tuple(sorted(extents)), tuple((o, o + n) for _, o, n in data))
         return SmemLayout(start, data, control, "", ranges)
     return SmemLayout(start, data, control)
+
+
+_I64_MEMDESC = re.compile(r"<[0-9x]*i64,")
+# operations that write data into shared memory: the memdesc they write is the type after their last "->"
+_SMEM_WRITERS = ("ttg.local_store", "ttg.async_copy_global_to_local", "ttng.async_tma_copy_global_to_local",
+                 "ttng.async_tma_gather", "ttg.local_alloc %", "ttng.async_copy_global_to_local")
+
+
+def barriers_viewed_as_data(ttgir: str) -> str | None:
+    """The first operation of the TTGIR that treats mbarrier memory (Triton's ``i64`` memdescs, and the views and
+    partition arguments derived from them) as data, or None: a reinterpretation of it (``ttg.memdesc_reinterpret``
+    from an ``i64`` memdesc, to another element type or shape: through it the words can be indexed as data), or a
+    store or copy whose destination is an ``i64`` memdesc (an ``i64`` to ``i64`` view of the same layout folds away,
+    leaving the copy's destination a barrier). Read by types, not by names: a ``warp_specialize`` partition is a
+    region of its own, whose values are printed with names that other regions reuse."""
+    for line in ttgir.splitlines():
+        t = line.strip()
+        if ":" not in t:
+            continue
+        if "ttg.memdesc_reinterpret" in t:
+            if _I64_MEMDESC.search(t.split(":", 1)[1].split("->", 1)[0]):
+                return t.split(" loc(", 1)[0][:160]
+        elif any(w in t for w in _SMEM_WRITERS) and "->" in t:
+            if _I64_MEMDESC.search(t.split(" loc(", 1)[0].rsplit("->", 1)[1]):
+                return t.split(" loc(", 1)[0][:160]
+    return None
 
 
 _JIT_FROM_INTERP: dict[int, tuple[Any, Any]] = {}

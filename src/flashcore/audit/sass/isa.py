@@ -193,6 +193,12 @@ def parse_operand(text: str) -> Opnd:
         return Opnd(t, "gdesc", inner=_inner_regs(t))
     if "[" in t:
         inner = _inner_regs(t)
+        # ``desc[URx]`` (a global access's memory descriptor: its L2 cache policy among others) names a 64-bit pair,
+        # URx and URx+1; the policy decides what the access evicts, so both registers are address operands (found by
+        # a review, 2026-11-28: only URx was read)
+        dm = re.match(r"desc\[(UR\d+)\]", t)
+        if dm:
+            inner = [(r, 2 if r == dm.group(1) else w) for r, w in inner]
         op = Opnd(t, "mem", inner=inner)
         inside = t[t.index("[") + 1:t.rindex("]")] if "]" in t else t
         op.imm = sum(int(n, 0) for n in _HEX_RE.findall(_REG_RE.sub("", inside).replace("+", " ").replace(" -", " -")))
@@ -247,6 +253,9 @@ TIMING = {
     "BAR", "NANOSLEEP", "WARPSYNC", "YIELD", "MEMBAR", "FENCE", "ERRBAR", "CGAERRBAR", "DEPBAR", "LDGDEPBAR",
     "WARPGROUP", "UCGABAR_ARV", "UCGABAR_WAIT", "UCGABAR_GET", "ACQBULK", "PMTRIG", "USETMAXREG", "SETMAXREG",
     "UTMACMDFLUSH", "CCTLL", "ERRBAR",
+    # griddepcontrol.launch_dependents: the next kernel of a programmatic dependent launch may start from here, so a
+    # secret guard or operand would move when it starts (found by a review, 2026-11-28: it was an unknown opcode)
+    "PREEXIT",
 }
 NOPS = {"NOP"}
 SYNC_MEM = {"SYNCS", "ARRIVES"}  # mbarrier operations

@@ -1013,6 +1013,15 @@ class _Analyzer:
             if gt or regs:
                 add("timing", "; ".join(filter(None, [g, f"operand {','.join(regs)} tainted" if regs else ""])))
             return
+        if not s.known:
+            # an opcode outside the tables: what it does besides its data flow (start a dependent grid, wait, signal)
+            # is not modelled, so whether it runs (its guard) and its operands count as control and timing (found by a
+            # review, 2026-11-28: ``@!P0 PREEXIT`` under a secret predicate passed as an unknown opcode)
+            regs = S.which_t(s.srcs)
+            if gt:
+                add("branch", f"{g}: unmodelled opcode {x.base} runs or not by a secret")
+            if regs:
+                add("timing", f"unmodelled opcode {x.base}: operand {','.join(regs)} tainted")
         if s.desc is not None:
             why = self.desc_contents_secret(s.desc, S)
             if why:
@@ -1144,6 +1153,9 @@ def _imm(text: str) -> int | None:
         return None
 
 
+_UNDEF = ("undefined",)  # _resolve_shared_offsets: no definition on some path from the kernel's entry
+
+
 def _resolve_shared_offsets(ins: list[Instr], sems: list[Sem], blocks, entry: int) -> None:
     """Shared-memory addresses formed in a register: Triton computes the CTA's shared window base once
     (``S2UR URa, SR_CgaCtaId; UMOV URb, 0x400; ULEA URc, URa, URb, 0x18``) and often adds an allocation's
@@ -1194,7 +1206,20 @@ def _resolve_shared_offsets(ins: list[Instr], sems: list[Sem], blocks, entry: in
         for d in sm.dests:
             defs_in_block.setdefault((d, block_of[i]), []).append(i)
 
+    def one_value(vals: set):
+        """The value of a register after a guarded definition, which gives one of ``vals``: the common one, or None.
+        ``_UNDEF`` (no path from the kernel's entry wrote the register before the definition) drops out: the guarded
+        value is the only one the register ever holds, and a compiler does not address memory through a register it
+        never wrote (ptxas issues an elected copy's address as ``@UP0 UIADD3 UR12, ...`` and the copy as ``@UP6
+        UTMALDG [UR12]``, UP6 implying UP0). A register written on some paths only stays unresolved."""
+        vals = vals - {_UNDEF}
+        return vals.pop() if len(vals) == 1 else None
+
     def value(reg: str, i: int, depth: int):  # (is window-base-relative, constant) or None
+        v = value_or_undef(reg, i, depth)
+        return None if v is _UNDEF else v
+
+    def value_or_undef(reg: str, i: int, depth: int):
         if reg in ("RZ", "URZ"):
             return False, 0
         if depth > 8:
@@ -1204,18 +1229,26 @@ def _resolve_shared_offsets(ins: list[Instr], sems: list[Sem], blocks, entry: in
         while j >= blk.start and reg not in sems[j].dests:
             j -= 1
         if j < blk.start:
-            # every definition that reaches this block must give the same value (no path from the kernel's entry
-            # without one)
+            # every definition that reaches this block must give the same value (a guarded one beside those it
+            # may leave in place, see reaching)
             ds = reaching(reg)[block_of[i]]
+            if ds == {-1}:
+                return _UNDEF  # never written on any path to here
             if not ds or -1 in ds:
-                return None
+                return None  # written on some paths only: unresolved (any value)
             vals = {definition(reg, d, depth) for d in ds}
             return vals.pop() if len(vals) == 1 else None
-        return definition(reg, j, depth)
+        v = definition(reg, j, depth)
+        if ins[j].guard is None or v is None:
+            return v
+        # a guarded definition: its value, or (guard false) what the register held before it (found by a review,
+        # 2026-11-28: a TMA copy into an mbarrier's words, its address written under the elect predicate, was
+        # placed at its immediate, in the data area)
+        return one_value({v, value_or_undef(reg, j, depth + 1)})
 
-    def definition(reg: str, j: int, depth: int):  # the value instruction j gives ``reg``, or None
+    def definition(reg: str, j: int, depth: int):  # the value instruction j gives ``reg`` (its guard aside), or None
         x = ins[j]
-        if x.guard is not None or (sems[j].dests and sems[j].dests[0] != reg):
+        if sems[j].dests and sems[j].dests[0] != reg:
             return None
         ops = [parse_operand(o) for o in x.operands]
         if x.base == "S2UR" and len(ops) == 2 and ops[1].text == "SR_CgaCtaId":
