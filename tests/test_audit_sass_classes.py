@@ -638,3 +638,20 @@ def test_a_copy_whose_destination_is_a_barrier_makes_shared_memory_one_area():
     rep = sass_taint(fn, sig, {"INTO_BARRIER": True}, {"X"})
     assert "branch" in kinds(rep) and any("viewed as other data" in n for n in rep.notes), str(rep)
     assert sass_taint(fn, sig, {"INTO_BARRIER": False}, {"X"}).ok
+
+
+@triton.jit
+def k_scalar_address(X, a, Y, T, O, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    p = Y + (a - Y.to(tl.int64)) // 4  # a: X's address, passed as a 64-bit integer; rebased onto Y
+    s = tl.load(p + offs)  # X's data
+    tl.store(O + offs, tl.load(T + (s & 255)))  # ... as an index
+
+
+def test_a_64_bit_scalar_may_be_an_address():
+    """A 64-bit integer argument may hold an address: a pointer rebased onto a public argument through it is not taken
+    for that argument (it was, like the 64-bit table above)."""
+    sig = {"X": "*i32", "a": "i64", "Y": "*i32", "T": "*i32", "O": "*i32", "BLOCK": "constexpr"}
+    rep = sass_taint(k_scalar_address, sig, {"BLOCK": 128}, {"X"})
+    assert kinds(rep) == {"address"}, str(rep)
+    assert sass_taint(k_scalar_address, sig, {"BLOCK": 128}, set()).ok

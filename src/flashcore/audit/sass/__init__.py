@@ -102,8 +102,9 @@ Modelling choices (over- / under-approximations)
   address registers are address operands.  The contents of the descriptor (shape, strides) are not
   address operands: a descriptor whose shape is secret yields tainted data, not a violation.
 * Global memory reached from parameters is assumed to hold no pointers at kernel entry (Triton has
-  no pointer-to-pointer loads unless an argument is typed ``**T``, which is honoured, as are ``*i64`` and
-  ``*u64`` arguments, whose 64-bit values may be addresses).  A global or
+  no pointer-to-pointer loads unless an argument is typed ``**T``, which is honoured, as are ``*i64``, ``*u64`` and
+  ``*fp64`` arguments, whose 64-bit values may be addresses; a 64-bit scalar argument is an address of unknown
+  provenance).  A global or
   generic access whose address has no provenance is treated as touching *all* memory (join of every
   region, every secret parameter, shared and local memory).
 * Implicit flows are not propagated past branches: every branch whose condition is tainted is

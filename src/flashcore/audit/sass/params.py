@@ -29,7 +29,7 @@ def _expand_params(jfn, signature: dict, constant_keys: set, tensordesc_meta: li
                 out.append((arg, "tensordesc", arg))
             out += [(f"{arg}.shape{k}", "scalar", arg) for k in range(ndim)]
             out += [(f"{arg}.stride{k}", "scalar", arg) for k in range(ndim)]
-        elif isinstance(ty, str) and (ty.startswith("**") or ty in ("*i64", "*u64")):
+        elif isinstance(ty, str) and (ty.startswith("**") or ty in ("*i64", "*u64", "*fp64")):
             # memory that may hold addresses: a pointer array passed as 64-bit integers (grouped-GEMM style) is read as
             # a ``**T`` (its values carry unknown provenance), or a pointer to a secret buffer read from it and rebased
             # onto a public argument (``Y + (a - Y)``) would be taken for that argument (found by a review, 2026-11-28)

@@ -72,6 +72,10 @@ class _Env:
                     t = True
                 if p.role in ("pointer", "tensordesc", "pointer-to-pointer", "hidden", "unmapped"):
                     prov.add(p.name)
+                elif p.role == "scalar" and p.size == 8 and "." not in p.name:
+                    # a 64-bit scalar may be an address (a buffer's, passed as an integer): what it points to is not
+                    # known (found by a review, 2026-11-28: rebased onto a public pointer, it was taken for it)
+                    prov.add(_UNKNOWN)
         res = (t, frozenset(prov))
         self._const_cache[key] = res
         return res
