@@ -3,9 +3,13 @@
 specs, optionally in forked worker processes)."""
 from __future__ import annotations
 
+import builtins
+import dis
+import inspect
 import re
 import sys
 import time
+import types
 from typing import Callable, Iterable
 
 from .compile import _unwrap_jit, compile_cubin, disassemble
@@ -114,18 +118,9 @@ def _mapping_reads(fn, params: tuple[str, ...]) -> set[str]:
     a mapping is used any other way (iterated, passed on, indexed by a computed key, captured by a closure) or the
     code cannot be read. Reading keys off the bytecode, not names off the code (found by a review, 2026-11-28: a
     key in a closure cell or a default value, a helper that reads it, and ``a.values()`` all passed the name scan)."""
-    import dis
-
-    import types
-
-    if not isinstance(fn, types.FunctionType):
-        return {_ALL}  # a bound method, a callable object, a partial: its arguments are not where they seem
-    code = fn.__code__
-    if any(p in code.co_cellvars for p in params) or _FRAME_NAMES & set(_all_names(code)):
-        return {_ALL}  # captured by a nested function, or the caller's frame (and its locals) reached otherwise
-    if not _public_state(code, fn.__globals__, fn.__closure__ or ()) or not _public_defaults(fn):
-        return {_ALL}
-    ins = [x for x in dis.get_instructions(code) if x.opname not in ("CACHE", "EXTENDED_ARG", "NOP")]
+    if not _readable(fn) or any(p in fn.__code__.co_cellvars for p in params):
+        return {_ALL}  # not a plain function reading only what it is given, or a mapping captured by a closure
+    ins = [x for x in dis.get_instructions(fn.__code__) if x.opname not in ("CACHE", "EXTENDED_ARG", "NOP")]
     out: set[str] = set()
     for i, x in enumerate(ins):
         if not (x.opname.startswith("LOAD_FAST") and x.argval in params):
@@ -164,10 +159,6 @@ def _public_state(code, glb: dict, cells: tuple, depth: int = 0) -> bool:
     reading no more, to a depth of 4) from outside: a rule that reads a mutable global or closure (a dict that a
     pre-run hook or a ``Config.pre_hook`` fills with the call's arguments, or an autotuner's ``nargs``) reads what it
     was given there."""
-    import builtins
-    import dis
-    import types
-
     if depth > 4:
         return False
 
@@ -226,22 +217,34 @@ def _reads_secret(read: set[str], secret: set[str]) -> list[str]:
     return sorted(secret) if _ALL in read else sorted(read & secret)
 
 
-def _keyword_reads(fn, secret: set[str]) -> set[str]:
+def _readable(fn) -> bool:
+    """Whether what ``fn`` reads can be read off its code: a plain function (not a bound method, a callable object or
+    a partial, whose arguments are not where they seem) that names no frame, traceback or ``getattr`` (the caller's
+    frame holds the call's arguments) and reads no mutable state (:func:`_public_state`, :func:`_public_defaults`)."""
+    if not isinstance(fn, types.FunctionType):
+        return False
+    code = fn.__code__
+    return not (_FRAME_NAMES & set(_all_names(code))) and _public_state(code, fn.__globals__, fn.__closure__ or ()) \
+        and _public_defaults(fn)
+
+
+def _varkw_name(code) -> tuple[str, ...]:
+    """The name of a code object's ``**kwargs`` parameter, as a 1-tuple, or ()."""
+    if not code.co_flags & inspect.CO_VARKEYWORDS:
+        return ()
+    n = code.co_argcount + code.co_kwonlyargcount + (1 if code.co_flags & inspect.CO_VARARGS else 0)
+    return (code.co_varnames[n],)
+
+
+def _keyword_reads(fn) -> set[str]:
     """What a function called with the arguments as keywords (an autotuner's ``perf_model``) reads: its named
     parameters, and from a ``**kwargs`` what :func:`_mapping_reads` finds."""
-    import types
-
-    if not isinstance(fn, types.FunctionType):
+    if not _readable(fn):
         return {_ALL}
     code = fn.__code__
-    if _FRAME_NAMES & set(_all_names(code)) or not _public_state(code, fn.__globals__, fn.__closure__ or ()) \
-            or not _public_defaults(fn):
-        return {_ALL}
-    n = code.co_argcount + code.co_kwonlyargcount
-    read = set(code.co_varnames[:n])
-    if code.co_flags & 0x08:  # CO_VARKEYWORDS
-        read |= _mapping_reads(fn, (code.co_varnames[n + (1 if code.co_flags & 0x04 else 0)],))
-    return read
+    read = set(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount])
+    kw = _varkw_name(code)
+    return read | _mapping_reads(fn, kw) if kw else read
 
 
 def launcher_choice_violations(fn, secret: set[str]) -> list[Violation]:
@@ -292,20 +295,16 @@ def launcher_choice_violations(fn, secret: set[str]) -> list[Violation]:
                                      "arguments: a secret key chooses the binary"))
             prune = getattr(fn, "early_config_prune", None)
             if prune is not None:
-                code = getattr(prune, "__code__", None)
-                params = ()
-                if code is not None and code.co_argcount >= 2:
-                    params = (code.co_varnames[1],)
-                    n = code.co_argcount + code.co_kwonlyargcount
-                    if code.co_flags & 0x08:
-                        params += (code.co_varnames[n + (1 if code.co_flags & 0x04 else 0)],)
+                code = getattr(prune, "__code__", None)  # called as (configs, named_args, **kwargs)
+                params = (code.co_varnames[1],) + _varkw_name(code) if code is not None and code.co_argcount >= 2 \
+                    else ()
                 read = _reads_secret(_mapping_reads(prune, params) if params else {_ALL}, secret)
                 if read:
                     out.append(Violation(-1, "LAUNCH", "specialisation", f"autotune early_config_prune reads {read}",
                                          "the configurations left to choose from follow a secret argument"))
             model = getattr(fn, "perf_model", None)
             if model is not None:
-                read = _reads_secret(_keyword_reads(model, secret), secret)
+                read = _reads_secret(_keyword_reads(model), secret)
                 if read:
                     out.append(Violation(-1, "LAUNCH", "specialisation", f"autotune perf_model reads {read}",
                                          "the configurations kept follow a secret argument's estimated time"))
@@ -350,7 +349,7 @@ def specialisation_violations(jfn, signature: dict, constexprs: dict, secret: se
             # (found by a review, 2026-11-28)
             out.append(Violation(-1, "LAUNCH", "specialisation", f"{name}: {ty}",
                                  "the launcher types an integer by its value (i32 below 2**31, i64, u64): a secret "
-                                 "declared wider than i32 runs the i32 binary for small values"))
+                                 f"declared {ty} is not the binary that runs for every value (i32 for small ones)"))
     return out
 
 
