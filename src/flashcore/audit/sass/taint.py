@@ -1157,7 +1157,7 @@ def _imm(text: str) -> int | None:
         return None
 
 
-_UNDEF = ("undefined",)  # _resolve_shared_offsets: no definition on some path from the kernel's entry
+_UNDEF = ("undefined",)  # _resolve_shared_offsets: a register written on no path from the kernel's entry
 
 
 def _resolve_shared_offsets(ins: list[Instr], sems: list[Sem], blocks, entry: int) -> None:
