@@ -31,7 +31,7 @@ sys.stdout.write(disassemble(c.cubin))
 """
 
 
-def decode_fp8_sass(secure: bool, cache: str, page: int, splits: int = 1, cache_dtype: str = "fp8") -> str:
+def decode_split_sass(secure: bool, cache: str, page: int, splits: int = 1, cache_dtype: str = "fp8") -> str:
     """SASS of the split kernel for a bf16 q and an e4m3 cache (``cache_dtype`` "bf16": a bf16 one; D 128, ``splits``
     splits), as the planner launches it; compiled in a fresh process without ``TRITON_INTERPRET`` (which the CPU suite
     sets)."""
@@ -52,7 +52,7 @@ def opcodes(sass: str) -> list[str]:
 @pytest.mark.parametrize("secure", [False, True])
 @pytest.mark.parametrize("cache,page", [("contiguous", 0), ("paged", 16)])
 def test_fp8_tiles_reach_the_tensor_cores_by_ldmatrix_and_the_hardware_convert(secure, cache, page):
-    ops = opcodes(decode_fp8_sass(secure, cache, page))
+    ops = opcodes(decode_split_sass(secure, cache, page))
     assert any(o.startswith("HMMA") for o in ops), "no MMA: the kernel did not compile as expected"
     byte_loads = [o for o in ops if o.startswith("LDS") and (".U8" in o or ".S8" in o)]
     assert not byte_loads, f"{len(byte_loads)} byte-wise shared-memory loads ({byte_loads[:3]})"
@@ -85,7 +85,7 @@ def test_fp8_page_gather_keeps_a_tile_in_flight_while_it_computes(page, splits):
     the next tile's copies stay in flight. With fewer than 5 stages Triton gave this loop one K/V slot and a wait for
     every copy (n = 0): each tile waited for its whole load (docs/perf-notes.md v25: B1 64k page 16, 70.4 -> 58.7 us;
     page 64, 64.8 -> 55.7 us on H200)."""
-    loops = [body for body in loop_bodies(decode_fp8_sass(False, "paged", page, splits))
+    loops = [body for body in loop_bodies(decode_split_sass(False, "paged", page, splits))
              if any("HMMA" in i for i in body)]
     assert loops, "no MMA loop found"
     waits = [int(w, 16) for body in loops for i in body for w in re.findall(r"DEPBAR\.LE SB0, (0x[0-9a-f]+)", i)]
@@ -99,7 +99,7 @@ def test_secure_fp8_page_gather_with_splits_keeps_a_tile_in_flight(page):
     loads, not a pipeline stage, so three stages keep the next tile's copies in flight while a tile computes
     (``DEPBAR.LE SB0, n`` with n >= 1). With the two stages it had before, every tile waited for its whole load
     (n = 0): B1 64k page 16 ran 74.0 us against 62.0 with three (H100, graph replays, docs/perf-notes.md v37)."""
-    loops = [body for body in loop_bodies(decode_fp8_sass(True, "paged", page, 7)) if any("HMMA" in i for i in body)]
+    loops = [body for body in loop_bodies(decode_split_sass(True, "paged", page, 7)) if any("HMMA" in i for i in body)]
     assert loops, "no MMA loop found"
     waits = [int(w, 16) for body in loops for i in body for w in re.findall(r"DEPBAR\.LE SB0, (0x[0-9a-f]+)", i)]
     assert waits, "the key loop has no cp.async wait: the copies are no longer what this test reads"
@@ -113,7 +113,7 @@ def test_the_split_step_lets_its_combine_launch_as_it_starts(secure, splits, cac
     first load, so its combine step (a programmatic dependent) starts beside it instead of after it (docs/perf-notes.md
     v43: B1 4k 11.7 -> 10.9 us in CUDA-graph replays on H200). Not at one split (no combine), and not in secure mode,
     whose audited machine code stays as it was."""
-    ops = opcodes(decode_fp8_sass(secure, "contiguous", 0, splits, cache_dtype))
+    ops = opcodes(decode_split_sass(secure, "contiguous", 0, splits, cache_dtype))
     assert ("PREEXIT" in ops) == expected, ops[:40]
     if expected:
         first_load = next(i for i, op in enumerate(ops) if op.startswith(("LDG", "LDGSTS")))
