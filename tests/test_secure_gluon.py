@@ -134,6 +134,88 @@ def test_small_causal_secure_problems_write_v_padding_in_the_kernel(monkeypatch)
     assert not plan.main.step.constexprs["SANITISE"] and plan.prepass is not None and plan.fill_k is not None
 
 
+def test_secure_kernel_is_a_programmatic_dependent_of_its_pre_pass(monkeypatch):
+    """Where a pre-pass runs right before the secure Gluon kernel (non-causal: K/V and key weights; causal: V;
+    secure="strict" causal: the row fill of V) and the problem is below tables.SECURE_PDL_WORK (B*Hq*Sq*Sk), the
+    kernel is launched as its programmatic dependent (launch_pdl, PDL_WAIT) and the K/V pre-passes let it launch as
+    they start (PDL_TRIGGER); larger problems launch it after the pre-pass completes; the in-kernel padding form has
+    no pre-pass and no dependent launch; the secure_pdl switch forces either way (perf-notes v44)."""
+    from flashcore import ops
+
+    def pdl(plan):
+        main, pre = plan.main, plan.prepass
+        assert isinstance(main, sm90_fwd.GluonLaunch) and main.step.constexprs["SECURE"] == bool(plan.problem.secure)
+        waits = main.step.constexprs["PDL_WAIT"]
+        assert waits == main.step.options.get("launch_pdl", False)
+        trigger = pre.step.constexprs.get("PDL_TRIGGER", False) if pre is not None else None
+        return waits, trigger
+
+    assert 1 * 16 * 1024 * 1024 < tables.SECURE_PDL_WORK <= 16 * 16 * 2048 * 2048
+    assert pdl(_sm90_plan(monkeypatch, 1, 16, 1024, 64, False)) == (True, True)  # the K/V pre-pass
+    assert pdl(_sm90_plan(monkeypatch, 1, 8, 512, 64, False)) == (True, True)
+    assert pdl(_sm90_plan(monkeypatch, 4, 16, 1024, 128, False)) == (True, True)
+    assert pdl(_sm90_plan(monkeypatch, 16, 16, 2048, 64, False)) == (False, False)  # large: after the pre-pass
+    assert pdl(_sm90_plan(monkeypatch, 16, 16, 2048, 64, True)) == (False, False)  # (the V pre-pass)
+    assert pdl(_sm90_plan(monkeypatch, 1, 16, 1024, 64, True)) == (False, None)  # in-kernel padding: no pre-pass
+    assert pdl(_sm90_plan(monkeypatch, 1, 16, 1024, 64, False, secure=False)) == (False, None)  # the fast path
+    with knobs.override(secure_pdl="off"):
+        assert pdl(_sm90_plan(monkeypatch, 1, 16, 1024, 64, False)) == (False, False)
+    with knobs.override(secure_pdl="on"):
+        assert pdl(_sm90_plan(monkeypatch, 16, 16, 2048, 64, True)) == (True, True)
+        assert pdl(_sm90_plan(monkeypatch, 16, 16, 2048, 64, False)) == (True, True)
+        assert pdl(_sm90_plan(monkeypatch, 1, 16, 1024, 64, True)) == (False, None)
+    with knobs.override(secure_pdl="sometimes"):
+        with pytest.raises(ValueError, match="secure_pdl"):
+            _sm90_plan(monkeypatch, 1, 16, 1024, 64, False)
+    q = torch.empty(1, 16, 1024, 64, dtype=torch.bfloat16)
+    lens = torch.full((1,), 1024, dtype=torch.int32)
+    strict = ops.dense_plan(q, q, q, None, lens, True, 0.125, False, "strict", False)  # (the arch as forced above)
+    # the row fill of V before it has no trigger: the kernel launches as the fill completes
+    assert pdl(strict)[0] and "PDL_TRIGGER" not in strict.prepass.step.constexprs
+    kw = dict(scale=0.1, seqlen_q=500, seqlen_k=500, batch=2, num_heads_q=4, num_heads_kv=4, lse_strides=(2000, 500),
+              cfg=tables.gluon_ws(128, 4096, False), pdl_wait=True)
+    q = torch.empty(2, 4, 500, 128, dtype=torch.bfloat16)
+    for bad in (dict(causal=False, secure=False), dict(causal=True, secure=True, sanitise=True),
+                dict(causal=False, secure=True, key_lens=True)):
+        with pytest.raises(ValueError, match="pdl_wait"):
+            sm90_fwd.GluonLaunch(q, q, q, q, None, **bad, **kw)
+
+
+def test_secure_kernel_waits_for_its_pre_pass_before_reading_k_and_v():
+    """sm_90a SASS (no GPU): the secure kernel waits for the prior grid (griddepcontrol.wait: ACQBULK) once, after
+    its first copy (Q) and before the next (K); the fast kernel never waits; the pre-passes launch their dependent
+    (PREEXIT) before their first global load."""
+    from conftest import gluon_sass
+    from flashcore.audit.sass import compile_cubin, disassemble
+    from flashcore.audit.specs import audit_specs
+
+    def opcodes(sass):
+        return [ln.split(";")[0].split("*/")[-1].split()[0] for ln in sass.splitlines() if "*/" in ln and ";" in ln]
+
+    # (the audit's shape, B*Hq*Sq*Sk = 2^28, launches after its pre-pass unless the switch says otherwise; three
+    # consumer warpgroups: three Q copies first)
+    secure = opcodes(gluon_sass(64, False, secure=True, attrs={"secure_pdl": "on"}))
+    assert secure.count("ACQBULK") == 1
+    copies = [i for i, op in enumerate(secure) if op.startswith("UTMALDG")]
+    before = sum(i < secure.index("ACQBULK") for i in copies)
+    assert before == tables.gluon_secure(64, 4096, False).block_m // 64 and len(copies) > before
+    assert "ACQBULK" not in opcodes(gluon_sass(64, False))
+    assert "ACQBULK" not in opcodes(gluon_sass(64, False, secure=True, attrs={"secure_pdl": "off"}))
+    names = ("secure_prepass_kv_bf16_d64_s4096_hkv8", "secure_prepass_kv_bf16_d64_s4096_hkv8_pdl",
+             "secure_prepass_bf16_d64_s4096_hkv8_pdl", "secure_prepass_bf16_d64_s4096_hkv8")
+    specs = [s for s in audit_specs(True) if s["name"] in names]
+    assert len(specs) == 4
+    for spec in specs:
+        c = compile_cubin(spec["fn"], spec["signature"], spec["constexprs"], num_warps=spec["num_warps"],
+                          num_stages=spec["num_stages"], attrs=spec["attrs"])
+        ops = opcodes(disassemble(c.cubin))
+        if not spec["name"].endswith("_pdl"):  # launched before a kernel that is no dependent
+            assert "PREEXIT" not in ops, spec["name"]
+        else:
+            loads = [i for i, op in enumerate(ops) if op.startswith("LDG")]
+            assert ops.count("PREEXIT") == 1 and loads and ops.index("PREEXIT") < loads[0], spec["name"]
+
+
 def test_in_kernel_padding_launch_checks_its_form():
     """GluonLaunch(sanitise=True) takes the dense secure causal form only, and passes the key lengths pointer."""
     q = torch.empty(2, 4, 500, 64, dtype=torch.bfloat16)
@@ -376,6 +458,37 @@ def test_secure_gluon_cross_lengths_and_cuda_graph(force_secure_gluon):
     torch.cuda.synchronize()
     assert torch.equal(out_g, flashcore.attention(q2, k2, v2, causal=True, secure=True, seqlens_k=lens))
     assert bool((out_g[0, :, 5:] == 0).all())
+
+
+@gpu
+@pytest.mark.parametrize("shape", [(2, 8, 777, 128), (1, 8, 512, 64), (3, 8, 1000, 64)])
+def test_secure_kernel_after_its_pre_pass_is_exact_eager_and_in_a_cuda_graph(shape, force_secure_gluon):
+    """The secure Gluon kernel launched as its pre-pass's programmatic dependent (perf-notes v44; non-causal, below
+    tables.SECURE_PDL_WORK) gives the bits of the launch after the pre-pass completes, eagerly and as a CUDA-graph
+    replay with new inputs and new lengths."""
+    from conftest import capture_cuda_graph
+    from flashcore import ops
+
+    B, H, S, D = shape
+    q, k, v = _inputs(B, H, H, S, D, torch.bfloat16, seed=S + D)
+    lens = torch.randint(1, S + 1, (B,), dtype=torch.int32, device="cuda")
+    lens[0] = S
+    plan = ops.dense_plan(q, k, v, None, lens, False, D ** -0.5, False, True, False)
+    assert plan.main.step.constexprs["PDL_WAIT"] and plan.prepass.step.constexprs["PDL_TRIGGER"]
+    out = flashcore.attention(q, k, v, secure=True, seqlens_k=lens)
+    with knobs.override(secure_pdl="off"):
+        assert not ops.dense_plan(q, k, v, None, lens, False, D ** -0.5, False, True, False).main.step.constexprs[
+            "PDL_WAIT"]
+        plain = flashcore.attention(q, k, v, secure=True, seqlens_k=lens)
+    assert torch.equal(out, plain)
+    assert rel_err(out, flashcore.reference.attention(q, k, v, seqlens_k=lens)) < TOL[torch.bfloat16]
+    g, out_g = capture_cuda_graph(lambda: flashcore.attention(q, k, v, secure=True, seqlens_k=lens))
+    q2, k2, v2 = _inputs(B, H, H, S, D, torch.bfloat16, seed=S + D + 1)
+    q.copy_(q2); k.copy_(k2); v.copy_(v2)  # noqa: E702
+    lens.copy_(torch.randint(1, S + 1, (B,), dtype=torch.int32))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out_g, flashcore.attention(q2, k2, v2, secure=True, seqlens_k=lens))
 
 
 SECRET_DIAG_CASES = [

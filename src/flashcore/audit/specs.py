@@ -16,10 +16,11 @@ from ..kernels.secure.prepass import (attn_secure_fill_rows_kernel, attn_secure_
 from ..kernels.triton.fwd import attn_fwd_kernel
 from ..launch.secure_prepass import (PREPASS_BLOCK_S, PREPASS_WARPS, build_fill_rows, build_prepass, build_prepass_kv,
                                      key_weights_shape)
-from ..launch.sm90_fwd import GluonLaunch
+from ..launch.sm90_fwd import GluonLaunch, follows_prepass_pdl
 from ..launch.triton_decode import COMBINE_STAGES, COMBINE_WARPS, DecodeShape, build_combine, build_split
 from ..launch.triton_fwd import build_launch
 from ..plan.decode import choose_config
+from ..plan.knobs import gluon_switches
 from ..plan import tables
 from ..plan.select import triton_config
 from ..plan.tables import Config
@@ -96,6 +97,9 @@ def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0), full: bool = False
                     specs.append(_audit_prepass_spec(dtype, hd, S, Hkv))
                     if dtype != torch.float32 and hd in (64, 128):  # the secure Gluon kernel's (non-causal)
                         specs.append(_audit_prepass_kv_spec(dtype, hd, S, Hkv))
+                        if tables.is_hopper(arch) and _prepass_triggers():  # before the secure Gluon kernel
+                            specs.append(_audit_prepass_kv_spec(dtype, hd, S, Hkv, pdl_trigger=True))
+                            specs.append(_audit_prepass_spec(dtype, hd, S, Hkv, pdl_trigger=True))
                     specs.append(_audit_fill_rows_spec(dtype, hd, S, Hq))  # secure="strict", before either kernel
         if secure and _hd_ones(dtype):
             for hd in _hd_ones(dtype):
@@ -105,6 +109,9 @@ def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0), full: bool = False
                 specs.append(_audit_prepass_spec(dtype, hd, S, Hkv, B=B))
                 if dtype != torch.float32:
                     specs.append(_audit_prepass_kv_spec(dtype, hd, S, Hkv, B=B))
+                    if tables.is_hopper(arch) and _prepass_triggers():
+                        specs.append(_audit_prepass_kv_spec(dtype, hd, S, Hkv, B=B, pdl_trigger=True))
+                        specs.append(_audit_prepass_spec(dtype, hd, S, Hkv, B=B, pdl_trigger=True))
                 specs.append(_audit_fill_rows_spec(dtype, hd, S, Hq, B=B))
     specs += decode_specs(secure, full=full)
     if tables.is_hopper(arch):
@@ -123,16 +130,16 @@ def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0), full: bool = False
                         cfg = (tables.gluon_secure if secure else tables.gluon_ws)(hd, S, causal)
                         for sanitise in paddings:
                             for secret_diag in diagonals:
-                                specs.append(gluon_spec(hd, causal, dtype, S, Hq, Hkv, lse, cfg=cfg, secure=secure,
+                                specs += _with_pdl_form(hd, causal, dtype, S, Hq, Hkv, lse, cfg=cfg, secure=secure,
                                                         B=1 if Hq == 1 else 2, sanitise=sanitise,
-                                                        secret_diag=secret_diag))
+                                                        secret_diag=secret_diag)
                     for S, Hq, Hkv, lse, B in (_AUDIT_GLUON_ONE_WG if secure and hd == 64 else ()):
                         cfg = tables.hopper(hd, 2, causal, True, S, S, B * Hq)
                         assert cfg == tables.gluon_one_wg(), cfg  # the list follows the table
                         for sanitise in paddings:
                             for secret_diag in diagonals:
-                                specs.append(gluon_spec(hd, causal, dtype, S, Hq, Hkv, lse, cfg=cfg, secure=True, B=B,
-                                                        sanitise=sanitise, secret_diag=secret_diag))
+                                specs += _with_pdl_form(hd, causal, dtype, S, Hq, Hkv, lse, cfg=cfg, secure=True, B=B,
+                                                        sanitise=sanitise, secret_diag=secret_diag)
                     for S, Hq, Hkv in (_AUDIT_PREFILL if secure else ()):
                         if S > 1024 and (hd != 64 or causal):  # (the same form as at 1024)
                             continue
@@ -140,6 +147,16 @@ def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0), full: bool = False
                             specs.append(gluon_spec(hd, causal, dtype, S, Hq, Hkv, True, secure=True, key_lens=True,
                                                     page_size=page))
     return specs
+
+
+def _with_pdl_form(*args, **kw) -> list[dict]:
+    """:func:`gluon_spec` launched after its pre-pass completes, and, in secure mode where a pre-pass comes first, as
+    its programmatic dependent too: the planner takes one by size (``plan.tables.secure_prepass_pdl``), the
+    ``secure_pdl`` switch either."""
+    plain = gluon_spec(*args, pdl_wait=False, **kw)
+    if not kw.get("secure") or plain["constexprs"]["SANITISE"] or not _prepass_triggers():
+        return [plain]
+    return [plain, gluon_spec(*args, pdl_wait=True, **kw)]
 
 
 def _hd_ones(dtype) -> tuple[int, ...]:
@@ -150,7 +167,7 @@ def _hd_ones(dtype) -> tuple[int, ...]:
 def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096, Hq: int = 8, Hkv: int = 8,
                return_lse: bool = False, cfg=None, secure: bool = False, switches=None, B: int = 2,
                key_lens: bool = False, page_size: int = 0, sanitise: bool | None = None,
-               secret_diag: bool = False) -> dict:
+               secret_diag: bool = False, pdl_wait: bool | None = None) -> dict:
     """The Gluon Hopper kernel as launched for these public facts, as a compile spec like
     :func:`audit_specs`' (plus ``maxnreg``); built from CPU tensors, no GPU needed. ``secure``: the
     constant-time kernel (secret: the data behind the descriptors and the lengths). ``switches``: the
@@ -159,7 +176,9 @@ def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096,
     of this page size (``S`` keys per sequence, B * S / page_size pages); ``sanitise``: the secure causal form that
     writes V's padding in the kernel (no pre-pass; the key lengths secret too); None: as the planner chooses
     (``plan.tables.secure_padding_in_kernel``); ``secret_diag``: the secure causal form whose diagonal is secret
-    (explicit query lengths: every key tile, each masked with both secret lengths)."""
+    (explicit query lengths: every key tile, each masked with both secret lengths); ``pdl_wait``: the secure form
+    launched as the programmatic dependent of its pre-pass (None: as the planner chooses,
+    ``launch.sm90_fwd.follows_prepass_pdl``)."""
     q, k = torch.empty(B, Hq, S, head_dim, dtype=dtype), torch.empty(B, Hkv, S, head_dim, dtype=dtype)
     table = None
     if page_size:  # [num_pages, Hkv, page_size, D] views of a [num_pages, page_size, Hkv, D] cache, and its table
@@ -174,7 +193,9 @@ def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096,
                          num_heads_q=Hq, num_heads_kv=Hkv, lse_strides=(Hq * S, S), cfg=cfg, secure=secure,
                          switches=switches, key_lens=key_lens, page_size=page_size,
                          table_stride=table.stride(0) if table is not None else 0, sanitise=sanitise,
-                         secret_diag=secret_diag)
+                         secret_diag=secret_diag,
+                         pdl_wait=follows_prepass_pdl(secure, key_lens, sanitise, B * Hq * S * S, switches)
+                         if pdl_wait is None else pdl_wait)
     step = launch.step
     lens = torch.full((B,), S, dtype=torch.int32)
     w = torch.empty(launch.key_weights_shape, dtype=dtype) if launch.key_weights_shape else None
@@ -185,7 +206,8 @@ def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096,
     form = (f"_keylens{f'_page{page_size}' if page_size else ''}") if key_lens else "_sanitise" if sanitise else ""
     diagonal = "causal_secretdiag" if secret_diag else "causal" if causal else "full"
     name = (f"{mode}_gluon_ws_{_ELT[dtype]}_d{head_dim}_{diagonal}_s{S}_gqa{Hq // Hkv}"
-            f"{'_lse' if return_lse else ''}{'_b1' if B == 1 else ''}_{cfg.block_m // 64}wg{form}")
+            f"{'_lse' if return_lse else ''}{'_b1' if B == 1 else ''}_{cfg.block_m // 64}wg{form}"
+            f"{'_pdl' if step.constexprs['PDL_WAIT'] else ''}")
     spec = _spec_from_launch(name, cfg, args, step.constexprs, SM90_FWD.secrets(secure), fn=step.fn)
     spec["num_stages"] = 1
     spec["maxnreg"] = step.options["maxnreg"]
@@ -223,26 +245,36 @@ def hopper_dkdv_spec(head_dim: int, causal: bool, form=None, dtype=torch.bfloat1
     return spec
 
 
-def _audit_prepass_spec(dtype, hd, S, Hkv, B=2):
+def _prepass_triggers() -> bool:
+    """Whether the pre-passes before the secure Gluon kernel may let it launch as they start (the ``secure_pdl``
+    switch not "off": the planner takes that form by size, ``launch.sm90_fwd.follows_prepass_pdl``)."""
+    return gluon_switches().secure_pdl != "off"
+
+
+def _audit_prepass_spec(dtype, hd, S, Hkv, B=2, pdl_trigger=False):
+    """The V pre-pass: before the secure Triton kernel (no trigger), and with ``pdl_trigger`` before the secure
+    Gluon kernel's causal form (which is its programmatic dependent)."""
     v = torch.empty(B, Hkv, S, hd, dtype=dtype)
     vs = torch.empty_like(v)
     lens = torch.full((B,), S, dtype=torch.int32)
-    _, args, ce = build_prepass(v, vs, lens, seqlen_k=S, batch=B, num_heads_kv=Hkv, v_strides=v.stride()[:3])
+    _, args, ce = build_prepass(v, vs, lens, seqlen_k=S, batch=B, num_heads_kv=Hkv, v_strides=v.stride()[:3],
+                                pdl_trigger=pdl_trigger)
     cfg = Config(PREPASS_BLOCK_S, PREPASS_BLOCK_S, PREPASS_WARPS, 1)
-    return _spec_from_launch(f"secure_prepass_{_ELT[dtype]}_d{hd}_s{S}_hkv{Hkv}{'_b1' if B == 1 else ''}", cfg, args, ce,
+    return _spec_from_launch(f"secure_prepass_{_ELT[dtype]}_d{hd}_s{S}_hkv{Hkv}{'_b1' if B == 1 else ''}"
+                             f"{'_pdl' if pdl_trigger else ''}", cfg, args, ce,
                              KERNELS["secure_prepass_v"].secrets(), fn=attn_secure_zero_v_padding_kernel)
 
 
-def _audit_prepass_kv_spec(dtype, hd, S, Hkv, B=2):
+def _audit_prepass_kv_spec(dtype, hd, S, Hkv, B=2, pdl_trigger=False):
     k = torch.empty(B, Hkv, S, hd, dtype=dtype)
     ks, vs = torch.empty_like(k), torch.empty_like(k)
     w = torch.empty(key_weights_shape(B, S), dtype=dtype)
     lens = torch.full((B,), S, dtype=torch.int32)
     _, args, ce = build_prepass_kv(k, k, ks, vs, w, lens, seqlen_k=S, batch=B, num_heads_kv=Hkv,
-                                   k_strides=k.stride()[:3], v_strides=k.stride()[:3])
+                                   k_strides=k.stride()[:3], v_strides=k.stride()[:3], pdl_trigger=pdl_trigger)
     cfg = Config(PREPASS_BLOCK_S, PREPASS_BLOCK_S, PREPASS_WARPS, 1)
-    return _spec_from_launch(f"secure_prepass_kv_{_ELT[dtype]}_d{hd}_s{S}_hkv{Hkv}{'_b1' if B == 1 else ''}", cfg,
-                             args, ce,
+    return _spec_from_launch(f"secure_prepass_kv_{_ELT[dtype]}_d{hd}_s{S}_hkv{Hkv}{'_b1' if B == 1 else ''}"
+                             f"{'_pdl' if pdl_trigger else ''}", cfg, args, ce,
                              KERNELS["secure_prepass_kv"].secrets(), fn=attn_secure_sanitize_kv_kernel)
 
 

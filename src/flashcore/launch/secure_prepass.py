@@ -23,23 +23,29 @@ def key_weights_shape(batch: int, seqlen_k: int) -> tuple[int, int, int]:
     return batch, W_ROWS, -(-seqlen_k // 8) * 8
 
 
-def build_prepass(v, vs, seqlens_k, *, seqlen_k: int, batch: int, num_heads_kv: int, v_strides):
-    """(grid, positional args, constexprs) of the secure V pre-pass."""
+def build_prepass(v, vs, seqlens_k, *, seqlen_k: int, batch: int, num_heads_kv: int, v_strides,
+                  pdl_trigger: bool = False):
+    """(grid, positional args, constexprs) of the secure V pre-pass. ``pdl_trigger``: the kernel after it is its
+    programmatic dependent (the secure Gluon kernel, ``launch.sm90_fwd.GluonLaunch(pdl_wait=True)``), which may
+    launch as this pass starts."""
     head_dim = v.shape[-1]
     args = [v, vs, seqlens_k, *v_strides, seqlen_k, num_heads_kv]
-    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_S=PREPASS_BLOCK_S)
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_S=PREPASS_BLOCK_S,
+                      PDL_TRIGGER=bool(pdl_trigger))
     return (cdiv(seqlen_k, PREPASS_BLOCK_S), batch * num_heads_kv), args, constexprs
 
 
 def build_prepass_kv(k, v, ks, vs, w, seqlens_k, *, seqlen_k: int, batch: int, num_heads_kv: int, k_strides,
-                     v_strides):
+                     v_strides, pdl_trigger: bool = False):
     """(grid, positional args, constexprs) of the secure K/V pre-pass with key weights
-    (``attn_secure_sanitize_kv_kernel``); ``w`` is ``key_weights_shape(batch, seqlen_k)``."""
+    (``attn_secure_sanitize_kv_kernel``); ``w`` is ``key_weights_shape(batch, seqlen_k)``; ``pdl_trigger`` as in
+    :func:`build_prepass`."""
     head_dim = v.shape[-1]
     args = [k, v, ks, vs, w, seqlens_k, *k_strides, *v_strides, seqlen_k, num_heads_kv, w.shape[-1]]
     pad = secure_padding()
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_S=PREPASS_BLOCK_S, W_ROWS=W_ROWS,
-                      V_PAD_PAIRS=secure_v_pad_pairs(), K_PAD_SCALED=pad.k_scaled, W_PAD_PAIRS=pad.w_pairs)
+                      V_PAD_PAIRS=secure_v_pad_pairs(), K_PAD_SCALED=pad.k_scaled, W_PAD_PAIRS=pad.w_pairs,
+                      PDL_TRIGGER=bool(pdl_trigger))
     # w_len <= seqlen_k rounded up to 8 <= the rows this grid covers
     return (cdiv(seqlen_k, PREPASS_BLOCK_S), batch * num_heads_kv), args, constexprs
 
@@ -118,22 +124,24 @@ class SecurePrepass:
         return ks, vs, w
 
 
-def prepass_v(v, seqlens_k, *, batch, num_heads_kv, seqlen_k, v_strides):
-    """(V pre-pass step, a representative sanitised copy of V) for secure mode."""
+def prepass_v(v, seqlens_k, *, batch, num_heads_kv, seqlen_k, v_strides, pdl_trigger=False):
+    """(V pre-pass step, a representative sanitised copy of V) for secure mode (``pdl_trigger``: see
+    :func:`build_prepass`)."""
     B, Hkv, Sk, D = batch, num_heads_kv, seqlen_k, v.shape[-1]
     vs = torch.empty((B, Hkv, Sk, D), dtype=v.dtype, device=v.device)
-    grid, args, ce = build_prepass(v, vs, seqlens_k, seqlen_k=Sk, batch=B, num_heads_kv=Hkv, v_strides=v_strides)
+    grid, args, ce = build_prepass(v, vs, seqlens_k, seqlen_k=Sk, batch=B, num_heads_kv=Hkv, v_strides=v_strides,
+                                   pdl_trigger=pdl_trigger)
     step = KernelStep(attn_secure_zero_v_padding_kernel, grid, args, 3, ce, PREPASS_WARPS, 1)
     return SecurePrepass(step, vs.shape), vs
 
 
-def prepass_kv(k, v, seqlens_k, *, batch, num_heads_kv, seqlen_k, k_strides, v_strides):
+def prepass_kv(k, v, seqlens_k, *, batch, num_heads_kv, seqlen_k, k_strides, v_strides, pdl_trigger=False):
     """(K/V pre-pass step with key weights, representative sanitised copies of K and V) for the secure Gluon
-    kernel's non-causal form."""
+    kernel's non-causal form (``pdl_trigger``: see :func:`build_prepass`)."""
     B, Hkv, Sk, D = batch, num_heads_kv, seqlen_k, v.shape[-1]
     ks, vs = (torch.empty((B, Hkv, Sk, D), dtype=v.dtype, device=v.device) for _ in range(2))
     w = torch.empty(key_weights_shape(B, Sk), dtype=v.dtype, device=v.device)
     grid, args, ce = build_prepass_kv(k, v, ks, vs, w, seqlens_k, seqlen_k=Sk, batch=B, num_heads_kv=Hkv,
-                                      k_strides=k_strides, v_strides=v_strides)
+                                      k_strides=k_strides, v_strides=v_strides, pdl_trigger=pdl_trigger)
     step = KernelStep(attn_secure_sanitize_kv_kernel, grid, args, 6, ce, PREPASS_WARPS, 1)
     return SecurePrepass(step, vs.shape, w.shape), ks, vs

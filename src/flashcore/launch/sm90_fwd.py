@@ -15,7 +15,7 @@ from ..kernels.sm90.trace import TRACE_SLOTS
 from ..kernels.triton.fwd import LOG2E
 from ..plan.knobs import GluonSwitches, gluon_switches
 from .secure_prepass import key_weights_shape
-from ..plan.tables import gluon_config_error, v_stages
+from ..plan.tables import gluon_config_error, secure_prepass_pdl, v_stages
 from ..runtime import KernelStep, cdiv, current_stream, launch_hooks_active, sm_count
 from ..runtime.tma import EncodedDescriptors, make_descriptors, unwrap_tensordesc_launcher
 
@@ -60,6 +60,22 @@ ENCODED_SETS = 16  # encoded descriptor sets kept per plan
 
 
 
+def follows_prepass_pdl(secure: bool, key_lens: bool, sanitise: bool, work: int,
+                        switches: GluonSwitches | None = None) -> bool:
+    """Whether the secure Gluon kernel launches as a programmatic dependent of the pre-pass just before it (K/V with
+    key weights, non-causal; V, causal; the row fill of V, secure="strict" causal): the K/V pre-passes let it launch
+    as they start (their PDL_TRIGGER; the row fill as it completes), so the kernel's launch, set-up and first Q copy
+    overlap the pre-pass, and its loader waits for the pre-pass's grid before the first K/V copy. Where the
+    ``secure_pdl`` switch says ("auto": ``plan.tables.secure_prepass_pdl`` by ``work`` = B*Hq*Sq*Sk); never where no
+    pre-pass comes first (the in-kernel padding, key lengths)."""
+    mode = (switches if switches is not None else gluon_switches()).secure_pdl
+    if mode not in ("auto", "on", "off"):
+        raise ValueError(f"the secure_pdl switch takes 'auto', 'on' or 'off', got {mode!r}")
+    if not secure or key_lens or sanitise:
+        return False
+    return mode == "on" or (mode == "auto" and secure_prepass_pdl(work))
+
+
 class GluonLaunch:
     """A planned launch of :func:`attn_fwd_hopper_kernel`; ``run`` takes (q, k, v, o, lse, ...)
     in [B, H, S, D] views with the planned shapes/strides and builds the TMA descriptors of q, k, v and o (and of
@@ -74,10 +90,12 @@ class GluonLaunch:
     def __init__(self, q, k, v, o, lse, *, scale: float, causal: bool, seqlen_q: int, seqlen_k: int,
                  batch: int, num_heads_q: int, num_heads_kv: int, lse_strides, cfg, secure: bool = False,
                  sum_mma: bool | None = None, switches: GluonSwitches | None = None, key_lens: bool = False,
-                 page_size: int = 0, table_stride: int = 0, sanitise: bool = False, secret_diag: bool = False):
+                 page_size: int = 0, table_stride: int = 0, sanitise: bool = False, secret_diag: bool = False,
+                 pdl_wait: bool = False):
         """``secret_diag``: secure causal attention whose diagonal is secret (explicit query lengths, or Sq != Sk):
         every key tile visited, each masked by select with both secret lengths (the kernel's SECRET_DIAG; its
-        schedule and trip counts the non-causal ones)."""
+        schedule and trip counts the non-causal ones). ``pdl_wait``: launched as a programmatic dependent of the
+        secure pre-pass before it (``launch_pdl``; :func:`follows_prepass_pdl`), the kernel's PDL_WAIT."""
         sw = self.switches = switches if switches is not None else gluon_switches()
         D = q.shape[-1]
         err = gluon_config_error(cfg, D)
@@ -169,8 +187,15 @@ class GluonLaunch:
                           EARLY_LOADS=bool(sw.early_loads) and not secure,
                           STAGGER=0 if secure or D != 64 else int(sw.stagger), KEY_LENS=bool(key_lens),
                           PAGE_SIZE=int(page_size), SANITISE=bool(sanitise), SECRET_DIAG=bool(secret_diag))
+        options = dict(maxnreg=maxnreg)
+        if pdl_wait:
+            if not secure or key_lens or sanitise:
+                raise ValueError("pdl_wait (launched as the dependent of a secure pre-pass) takes secure=True without "
+                                 f"key_lens or sanitise (got secure={secure}, key_lens={key_lens}, sanitise={sanitise})")
+            options["launch_pdl"] = True
+        constexprs["PDL_WAIT"] = bool(pdl_wait)
         self.step = KernelStep(attn_fwd_hopper_kernel, grid, args, PER_CALL_ARGS, constexprs, cfg.num_warps, 1,
-                               options=dict(maxnreg=maxnreg))
+                               options=options)
         self.trace_slots = grid[0] * num_wg * TRACE_SLOTS if constexprs["TRACE"] else 0
         self.fast = None  # a runtime.tma.RawLauncher once compiled; False: not available
         self.encoded = EncodedDescriptors(ENCODED_SETS)

@@ -7,7 +7,7 @@ import torch
 
 from .._checks import check_secure_lengths
 from ..launch.secure_prepass import SecureRowFill, fill_rows, prepass_kv, prepass_v
-from ..launch.sm90_fwd import GluonLaunch
+from ..launch.sm90_fwd import GluonLaunch, follows_prepass_pdl
 from ..launch.triton_fwd import TritonForward, pointer_args
 from ..problem import Problem
 from .knobs import SecurePadding, gluon_switches, secure_padding
@@ -125,17 +125,20 @@ def build(problem: Problem, q, k, v, o, lse, *, seqlens_q=None, seqlens_k=None, 
         sanitise = p.secure and p.causal and _in_kernel_padding(cfg, strict_k, pad,
                                                                 p.batch * p.num_heads_q * p.seqlen_q * p.seqlen_k,
                                                                 p.secret_diagonal)
+        # the main kernel a programmatic dependent of the pre-pass before it (every secure form here but sanitise)
+        pdl = follows_prepass_pdl(p.secure, False, sanitise, p.batch * p.num_heads_q * p.seqlen_q * p.seqlen_k)
         if p.secure and not p.causal:  # no key mask in the kernel: K, V and key weights
             prepass, k_in, v_in = prepass_kv(k, v, seqlens_k, batch=p.batch, num_heads_kv=p.num_heads_kv,
-                                             seqlen_k=p.seqlen_k, k_strides=p.k_strides[:3], v_strides=p.v_strides[:3])
+                                             seqlen_k=p.seqlen_k, k_strides=p.k_strides[:3], v_strides=p.v_strides[:3],
+                                             pdl_trigger=pdl)
         elif strict_k:  # V's padding: data-like stand-ins too (finite, as the V pre-pass's)
             prepass, v_in = fill_rows(v, seqlens_k, batch=p.batch, num_heads=p.num_heads_kv, seqlen=p.seqlen_k,
                                       x_strides=p.v_strides[:3], name="v_clean")
         elif p.secure and not sanitise:
             prepass, v_in = prepass_v(v, seqlens_k, batch=p.batch, num_heads_kv=p.num_heads_kv, seqlen_k=p.seqlen_k,
-                                      v_strides=p.v_strides[:3])
+                                      v_strides=p.v_strides[:3], pdl_trigger=pdl)
         main = GluonLaunch(q_in, k_in, v_in, o, lse, cfg=cfg, secure=p.secure, sanitise=sanitise,
-                           secret_diag=p.secret_diagonal, **kw)
+                           secret_diag=p.secret_diagonal, pdl_wait=pdl, **kw)
     else:
         q_strides, k_strides, v_strides = p.q_strides[:3], p.k_strides[:3], p.v_strides[:3]
         if strict_q:  # the kernel masks by select; the copies keep the caller's padding out of its products

@@ -44,6 +44,9 @@ class GluonSwitches:
     # Secure mode, causal: V's padding written in the kernel by the loader warpgroup, no pre-pass ("on"), the V
     # pre-pass ("off"), or the planner's choice ("auto": plan.tables.secure_padding_in_kernel; perf-notes v34)
     secure_in_kernel_padding: str = "auto"
+    # Secure mode: the Gluon kernel launched as a programmatic dependent of its pre-pass ("on"), after the pre-pass
+    # completes ("off"), or the planner's choice ("auto": plan.tables.secure_prepass_pdl; perf-notes v44)
+    secure_pdl: str = "auto"
 
 
 SWITCH_NAMES = tuple(f.name for f in fields(GluonSwitches))

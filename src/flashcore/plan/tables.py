@@ -208,6 +208,20 @@ def secure_padding_in_kernel(cfg: Config, work: int, secret_diagonal: bool = Fal
     return cfg.kernel == "gluon_ws" and work < SECURE_IN_KERNEL_PADDING_WORK
 
 
+# secure mode on the Gluon kernel: launched as the programmatic dependent of its pre-pass below this B*Hq*Sq*Sk
+SECURE_PDL_WORK = 1 << 28
+
+
+def secure_prepass_pdl(work: int) -> bool:
+    """Secure mode on the Gluon kernel after a pre-pass: whether the kernel launches as the pre-pass's programmatic
+    dependent (``launch.sm90_fwd.follows_prepass_pdl``), by the problem's B*Hq*Sq*Sk (perf-notes v44; H200, secure
+    at true length = S_max, same run, with and without): below 2^28 it wins, the launch and set-up overlapping the
+    pre-pass (1x8x512x64 12.9 -> 11.1 us, 1x16x1024x64 21.0 -> 19.5, 4x16x1024x64 57.3 -> 54.7); from 2^30 it ties
+    or loses (16x16x2048x64 632.6 against 633.8, 4x32x4096x128 1942 against 1946 (noisy), and causal 16x16x2048x64,
+    the V pre-pass, 393.5 against 405.4, in every round)."""
+    return work < SECURE_PDL_WORK
+
+
 def gluon_one_wg() -> Config:
     """The Gluon kernel with one 64-row consumer warpgroup per program and two programs per SM (D=64):
     twice the programs of the two-warpgroup layout for small problems, with each one's softmax still

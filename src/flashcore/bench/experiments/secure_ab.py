@@ -15,6 +15,9 @@ Writes ``secure-ab.json`` to --out and prints a table last (µs, and secure / fa
 ``--explicit-q`` (perf-notes v36): secure calls pass the query lengths too (``seqlens_q``, = S_max), so a causal
 call's diagonal is secret (every key tile visited; the fast path as planned, causal on its public diagonal).
 
+``--pdl`` (perf-notes v44): every secure variant twice more, the Gluon kernel launched as the programmatic dependent of
+its pre-pass (``:pdl``, the Gluon switch ``secure_pdl="on"``) and after the pre-pass completes (``:nopdl``, "off").
+
 ``--padding`` (perf-notes v34): every secure variant also with its padding forced into the kernel (``:ink``, the
 Gluon switch ``secure_in_kernel_padding="on"``: causal forms only, non-causal ones keep the pre-pass) and forced to
 the pre-pass (``:pre``).
@@ -41,25 +44,32 @@ CONFIGS = "auto,gluon_ws_64x128s2,gluon_ws_128x128s3,128x64w8s3"
 TOLERANCE = 2e-2
 
 
-def _variants(configs, strict=False, padding=False):
+def _variants(configs, strict=False, padding=False, pdl=False):
     """name -> (forced configuration or None for the planner's, secure: False, True or "strict", the
-    ``secure_in_kernel_padding`` switch). ``padding``: each secure variant twice more, its padding forced into the
-    kernel (":ink") and forced to the pre-pass (":pre")."""
-    out = {"fast": (None, False, "auto"), "secure:auto": (None, True, "auto")}
+    ``secure_in_kernel_padding`` switch, the ``secure_pdl`` switch). ``padding``: each secure variant twice more, its
+    padding forced into the kernel (":ink") and forced to the pre-pass (":pre"). ``pdl``: each secure variant twice
+    more, ``secure_pdl`` forced on (":pdl") and off (":nopdl")."""
+    out = {"fast": (None, False, "auto", "auto"), "secure:auto": (None, True, "auto", "auto")}
     if strict:
-        out["secure:strict"] = (None, "strict", "auto")
+        out["secure:strict"] = (None, "strict", "auto", "auto")
     for name in configs:
         if name != "auto":
-            out[f"secure:{name}"] = (parse_config_name(name), True, "auto")
+            out[f"secure:{name}"] = (parse_config_name(name), True, "auto", "auto")
     if padding:
-        for tag, (cfg, secure, _) in list(out.items()):
+        for tag, (cfg, secure, _, _) in list(out.items()):
             if secure:
-                out[f"{tag}:pre"] = (cfg, secure, "off")
-                out[f"{tag}:ink"] = (cfg, secure, "on")
+                out[f"{tag}:pre"] = (cfg, secure, "off", "auto")
+                out[f"{tag}:ink"] = (cfg, secure, "on", "auto")
+    if pdl:
+        for tag, (cfg, secure, pad_mode, _) in list(out.items()):
+            if secure:
+                out[f"{tag}:pdl"] = (cfg, secure, pad_mode, "on")
+                out[f"{tag}:nopdl"] = (cfg, secure, pad_mode, "off")
     return out
 
 
-def time_shape(shape, configs, rounds, timer, profile=False, strict=False, padding=False, explicit_q=False):
+def time_shape(shape, configs, rounds, timer, profile=False, strict=False, padding=False, explicit_q=False,
+               pdl=False):
     B, H, S, D, causal = shape.B, shape.Hq, shape.Sq, shape.D, shape.causal
     g = torch.Generator(device="cuda").manual_seed(int(time.time() * 1e3) % 2**31)
     io_bytes = 4 * B * H * S * D * 2
@@ -71,9 +81,9 @@ def time_shape(shape, configs, rounds, timer, profile=False, strict=False, paddi
     q0, k0, v0 = sets[0]
     ref = reference_attention(q0.double(), k0.double(), v0.double(), causal=causal)
     fns, errs, kernels = {}, {}, {}
-    for tag, (cfg, secure, pad_mode) in _variants(configs, strict, padding).items():
+    for tag, (cfg, secure, pad_mode, pdl_mode) in _variants(configs, strict, padding, pdl).items():
         try:
-            with override(secure_in_kernel_padding=pad_mode):
+            with override(secure_in_kernel_padding=pad_mode, secure_pdl=pdl_mode):
                 sk = lens if secure else None
                 sq = lens_q if secure and explicit_q else None
                 plans = [ops.dense_plan(q, k, v, sq, sk, causal, D ** -0.5, False, secure, False, config=cfg,
@@ -128,6 +138,9 @@ def main(argv=None):
     ap.add_argument("--padding", action="store_true",
                     help="also each secure variant with its padding forced into the kernel (:ink) and to the pre-pass "
                          "(:pre)")
+    ap.add_argument("--pdl", action="store_true",
+                    help="also each secure variant with the Gluon kernel launched as its pre-pass's programmatic "
+                         "dependent (:pdl) and after the pre-pass completes (:nopdl)")
     ap.add_argument("--explicit-q", action="store_true",
                     help="secure calls pass seqlens_q too: causal shapes then have a secret diagonal")
     a = ap.parse_args(argv)
@@ -135,14 +148,14 @@ def main(argv=None):
     timer = Timer()
     rows = []
     for s in parse_shapes(a.shapes):
-        rows.append(time_shape(s, configs, a.rounds, timer, a.profile, a.strict, a.padding, a.explicit_q))
+        rows.append(time_shape(s, configs, a.rounds, timer, a.profile, a.strict, a.padding, a.explicit_q, a.pdl))
         print(json.dumps(rows[-1]), flush=True)
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "secure-ab.json")
     with open(path, "w") as f:
         json.dump({"env": dict(collect_environment(), method="bench.timing.Timer medians (cold L2), median of "
                                f"{a.rounds} rounds, us; secure at true length = S_max"), "rows": rows}, f, indent=1)
-    names = list(_variants(configs, a.strict, a.padding))
+    names = list(_variants(configs, a.strict, a.padding, a.pdl))
     print("us (secure / fast throughput); '-': failed or cannot run (see rel_err in the JSON)")
     print(f"{'shape':>16} " + " ".join(f"{n.replace('secure:', 's:'):>24}" for n in names))
     for r in rows:

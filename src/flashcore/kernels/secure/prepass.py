@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from ..capabilities import Capabilities
 
@@ -54,6 +55,16 @@ def _row_unit(rows, salt):
 
 
 @triton.jit
+def _let_dependent_launch(PDL_TRIGGER: tl.constexpr):
+    """With PDL_TRIGGER (sm_90, before the secure Gluon kernel: launch.secure_prepass), the next kernel, launched as
+    a programmatic dependent of this one, may start now: its programs set up and load Q beside this pass's and wait
+    (``griddepcontrol.wait``, which returns once this whole grid has completed and its writes are visible) before
+    they read its output. Unconditional, at entry: no secret anywhere near it."""
+    if PDL_TRIGGER:
+        gdc_launch_dependents()
+
+
+@triton.jit
 def _prepass_tile(SEQLENS_K, seqlen_k, num_heads_kv, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
     """This program's tile of a pre-pass: (batch*head, batch, head, the secret key length clamped
     arithmetically into [0, seqlen_k], its rows, its head-dim offsets)."""
@@ -70,8 +81,9 @@ def attn_secure_zero_v_padding_kernel(
     V, VS, SEQLENS_K,
     stride_vb, stride_vh, stride_vs,
     seqlen_k, num_heads_kv,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, PDL_TRIGGER: tl.constexpr = False,
 ):
+    _let_dependent_launch(PDL_TRIGGER)
     pid_bh, b, h, len_k, rows, offs_d = _prepass_tile(SEQLENS_K, seqlen_k, num_heads_kv, BLOCK_S, BLOCK_D)
     in_bounds = (rows[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM)  # public shape only
     src = V + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh + rows[:, None] * stride_vs + offs_d[None, :]
@@ -89,6 +101,7 @@ def attn_secure_sanitize_kv_kernel(
     seqlen_k, num_heads_kv, w_len,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, W_ROWS: tl.constexpr,
     V_PAD_PAIRS: tl.constexpr = True, K_PAD_SCALED: tl.constexpr = True, W_PAD_PAIRS: tl.constexpr = True,
+    PDL_TRIGGER: tl.constexpr = False,
 ):
     """The pre-pass of the secure Gluon kernel's non-causal form, which masks no key (kernels/sm90/fwd.py):
 
@@ -115,6 +128,7 @@ def attn_secure_sanitize_kv_kernel(
       of head 0.
 
     Constant time as the V pre-pass above: whole tiles read and written, the length only in selects."""
+    _let_dependent_launch(PDL_TRIGGER)
     pid_bh, b, h, len_k, rows, offs_d = _prepass_tile(SEQLENS_K, seqlen_k, num_heads_kv, BLOCK_S, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     in_bounds = (rows[:, None] < seqlen_k) & d_ok[None, :]  # public shape only

@@ -392,7 +392,8 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
                            SECURE: gl.constexpr, SUM_MMA: gl.constexpr, CONSUMER_WG_REGS: gl.constexpr,
                            LOADER_WG_REGS: gl.constexpr, TRACE: gl.constexpr, EARLY_LOADS: gl.constexpr = False,
                            STAGGER: gl.constexpr = 0, KEY_LENS: gl.constexpr = False, PAGE_SIZE: gl.constexpr = 0,
-                           SANITISE: gl.constexpr = False, SECRET_DIAG: gl.constexpr = False):
+                           SANITISE: gl.constexpr = False, SECRET_DIAG: gl.constexpr = False,
+                           PDL_WAIT: gl.constexpr = False):
     """Persistent: program i takes scheduling units i, i + grid, ... (a unit = one work item of
     NUM_WG*BLOCK_M query rows of one head, or with PAIRED two causal items of equal total cost), so one
     item's epilogue and the next one's loads overlap instead of costing a launch.
@@ -418,6 +419,10 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
     (_consume_tile).
 
     ``CONSUMER_WG_REGS`` / ``LOADER_WG_REGS``: the register requests per worker warpgroup (setmaxnreg).
+
+    PDL_WAIT (secure, after a pre-pass; launched as its programmatic dependent, ``launch_pdl``): the program starts
+    while the pre-pass runs; the loader requests its first Q tile, then waits for the pre-pass's grid
+    (``griddepcontrol.wait``) before its first K/V copy, and nothing else reads what the pre-pass writes.
     """
     _stamp(seqlens_q_ptr, 6, TRACE, 0, NUM_WG, True)
     _stamp(seqlens_q_ptr, 7, TRACE, 0, NUM_WG)
@@ -482,7 +487,7 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
     # tests/test_machine_code.py). The partition list itself stays literal, one per layout: Triton 3.6's
     # warp_specialize needs it so.
     form = Form(BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA,
-                TRACE, EARLY_LOADS, STAGGER, KEY_LENS, PAGE_SIZE, SANITISE, SECRET_DIAG)
+                TRACE, EARLY_LOADS, STAGGER, KEY_LENS, PAGE_SIZE, SANITISE, SECRET_DIAG, PDL_WAIT)
     shared = Shared(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready,
                     v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads,
                     group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, v_clean, page_table, table_stride,

@@ -71,9 +71,16 @@ def _loader(shared, form, WG: gl.constexpr):
                                group, BLOCK_M, BLOCK_N, K_STAGES, V_STAGES, CAUSAL, NUM_WG, SUM_MMA,
                                EARLY_LOADS, seqlens_q_ptr, TRACE, KEY_LENS, shared.page_table, shared.table_stride,
                                PAGE_SIZE, SECURE, shared.v_landed, form.HEAD_DIM, form.SANITISE,
-                               shared.seqlens_k_ptr)
+                               shared.seqlens_k_ptr, form.PDL_WAIT)
                 kc += n
                 it += 1
+
+
+@gluon.jit
+def _wait_for_prior_grid():
+    """``griddepcontrol.wait``: returns once the grid this one is a programmatic dependent of has completed and its
+    memory operations are visible (at once where the launch was not programmatic)."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], gl.int32, False, 1)
 
 
 @gluon.jit
@@ -229,7 +236,8 @@ def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem
                BLOCK_N: gl.constexpr, K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                NUM_WG: gl.constexpr, SUM_MMA: gl.constexpr, EARLY_LOADS: gl.constexpr, trace_ptr,
                TRACE: gl.constexpr, KEY_LENS: gl.constexpr, page_table, table_stride, PAGE_SIZE: gl.constexpr,
-               SECURE: gl.constexpr, v_landed, HEAD_DIM: gl.constexpr, SANITISE: gl.constexpr, seqlens_k_ptr):
+               SECURE: gl.constexpr, v_landed, HEAD_DIM: gl.constexpr, SANITISE: gl.constexpr, seqlens_k_ptr,
+               PDL_WAIT: gl.constexpr):
     """The loader's side of one work item: its Q tiles, then its K/V tiles through the rings (with
     SUM_MMA each V tile brings its key weights along). Returns the number of K/V tiles loaded. With
     EARLY_LOADS the program's first Q and K/V tile 0 were requested at kernel entry (_issue_first_loads). With
@@ -266,6 +274,8 @@ def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem
         _load_q(q_desc, q_smem, q_ready, q_empty, it, b, h, m0, BLOCK_M, NUM_WG)
         if it == 0:
             _stamp(trace_ptr, 5, TRACE, 0, NUM_WG)
+            if PDL_WAIT:  # K and V (and the key weights) are the pre-pass's output: its grid must have completed
+                _wait_for_prior_grid()
 
     n_blocks = _kv_blocks(pid_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL, NUM_WG)
     for j in range(n_blocks):
