@@ -130,3 +130,44 @@ def test_filled_rows_are_signed_permutations_of_row_zero(monkeypatch):
     x2 = x.clone()
     x2[1, :, 9:] = float("nan")
     assert torch.equal(_run_fill(x2, lens), xs)
+
+
+@pytest.mark.parametrize("dtype,head_dim", [(torch.float16, 128), (torch.float16, 72), (torch.float16, 256),
+                                            (torch.float32, 128), (torch.float16, 64)])
+def test_pre_pass_tiles_change_no_output_bit(dtype, head_dim):
+    """The V and K/V pre-passes run the planned rows per program (``prepass_block_s``: 16 at D=128 in 16 bits, 8 at
+    D=256 or in fp32, 64 up to D=64; perf-notes v45) and give the bits of 64-row tiles: every value is a function of
+    its position, the length and the head, never of the tiling; every row and every key weight up to w_len written
+    (outputs poisoned first)."""
+    from flashcore.kernels.secure.prepass import attn_secure_zero_v_padding_kernel
+    from flashcore.launch.secure_prepass import PREPASS_BLOCK_S, build_prepass, prepass_block_s
+
+    expected = {(torch.float16, 128): 16, (torch.float16, 72): 16, (torch.float16, 256): 8,
+                (torch.float32, 128): 8, (torch.float16, 64): 64}[(dtype, head_dim)]
+    assert prepass_block_s(head_dim, torch.empty(0, dtype=dtype).element_size()) == expected
+    gen = torch.Generator().manual_seed(head_dim * 7 + len(str(dtype)))
+    B, Hkv, S = 3, 2, 100
+    k, v = (torch.randn(B, Hkv, S, head_dim, generator=gen).to(dtype) for _ in range(2))
+    lens = torch.tensor([0, 37, S], dtype=torch.int32)
+
+    def run(rows=None):
+        ks, vs = (torch.full((B, Hkv, S, head_dim), float("nan"), dtype=dtype) for _ in range(2))
+        w = torch.full(key_weights_shape(B, S), float("nan"), dtype=dtype)
+        grid, args, ce = build_prepass_kv(k, v, ks, vs, w, lens, seqlen_k=S, batch=B, num_heads_kv=Hkv,
+                                          k_strides=k.stride()[:3], v_strides=v.stride()[:3])
+        vs1 = torch.full_like(vs, float("nan"))
+        grid1, args1, ce1 = build_prepass(v, vs1, lens, seqlen_k=S, batch=B, num_heads_kv=Hkv,
+                                          v_strides=v.stride()[:3])
+        assert ce["BLOCK_S"] == ce1["BLOCK_S"] == expected
+        if rows is not None:
+            ce, ce1 = dict(ce, BLOCK_S=rows), dict(ce1, BLOCK_S=rows)
+            grid, grid1 = (-(-S // rows), grid[1]), (-(-S // rows), grid1[1])
+        attn_secure_sanitize_kv_kernel[grid](*args, **ce, num_warps=PREPASS_WARPS)
+        attn_secure_zero_v_padding_kernel[grid1](*args1, **ce1, num_warps=PREPASS_WARPS)
+        return ks, vs, w, vs1
+
+    planned, wide = run(), run(PREPASS_BLOCK_S)
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    for a, b in zip(planned, wide):
+        assert not torch.isnan(a).any()
+        assert torch.equal(a.view(bits), b.view(bits))

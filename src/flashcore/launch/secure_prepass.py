@@ -13,8 +13,25 @@ from ..plan.knobs import secure_padding, secure_v_pad_pairs
 from ..plan.tables import block_d
 from ..runtime import KernelStep, cdiv
 
-PREPASS_BLOCK_S = 64
+PREPASS_BLOCK_S = 64  # the most rows per program (the row fill's, and the pre-passes' at narrow head dims)
 PREPASS_WARPS = 4
+PREPASS_TILE_BYTES = 4096  # the V and K/V pre-passes from D=128 up: bytes of each tensor's tile per program
+
+
+def prepass_block_s(head_dim: int, element_bytes: int) -> int:
+    """Rows per program of the V and K/V pre-passes: 64 up to D=64; from D=128 up a tile of PREPASS_TILE_BYTES per
+    tensor, at least 8 rows (16-bit: 16 rows at D=128, 8 at D=256; fp32: 8).
+
+    Measured on H200 (2026-11-29, docs/perf-notes.md v45, ``python -m flashcore.bench.experiments.prepass_tiles``,
+    cold L2, beside a device copy of the same bytes, outputs bit for bit the same), as a fraction of the copy's
+    bandwidth, 64 rows against this rule: bf16 D=128 K/V 0.70 against 1.01 (4x32x4096x128: 189 against 133 us),
+    V 0.91 against 0.99; bf16 D=256 V 0.83 against 0.99; fp32 D=128 V 0.92 against 0.97, D=256 0.76 against 0.95.
+    At D=64 32-row tiles tied alone (1.03 at 16x16x2048x64 bf16) and lost 1.1 us at 1x8x512x64 in the secure call,
+    whose kernel starts beside its pre-pass (perf-notes v44; a guess: twice the pre-pass's programs leave fewer SMs
+    free for it), so D=64 keeps 64 rows."""
+    if block_d(head_dim) <= 64:
+        return PREPASS_BLOCK_S
+    return max(8, min(PREPASS_BLOCK_S, PREPASS_TILE_BYTES // (block_d(head_dim) * element_bytes)))
 
 
 def key_weights_shape(batch: int, seqlen_k: int) -> tuple[int, int, int]:
@@ -30,9 +47,9 @@ def build_prepass(v, vs, seqlens_k, *, seqlen_k: int, batch: int, num_heads_kv: 
     launch as this pass starts."""
     head_dim = v.shape[-1]
     args = [v, vs, seqlens_k, *v_strides, seqlen_k, num_heads_kv]
-    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_S=PREPASS_BLOCK_S,
-                      PDL_TRIGGER=bool(pdl_trigger))
-    return (cdiv(seqlen_k, PREPASS_BLOCK_S), batch * num_heads_kv), args, constexprs
+    rows = prepass_block_s(head_dim, v.element_size())
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_S=rows, PDL_TRIGGER=bool(pdl_trigger))
+    return (cdiv(seqlen_k, rows), batch * num_heads_kv), args, constexprs
 
 
 def build_prepass_kv(k, v, ks, vs, w, seqlens_k, *, seqlen_k: int, batch: int, num_heads_kv: int, k_strides,
@@ -43,11 +60,12 @@ def build_prepass_kv(k, v, ks, vs, w, seqlens_k, *, seqlen_k: int, batch: int, n
     head_dim = v.shape[-1]
     args = [k, v, ks, vs, w, seqlens_k, *k_strides, *v_strides, seqlen_k, num_heads_kv, w.shape[-1]]
     pad = secure_padding()
-    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_S=PREPASS_BLOCK_S, W_ROWS=W_ROWS,
+    rows = prepass_block_s(head_dim, v.element_size())
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_S=rows, W_ROWS=W_ROWS,
                       V_PAD_PAIRS=secure_v_pad_pairs(), K_PAD_SCALED=pad.k_scaled, W_PAD_PAIRS=pad.w_pairs,
                       PDL_TRIGGER=bool(pdl_trigger))
-    # w_len <= seqlen_k rounded up to 8 <= the rows this grid covers
-    return (cdiv(seqlen_k, PREPASS_BLOCK_S), batch * num_heads_kv), args, constexprs
+    # w_len = seqlen_k rounded up to 8 <= the rows this grid covers (rows is a multiple of 8)
+    return (cdiv(seqlen_k, rows), batch * num_heads_kv), args, constexprs
 
 
 def fill_rows_block(head_dim: int, element_bytes: int) -> int:
