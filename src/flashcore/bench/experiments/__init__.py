@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 
 
 def parser(module: str, doc: str, out_default: str = ".") -> argparse.ArgumentParser:
@@ -55,3 +56,36 @@ def write_json(out_dir: str, name: str, doc) -> str:
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
     return path
+
+
+def interleaved_rounds(fns: dict, rounds: int, time_one) -> tuple[dict, dict]:
+    """Each callable of ``fns`` (name -> callable) timed once per round in turn, ``rounds`` rounds, by ``time_one(fn)``
+    (a number): ``({name: [one value per round]}, {name: median of its rounds})``. Interleaving keeps clock drift and
+    other tenants out of the comparison between names."""
+    per_round = {n: [] for n in fns}
+    for _ in range(rounds):
+        for n, fn in fns.items():
+            per_round[n].append(time_one(fn))
+    return per_round, {n: statistics.median(v) for n, v in per_round.items()}
+
+
+def write_rows(out_dir: str, name: str, method: str, rows: list) -> str:
+    """``{"env": the machine and versions (bench.results.collect_environment) with ``method``, "rows": rows}`` as
+    ``out_dir/name``; returns the path."""
+    from ..results import collect_environment
+
+    return write_json(out_dir, name, {"env": dict(collect_environment(), method=method), "rows": rows})
+
+
+def print_us_table(title: str, rows: list, names: list, label, ratio_key: str, width: int, heading=str) -> None:
+    """``title``, a heading line, then per row ``label(row)`` and per name "µs (ratio)" from ``row["us"]`` and
+    ``row[ratio_key]`` (µs alone without a ratio, "-" where the name was not timed)."""
+    print(title)
+    print(f"{'shape':>16} " + " ".join(f"{heading(n):>{width}}" for n in names))
+    for r in rows:
+        cells = []
+        for n in names:
+            ratio = r[ratio_key].get(n)
+            cell = "-" if n not in r["us"] else f"{r['us'][n]:.1f} ({ratio:.2f})" if ratio else f"{r['us'][n]:.1f}"
+            cells.append(f"{cell:>{width}}")
+        print(f"{label(r):>16} " + " ".join(cells))

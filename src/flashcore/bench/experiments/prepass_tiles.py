@@ -16,8 +16,6 @@ Writes ``prepass-tiles.json`` and prints a table: µs and the fraction of the co
 from __future__ import annotations
 
 import json
-import os
-import statistics
 import time
 
 import torch
@@ -25,10 +23,9 @@ import torch
 from ...kernels.secure.prepass import attn_secure_sanitize_kv_kernel, attn_secure_zero_v_padding_kernel
 from ...launch import secure_prepass as sp
 from ...runtime import KernelStep
-from ..results import collect_environment
 from ..suites import parse_shapes
 from ..timing import Timer
-from . import parser
+from . import interleaved_rounds, parser, print_us_table, write_rows
 
 SHAPES = "1x8x512x64,4x16x1024x64,16x16x2048x64,4x16x1024x128,4x32x4096x128,1x32x16384x128"
 CONFIGS = "64x4,64x8,32x4,32x8,16x4"
@@ -91,11 +88,7 @@ def time_shape(shape, configs, rounds, timer, dtype=torch.bfloat16):
                 fns[tag] = fn
             except Exception as e:  # noqa: BLE001 - a configuration that cannot run here is data
                 mismatch[tag] = f"{type(e).__name__}: {str(e)[:200]}"
-    rounds_us = {n: [] for n in fns}
-    for _ in range(rounds):
-        for n, fn in fns.items():
-            rounds_us[n].append(timer.stats([fn], flush=True)["median_us"])
-    us = {n: statistics.median(r) for n, r in rounds_us.items()}
+    rounds_us, us = interleaved_rounds(fns, rounds, lambda fn: timer.stats([fn], flush=True)["median_us"])
     return dict(shape=[B, H, S, D], dtype=str(dtype).replace("torch.", ""), lens=lens.tolist(), us=us, rounds=rounds_us, errors=mismatch,
                 of_copy={n: (us["copy K+V" if n.startswith("kv:") else "copy V"] / u) for n, u in us.items()
                          if n.startswith(("kv:", "v:"))})
@@ -116,23 +109,11 @@ def main(argv=None):
     for s in parse_shapes(a.shapes):
         rows.append(time_shape(s, configs, a.rounds, timer, getattr(torch, a.dtype)))
         print(json.dumps(rows[-1]), flush=True)
-    os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, "prepass-tiles.json")
-    with open(path, "w") as f:
-        json.dump({"env": dict(collect_environment(), method="bench.timing.Timer medians (cold L2), median of "
-                               f"{a.rounds} rounds, us"), "rows": rows}, f, indent=1)
+    path = write_rows(a.out, "prepass-tiles.json", f"bench.timing.Timer medians (cold L2), median of {a.rounds} "
+                      "rounds, us", rows)
     names = ["copy K+V", "copy V"] + [f"{k}:{c}" for k in ("kv", "v") for c in configs]
-    print("us (fraction of the copy's bandwidth); '-': failed or differs (see errors in the JSON)")
-    print(f"{'shape':>16} " + " ".join(f"{n:>16}" for n in names))
-    for r in rows:
-        cells = []
-        for n in names:
-            if n not in r["us"]:
-                cells.append(f"{'-':>16}")
-            else:
-                frac = r["of_copy"].get(n)
-                cells.append((f"{r['us'][n]:8.1f} ({frac:.2f})" if frac else f"{r['us'][n]:8.1f}").rjust(16))
-        print(f"{'x'.join(map(str, r['shape'])):>16} " + " ".join(cells))
+    print_us_table("us (fraction of the copy's bandwidth); '-': failed or differs (see errors in the JSON)", rows,
+                   names, lambda r: "x".join(map(str, r["shape"])), "of_copy", 16)
     print(f"wrote {path}")
 
 

@@ -24,8 +24,6 @@ Gluon switch ``secure_in_kernel_padding="on"``: causal forms only, non-causal on
 the pre-pass (``:pre``).
 """
 import json
-import os
-import statistics
 import time
 
 import torch
@@ -35,10 +33,9 @@ from ...plan.knobs import override
 from ...plan.tables import parse_config_name
 from ..backends import Inputs
 from ..check import reference_pieces, relative_error
-from ..results import collect_environment
 from ..suites import parse_shapes
 from ..timing import DEFAULT_L2_BYTES, Timer, rotation_sets, use_rotation
-from . import parser
+from . import interleaved_rounds, parser, print_us_table, write_rows
 
 SHAPES = "1x8x512x64,1x16x1024x64,4x16x1024x64,16x16x2048x64,1x16x1024x64c,4x16x1024x64c"
 # the planner's choice, the one-warpgroup Gluon layout, two consumer warpgroups, and the secure Triton kernel
@@ -102,11 +99,7 @@ def time_shape(shape, configs, rounds, timer, profile=False, strict=False, paddi
                             for p, (q, k, v) in zip(plans, sets)]
         except Exception as e:  # noqa: BLE001 - a config that cannot run here is data
             errs[tag] = f"{type(e).__name__}: {str(e)[:200]}"
-    rounds_us = {n: [] for n in fns}
-    for _ in range(rounds):
-        for n, fn in fns.items():
-            rounds_us[n].append(timer.stats(fn, flush=n_sets == 1)["median_us"])
-    us = {n: statistics.median(v) for n, v in rounds_us.items()}
+    rounds_us, us = interleaved_rounds(fns, rounds, lambda fn: timer.stats(fn, flush=n_sets == 1)["median_us"])
     kernel_us = {n: kernel_times(fn[0]) for n, fn in fns.items()} if profile else {}
     ratio = {n: us["fast"] / u for n, u in us.items() if "fast" in us}
     return dict(shape=[B, H, S, D], causal=causal, explicit_q=explicit_q, input_sets=n_sets, us=us,
@@ -153,23 +146,12 @@ def main(argv=None):
     for s in parse_shapes(a.shapes):
         rows.append(time_shape(s, configs, a.rounds, timer, a.profile, a.strict, a.padding, a.explicit_q, a.pdl))
         print(json.dumps(rows[-1]), flush=True)
-    os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, "secure-ab.json")
-    with open(path, "w") as f:
-        json.dump({"env": dict(collect_environment(), method="bench.timing.Timer medians (cold L2), median of "
-                               f"{a.rounds} rounds, us; secure at true length = S_max"), "rows": rows}, f, indent=1)
-    names = list(_variants(configs, a.strict, a.padding, a.pdl))
-    print("us (secure / fast throughput); '-': failed or cannot run (see rel_err in the JSON)")
-    print(f"{'shape':>16} " + " ".join(f"{n.replace('secure:', 's:'):>24}" for n in names))
-    for r in rows:
-        cells = []
-        for n in names:
-            if n not in r["us"]:
-                cells.append(f"{'-':>24}")
-            else:
-                rat = r["secure_over_fast"].get(n)
-                cells.append(f"{r['us'][n]:11.1f} ({rat:.2f})".rjust(24) if rat else f"{r['us'][n]:24.1f}")
-        print(f"{'x'.join(map(str, r['shape'])) + ('c' if r['causal'] else ''):>16} " + " ".join(cells))
+    path = write_rows(a.out, "secure-ab.json", "bench.timing.Timer medians (cold L2), median of "
+                      f"{a.rounds} rounds, us; secure at true length = S_max", rows)
+    print_us_table("us (secure / fast throughput); '-': failed or cannot run (see rel_err in the JSON)", rows,
+                   list(_variants(configs, a.strict, a.padding, a.pdl)),
+                   lambda r: "x".join(map(str, r["shape"])) + ("c" if r["causal"] else ""), "secure_over_fast", 24,
+                   heading=lambda n: n.replace("secure:", "s:"))
     for r in rows:
         for n, ks in r["kernel_us"].items():
             print(f"{'x'.join(map(str, r['shape'])) + ('c' if r['causal'] else '')} {n}: "

@@ -8,7 +8,6 @@ SDPA's output first. Writes ``wg-count-triton-<version>.json`` to --out and prin
 """
 import json
 import os
-import statistics
 import time
 
 import torch
@@ -20,7 +19,7 @@ from ... import ops
 from ...plan.tables import parse_config_name
 from ..results import collect_environment
 from ..suites import parse_shapes
-from . import parser
+from . import interleaved_rounds, parser
 
 CONFIGS = ("gluon_ws_128x128s3", "gluon_ws_192x128s3")  # two consumer warpgroups, three
 SHAPES = "16x16x2048x64,4x32x4096x64,1x32x16384x64"
@@ -44,12 +43,9 @@ def time_shape(B, H, S, D, causal, rounds):
                     fns[tag] = fn
             except Exception as e:  # noqa: BLE001 - a config that cannot run here is data
                 errs[tag] = f"{type(e).__name__}: {str(e)[:160]}"
-    rounds_us = {n: [] for n in fns}
-    for _ in range(rounds):
-        for n, fn in fns.items():
-            rounds_us[n].append(do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3)
-    return dict(shape=[B, H, S, D], causal=causal, us={n: statistics.median(v) for n, v in rounds_us.items()},
-                rounds=rounds_us, errs=errs)
+    rounds_us, us = interleaved_rounds(fns, rounds,
+                                       lambda fn: do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3)
+    return dict(shape=[B, H, S, D], causal=causal, us=us, rounds=rounds_us, errs=errs)
 
 
 def main(argv=None):
