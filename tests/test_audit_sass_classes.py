@@ -655,3 +655,64 @@ def test_a_64_bit_scalar_may_be_an_address():
     rep = sass_taint(k_scalar_address, sig, {"BLOCK": 128}, {"X"})
     assert kinds(rep) == {"address"}, str(rep)
     assert sass_taint(k_scalar_address, sig, {"BLOCK": 128}, set()).ok
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. tuple arguments (2026-11-29): their elements mapped one by one, a secret tuple's integers held to the scalar rules
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def k_tuple_copy(PTRS, N, BLOCK: tl.constexpr):
+    x_ptr, y_ptr = PTRS[0], PTRS[1]
+    offs = tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < N), mask=offs < N)
+
+
+@triton.jit
+def k_tuple_gather(PTRS, N, BLOCK: tl.constexpr):
+    x_ptr, y_ptr = PTRS[0], PTRS[1]
+    offs = tl.arange(0, BLOCK)
+    idx = tl.load(x_ptr + offs).to(tl.int32) & (BLOCK - 1)
+    tl.store(y_ptr + offs, tl.load(x_ptr + idx))
+
+
+@triton.jit(do_not_specialize=["LENS"])
+def k_tuple_bound(PTRS, LENS, BLOCK: tl.constexpr):
+    x_ptr, y_ptr = PTRS[0], PTRS[1]
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for i in range(LENS[1]):
+        acc += tl.load(x_ptr + i * BLOCK + offs)
+    tl.store(y_ptr + offs, acc)
+
+
+@triton.jit
+def k_tuple_bound_specialised(PTRS, LENS, BLOCK: tl.constexpr):
+    x_ptr, y_ptr = PTRS[0], PTRS[1]
+    tl.store(y_ptr + tl.arange(0, BLOCK), tl.load(x_ptr + tl.arange(0, BLOCK)) * LENS[0])
+
+
+def test_a_tuple_of_pointers_is_mapped_element_by_element():
+    """A tuple argument's elements are kernel parameters of their own: a secret tuple of pointers whose data is only
+    copied is clean (every parameter was unmapped and secret before: a false finding), and its data as an address
+    is still a violation."""
+    sig = {"PTRS": ("*fp32", "*fp32"), "N": "i32", "BLOCK": "constexpr"}
+    rep = sass_taint(k_tuple_copy, sig, {"BLOCK": 128}, {"PTRS"})
+    assert rep.ok and not rep.notes, str(rep)
+    rep = sass_taint(k_tuple_gather, sig, {"BLOCK": 128}, {"PTRS"})
+    assert not rep.ok and rep.counts().get("address"), str(rep)
+
+
+def test_a_secret_integer_inside_a_tuple_is_a_scalar():
+    """A secret tuple's integer element: a loop bound taints the loop (as a secret scalar does), the launcher's
+    specialisation of it is a violation unless the tuple is in do_not_specialize, and a 64-bit one is more than one
+    binary; the same tuple public is clean."""
+    sig = {"PTRS": ("*fp32", "*fp32"), "LENS": ("i32", "i32"), "BLOCK": "constexpr"}
+    rep = sass_taint(k_tuple_bound, sig, {"BLOCK": 128}, {"LENS"})
+    assert rep.counts().get("branch") and not rep.counts().get("specialisation"), str(rep)
+    assert sass_taint(k_tuple_bound, sig, {"BLOCK": 128}, {"PTRS"}).ok
+    wide = sass_taint(k_tuple_bound, {**sig, "LENS": ("i32", "i64")}, {"BLOCK": 128}, {"LENS"})
+    assert [v.sass for v in wide.violations if v.kind == "specialisation"] == ["LENS[1]: i64"], str(wide)
+    rep = sass_taint(k_tuple_bound_specialised, sig, {"BLOCK": 128}, {"LENS"})
+    assert sorted(v.sass for v in rep.violations if v.kind == "specialisation") == ["LENS[0]: i32", "LENS[1]: i32"]

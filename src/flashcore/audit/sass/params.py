@@ -8,13 +8,45 @@ from .elf import KernelInfo
 from .report import ParamInfo
 
 
+def tuple_leaves(ty, path: tuple):
+    """(path, type) of every element of a (nested) tuple argument's type, depth first: the order in which Triton's
+    launcher passes them as kernel parameters (a non-tuple type is one leaf at ``path``)."""
+    if isinstance(ty, (tuple, list)):
+        for j, t in enumerate(ty):
+            yield from tuple_leaves(t, path + (j,))
+    else:
+        yield path, ty
+
+
+def leaf_name(arg: str, path: tuple) -> str:
+    """``T[0][1]`` for the element at ``path`` (its argument's index first) of the tuple argument ``T``."""
+    return arg + "".join(f"[{j}]" for j in path[1:])
+
+
 def _expand_params(jfn, signature: dict, constant_keys: set, tensordesc_meta: list | None) -> list[tuple[str, str, str]]:
-    """Kernel-parameter list in ordinal order as (name, role, arg) - mirrors Triton's launcher."""
+    """Kernel-parameter list in ordinal order as (name, role, arg) - mirrors Triton's launcher. A tuple argument
+    ``T`` passes its elements in order as ``T[0]``, ``T[1]``, ... (nested: ``T[0][1]``), each with its own role; an
+    element that is a constexpr or that the launcher specialised to a constant (``constant_keys`` holds its path)
+    passes nothing. A descriptor inside a tuple is left unmapped (every parameter then counts as secret)."""
     out: list[tuple[str, str, str]] = []
     td_idx = 0
     for i, arg in enumerate(jfn.arg_names):
         ty = signature.get(arg)
         if ty is None or ty == "constexpr" or (i,) in constant_keys:
+            continue
+        if isinstance(ty, (tuple, list)):
+            for path, ety in tuple_leaves(ty, (i,)):
+                if ety == "constexpr" or path in constant_keys:
+                    continue
+                name = leaf_name(arg, path)
+                if not isinstance(ety, str) or ety.startswith("tensordesc") or ety == "nvTmaDesc":
+                    out.append((name, "unmapped", arg))
+                elif ety.startswith("**") or ety in ("*i64", "*u64", "*fp64"):
+                    out.append((name, "pointer-to-pointer", arg))
+                elif ety.startswith("*"):
+                    out.append((name, "pointer", arg))
+                else:
+                    out.append((name, "scalar", arg))
             continue
         if isinstance(ty, str) and ty.startswith("tensordesc"):
             meta = tensordesc_meta[td_idx] if tensordesc_meta and td_idx < len(tensordesc_meta) else None
@@ -57,7 +89,9 @@ def map_params(kinfo: KernelInfo, expected: list[tuple[str, str, str]], secret: 
         off = kinfo.param_base + kp.offset
         if kp.ordinal < n_exp and not mismatch:
             name, role, arg = expected[kp.ordinal]
-            is_secret = (arg in secret and (role in ("pointer", "tensordesc", "pointer-to-pointer") or name == arg)
+            # (a tuple argument's elements, ``T[k]``, are secret with it, scalars included)
+            is_secret = (arg in secret and (role in ("pointer", "tensordesc", "pointer-to-pointer") or name == arg
+                                            or name.startswith(arg + "["))
                          or name in fields)
             params.append(ParamInfo(kp.ordinal, name, off, kp.size, role, is_secret))
         elif kp.ordinal >= n_exp and not mismatch:
