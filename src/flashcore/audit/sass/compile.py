@@ -123,7 +123,8 @@ def smem_layout(ttgir: str | None, cap: int, ptx_version: int) -> SmemLayout | N
         # shared memory is one area, read by every wait (found by a review, 2026-11-28: a TMA copy of a secret tile
         # into a reinterpreted barrier allocation, at a public register index, was placed in the data area)
         return SmemLayout(None, [], [("mbarriers", 0)], f"an mbarrier allocation is viewed as other data ({viewed})")
-    for line in text.splitlines():
+    lines = text.splitlines()
+    for at, line in enumerate(lines):
         m = re.search(r"allocation\.offset = (\d+)", line)
         if not m:
             continue
@@ -148,7 +149,8 @@ def smem_layout(ttgir: str | None, cap: int, ptx_version: int) -> SmemLayout | N
         elif "ttg.warp_specialize" in t:
             has_ws = True
             control.append(("warp_specialize captures", off))
-            extents.append((off, 1 << 30))
+            size = warp_specialize_capture_bytes(lines, at)
+            extents.append((off, off + size if size is not None else 1 << 30))
         elif t.startswith("tt.func"):
             control.append(("warp_specialize dispatch flags", off))
             extents.append((off, 1 << 30))
@@ -167,6 +169,56 @@ def smem_layout(ttgir: str | None, cap: int, ptx_version: int) -> SmemLayout | N
         ranges = (tuple(sorted(extents)), tuple((o, o + n) for _, o, n in data))
         return SmemLayout(start, data, control, "", ranges)
     return SmemLayout(start, data, control)
+
+
+def _top_level_split(text: str) -> list[str]:
+    """``text`` split at the commas outside ``<>``, ``()``, ``[]`` and ``{}``."""
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "<([{":
+            depth += 1
+        elif ch in ">)]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append(text[start:i].strip())
+            start = i + 1
+    if text[start:].strip():
+        out.append(text[start:].strip())
+    return out
+
+
+def _capture_bytes(ty: str) -> int | None:
+    """Bytes of one ``ttg.warp_specialize`` capture in its shared-memory buffer, as Triton's allocator counts them
+    (``WarpSpecializeOp::getCaptureSizeAlign``: integers and floats their width, pointers and descriptors 8, a
+    shared-memory descriptor 8 plus 4 per dimension, any other memory descriptor 8); None for a type not known."""
+    m = re.fullmatch(r"([if])(\d+)|bf16|index", ty)
+    if m:
+        return 8 if ty == "index" else 2 if ty == "bf16" else -(-int(m.group(2)) // 8)
+    if ty.startswith(("!tt.ptr<", "!tt.tensordesc<")):
+        return 8
+    md = re.fullmatch(r"!ttg\.memdesc<((?:\d+x)*)\w+,(.*)>", ty)  # dims "AxBx", then the element type
+    if md:
+        return 8 + 4 * md.group(1).count("x") if "#smem" in md.group(2) else 8
+    return None
+
+
+def warp_specialize_capture_bytes(lines: list[str], at: int) -> int | None:
+    """The size of the captures buffer of the ``ttg.warp_specialize`` op on ``lines[at]``, from its operand types
+    (the ``} : (types) -> ...`` line closing it at the op's indentation), rounded up to 8; None where the types
+    cannot be read (the caller then keeps the buffer's range open to the end of shared memory). Before 2026-11-29 the
+    range was always open, and a small kernel whose buffer sits at offset 0 had every shared access in the control
+    area (a false finding of the fourth review)."""
+    indent = len(lines[at]) - len(lines[at].lstrip())
+    for line in lines[at + 1:]:
+        if len(line) - len(line.lstrip()) == indent and line.lstrip().startswith("} : ("):
+            m = re.match(r"\s*\} : \((.*)\) ->", line)
+            if m is None:
+                return None
+            sizes = [_capture_bytes(t) for t in _top_level_split(m.group(1))]
+            if any(n is None for n in sizes):
+                return None
+            return -(-sum(sizes) // 8) * 8
+    return None
 
 
 _I64_MEMDESC = re.compile(r"<[0-9x]*i64,")
