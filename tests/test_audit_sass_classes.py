@@ -430,6 +430,22 @@ def test_a_secret_scalar_declared_wider_than_i32_is_more_than_one_binary():
     assert sass_taint(k_add_scalar_dns, SIG_ADD, {"BLOCK": 128}, {"n"}).ok
 
 
+def _view_words():
+    """A Gluon function viewing four mbarriers (``[4, 1]`` i64) as two rows of four int32 words (``reinterpret`` in
+    Triton 3.9, ``_reinterpret`` in 3.6)."""
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+
+    @gluon.jit
+    def view_words(bars, layout: gl.constexpr):
+        if hasattr(bars, "reinterpret"):
+            return bars.reinterpret(gl.int32, [2, 1, 4], layout)
+        else:
+            return bars._reinterpret(gl.int32, [2, 1, 4], layout)
+
+    return view_words
+
+
 def _tma_into_barrier_kernel():
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -438,12 +454,7 @@ def _tma_into_barrier_kernel():
     nv = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
     copy = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 
-    @gluon.jit
-    def view_words(bars, layout: gl.constexpr):
-        if hasattr(bars, "reinterpret"):
-            return bars.reinterpret(gl.int32, [2, 1, 4], layout)
-        else:
-            return bars._reinterpret(gl.int32, [2, 1, 4], layout)
+    view_words = _view_words()
 
     @gluon.jit
     def k_tma_into_barrier(Xd, Y, k, WHERE: gl.constexpr, LAYOUT: gl.constexpr):
@@ -730,12 +741,7 @@ def _ws_store_kernel():
 
     nv = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 
-    @gluon.jit
-    def view_words(bars, layout: gl.constexpr):
-        if hasattr(bars, "reinterpret"):
-            return bars.reinterpret(gl.int32, [2, 1, 4], layout)
-        else:
-            return bars._reinterpret(gl.int32, [2, 1, 4], layout)
+    view_words = _view_words()
 
     @gluon.jit
     def reader(bars, ready, tile, Y):

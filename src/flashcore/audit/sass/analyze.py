@@ -326,57 +326,50 @@ def specialisation_violations(jfn, signature: dict, constexprs: dict, secret: se
     argument is listed in the kernel's ``do_not_specialize``; a constexpr is part of the binary itself. So a
     secret integer scalar without ``do_not_specialize``, or a secret constexpr, selects the machine code: the
     audited binary is only one of those that run. (Still a launcher choice with ``do_not_specialize``: an
-    integer of 2**31 or more is passed as i64, another binary; a secret must have a public range below it.)"""
+    integer of 2**31 or more is passed as i64, another binary; a secret must have a public range below it.)
+    A tuple argument's elements are specialised and typed one by one as scalars are (``do_not_specialize`` names
+    the tuple), so every element of a secret tuple is held to the same rules (found by a review of the gate,
+    2026-11-29: a secret integer inside a tuple was not checked)."""
     dns = set(getattr(jfn, "do_not_specialize", None) or ())
     out = []
     for i, name in enumerate(jfn.arg_names):
         if name not in secret:
             continue
         ty = signature.get(name)
-        if isinstance(ty, (tuple, list)):  # a secret tuple: its integer elements are specialised as scalars are
-            out += _tuple_specialisation(name, ty, i in dns or name in dns, i)
+        listed = i in dns or name in dns
+        if isinstance(ty, (tuple, list)):
+            for path, ety in tuple_leaves(ty, (i,)):
+                out += _specialisation(leaf_name(name, path), ety, ety == "constexpr", listed)
             continue
-        if ty == "constexpr" or name in constexprs or getattr(jfn.params[i], "is_constexpr", False):
-            if name in constexprs and constexprs[name] is None:
-                continue  # an argument left out (None): that it is absent is public, and it has no data
-            out.append(Violation(-1, "LAUNCH", "specialisation", f"{name}: constexpr",
-                                 "a secret constexpr is compiled into the binary: each value is another kernel"))
-        elif isinstance(ty, str) and _INT_TYPES.match(ty) and i not in dns and name not in dns:
-            out.append(Violation(-1, "LAUNCH", "specialisation", f"{name}: {ty}",
-                                 "the launcher specialises integer arguments by value (== 1 becomes a constant, "
-                                 "multiples of 16 get a divisibility hint): list it in do_not_specialize"))
-        elif isinstance(ty, str) and _INT_TYPES.match(ty) and ty != "i32":
-            # do_not_specialize keeps the value out of the key, not its type: the launcher passes an integer below
-            # 2**31 as i32, one below 2**63 as i64, a larger one as u64, each a binary of its own. A secret declared
-            # i32 is audited as the one binary its (promised) range runs; any other type is not the only binary
-            # (found by a review, 2026-11-28)
-            out.append(Violation(-1, "LAUNCH", "specialisation", f"{name}: {ty}",
-                                 "the launcher types an integer by its value (i32 below 2**31, i64, u64): a secret "
-                                 f"declared {ty} is not the binary that runs for every value (i32 for small ones)"))
+        if name in constexprs and constexprs[name] is None:
+            continue  # an argument left out (None): that it is absent is public, and it has no data
+        constant = ty == "constexpr" or name in constexprs or getattr(jfn.params[i], "is_constexpr", False)
+        out += _specialisation(name, ty, constant, listed)
     return out
 
 
-def _tuple_specialisation(name: str, ty, listed: bool, index: int) -> list[Violation]:
-    """The launcher specialises each integer element of a tuple argument by value as it does a scalar (unless the
-    tuple is in ``do_not_specialize``) and types it by its value; a constexpr element is compiled in. So every
-    element of a secret tuple is held to the scalar rules (found by a review of the gate, 2026-11-29: a secret
-    integer inside a tuple was not checked)."""
-    out = []
-    for path, ety in tuple_leaves(ty, (index,)):
-        elem = leaf_name(name, path)
-        if ety == "constexpr":
-            out.append(Violation(-1, "LAUNCH", "specialisation", f"{elem}: constexpr",
-                                 "a secret constexpr is compiled into the binary: each value is another kernel"))
-        elif isinstance(ety, str) and _INT_TYPES.match(ety) and not listed:
-            out.append(Violation(-1, "LAUNCH", "specialisation", f"{elem}: {ety}",
-                                 "the launcher specialises integer elements of a tuple by value (== 1 becomes a "
-                                 "constant, multiples of 16 get a divisibility hint): list the tuple in "
-                                 "do_not_specialize"))
-        elif isinstance(ety, str) and _INT_TYPES.match(ety) and ety != "i32":
-            out.append(Violation(-1, "LAUNCH", "specialisation", f"{elem}: {ety}",
-                                 "the launcher types an integer by its value (i32 below 2**31, i64, u64): a secret "
-                                 f"declared {ety} is not the binary that runs for every value (i32 for small ones)"))
-    return out
+def _specialisation(name: str, ty, constant: bool, listed: bool) -> list[Violation]:
+    """The violation (none or one) of a secret argument, or tuple element, ``name`` of type ``ty``: compiled in
+    (``constant``), or an integer the launcher specialises (not ``listed`` in ``do_not_specialize``) or types by
+    its value (wider than i32)."""
+    if constant:
+        return [Violation(-1, "LAUNCH", "specialisation", f"{name}: constexpr",
+                          "a secret constexpr is compiled into the binary: each value is another kernel")]
+    if not (isinstance(ty, str) and _INT_TYPES.match(ty)):
+        return []
+    if not listed:
+        return [Violation(-1, "LAUNCH", "specialisation", f"{name}: {ty}",
+                          "the launcher specialises integer arguments by value (== 1 becomes a constant, "
+                          "multiples of 16 get a divisibility hint): list it in do_not_specialize")]
+    if ty != "i32":
+        # do_not_specialize keeps the value out of the key, not its type: the launcher passes an integer below
+        # 2**31 as i32, one below 2**63 as i64, a larger one as u64, each a binary of its own. A secret declared
+        # i32 is audited as the one binary its (promised) range runs; any other type is not the only binary
+        # (found by a review, 2026-11-28)
+        return [Violation(-1, "LAUNCH", "specialisation", f"{name}: {ty}",
+                          "the launcher types an integer by its value (i32 below 2**31, i64, u64): a secret "
+                          f"declared {ty} is not the binary that runs for every value (i32 for small ones)")]
+    return []
 
 
 def _audit_one(spec: dict, on_error: str) -> Report:
