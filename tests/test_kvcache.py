@@ -1121,3 +1121,57 @@ def test_a_repeat_call_skips_the_metadata_checks_but_not_the_value_checks(monkey
     assert torch.equal(first, again)
     with pytest.raises(ValueError, match=r"cache_seqlens\[1\]=33"):
         flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lengths(5, 33), backend="triton")
+
+
+def _prefill_shape(Hq, Hkv, Sq, causal=True, secure=True, paged=False, D=128):
+    from flashcore.launch.triton_decode import DecodeShape
+
+    return DecodeShape(batch=4, seqlen_q=Sq, num_heads_q=Hq, num_heads_kv=Hkv, head_dim=D, page_size=16 if paged else 8192,
+                       capacity=8192, num_pages=4 * 512 if paged else 4, paged=paged, packed=False, appended=False,
+                       has_batch_idx=False, has_leftpad=False, causal=causal, secure=secure, fp8=False,
+                       return_lse=False, fp32=False, scale=D ** -0.5)
+
+
+def test_secure_chunked_prefill_cleans_v_by_the_pre_pass_where_the_loader_would_clear_each_tile_16_times():
+    """plan.prefill.uses_v_prepass (perf-notes v46): the V pre-pass for secure causal chunked prefill on a contiguous
+    cache where the loader would clear each V tile at least 16 times (query heads per K/V head times 128-row items),
+    the loader's clearing elsewhere (fewer clears, non-causal, a paged cache) and never on the fast path; the
+    ``secure_prefill_v`` switch forces either way (not a paged cache, not the fast path), and names itself when
+    given anything else."""
+    from flashcore.plan.knobs import override
+    from flashcore.plan.prefill import uses_v_prepass
+
+    assert uses_v_prepass(_prefill_shape(32, 8, 512))  # 4 x 4 clears: the decode bench's row
+    assert uses_v_prepass(_prefill_shape(32, 2, 128))  # 16 x 1
+    assert not uses_v_prepass(_prefill_shape(32, 8, 384))  # 4 x 3
+    assert not uses_v_prepass(_prefill_shape(16, 16, 512, D=64))  # 1 x 4 (measured: the loader wins)
+    assert not uses_v_prepass(_prefill_shape(32, 8, 512, causal=False))  # a tie, measured
+    assert not uses_v_prepass(_prefill_shape(32, 8, 512, paged=True))
+    assert not uses_v_prepass(_prefill_shape(32, 8, 512, secure=False))
+    with override(secure_prefill_v="prepass"):
+        assert uses_v_prepass(_prefill_shape(16, 16, 512, causal=False))
+        assert not uses_v_prepass(_prefill_shape(32, 8, 512, paged=True))
+        assert not uses_v_prepass(_prefill_shape(32, 8, 512, secure=False))
+    with override(secure_prefill_v="loader"):
+        assert not uses_v_prepass(_prefill_shape(32, 8, 512))
+    with override(secure_prefill_v="sometimes"), pytest.raises(ValueError, match="secure_prefill_v"):
+        uses_v_prepass(_prefill_shape(32, 8, 512))
+
+
+def test_the_gluon_launch_takes_v_from_the_pre_pass_only_in_secure_mode_with_key_lengths_on_a_contiguous_cache():
+    """GluonLaunch(v_prepass=True) builds the kernel's V_PREPASS form (its loader one copying warp, at the fast
+    loader's registers) for secure key-length launches on a contiguous cache, and refuses, naming the argument, any
+    other form: without it the loader would skip the clearing that V's stale rows need."""
+    from flashcore.launch.sm90_fwd import LOADER_REGS, GluonLaunch
+    from flashcore.plan.tables import gluon_ws
+
+    B, H, S, D = 2, 4, 256, 128
+    q = torch.empty(B, H, S, D, dtype=torch.bfloat16)
+    kw = dict(scale=0.1, causal=True, seqlen_q=S, seqlen_k=S, batch=B, num_heads_q=H, num_heads_kv=H,
+              lse_strides=(H * S, S), cfg=gluon_ws(D, S, True))
+    launch = GluonLaunch(q, q, q, q, None, secure=True, key_lens=True, v_prepass=True, **kw)
+    assert launch.step.constexprs["V_PREPASS"] and launch.step.constexprs["LOADER_WG_REGS"] == LOADER_REGS
+    assert not GluonLaunch(q, q, q, q, None, secure=True, key_lens=True, **kw).step.constexprs["V_PREPASS"]
+    for bad in (dict(secure=False, key_lens=True), dict(secure=True, key_lens=False)):
+        with pytest.raises(ValueError, match="v_prepass"):
+            GluonLaunch(q, q, q, q, None, v_prepass=True, **bad, **kw)

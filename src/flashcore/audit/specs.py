@@ -146,6 +146,12 @@ def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0), full: bool = False
                         for page in (0, *SECURE_PAGE_SIZES):  # a contiguous cache, then each paged form
                             specs.append(gluon_spec(hd, causal, dtype, S, Hq, Hkv, True, secure=True, key_lens=True,
                                                     page_size=page))
+                        # a contiguous cache with V from the V pre-pass (plan.prefill.uses_v_prepass; the planner's
+                        # choice, the secure_prefill_v switch either), and that pre-pass over the cache's layout
+                        specs.append(gluon_spec(hd, causal, dtype, S, Hq, Hkv, True, secure=True, key_lens=True,
+                                                v_prepass=True))
+                        if not causal:
+                            specs.append(_audit_prepass_spec(dtype, hd, S, Hkv, cache_layout=True))
     return specs
 
 
@@ -167,7 +173,7 @@ def _hd_ones(dtype) -> tuple[int, ...]:
 def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096, Hq: int = 8, Hkv: int = 8,
                return_lse: bool = False, cfg=None, secure: bool = False, switches=None, B: int = 2,
                key_lens: bool = False, page_size: int = 0, sanitise: bool | None = None,
-               secret_diag: bool = False, pdl_wait: bool | None = None) -> dict:
+               secret_diag: bool = False, pdl_wait: bool | None = None, v_prepass: bool = False) -> dict:
     """The Gluon Hopper kernel as launched for these public facts, as a compile spec like
     :func:`audit_specs`' (plus ``maxnreg``); built from CPU tensors, no GPU needed. ``secure``: the
     constant-time kernel (secret: the data behind the descriptors and the lengths). ``switches``: the
@@ -178,7 +184,8 @@ def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096,
     (``plan.tables.secure_padding_in_kernel``); ``secret_diag``: the secure causal form whose diagonal is secret
     (explicit query lengths: every key tile, each masked with both secret lengths); ``pdl_wait``: the secure form
     launched as the programmatic dependent of its pre-pass (None: as the planner chooses,
-    ``launch.sm90_fwd.follows_prepass_pdl``)."""
+    ``launch.sm90_fwd.follows_prepass_pdl``); ``v_prepass``: the secure ``key_lens`` form on a contiguous cache whose V
+    comes from the V pre-pass (``plan.prefill.uses_v_prepass``)."""
     q, k = torch.empty(B, Hq, S, head_dim, dtype=dtype), torch.empty(B, Hkv, S, head_dim, dtype=dtype)
     table = None
     if page_size:  # [num_pages, Hkv, page_size, D] views of a [num_pages, page_size, Hkv, D] cache, and its table
@@ -195,7 +202,7 @@ def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096,
                          table_stride=table.stride(0) if table is not None else 0, sanitise=sanitise,
                          secret_diag=secret_diag,
                          pdl_wait=follows_prepass_pdl(secure, key_lens, sanitise, B * Hq * S * S, switches)
-                         if pdl_wait is None else pdl_wait)
+                         if pdl_wait is None else pdl_wait, v_prepass=v_prepass)
     step = launch.step
     lens = torch.full((B,), S, dtype=torch.int32)
     w = torch.empty(launch.key_weights_shape, dtype=dtype) if launch.key_weights_shape else None
@@ -203,7 +210,8 @@ def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096,
             lens if sanitise or secret_diag else None, *step.scalars]
     # secure: the key weights and the lengths are secret too (the query lengths; with key_lens the key lengths)
     mode = "secure" if secure else "fast"
-    form = (f"_keylens{f'_page{page_size}' if page_size else ''}") if key_lens else "_sanitise" if sanitise else ""
+    form = (f"_keylens{f'_page{page_size}' if page_size else ''}{'_vprepass' if v_prepass else ''}") if key_lens \
+        else "_sanitise" if sanitise else ""
     diagonal = "causal_secretdiag" if secret_diag else "causal" if causal else "full"
     name = (f"{mode}_gluon_ws_{_ELT[dtype]}_d{head_dim}_{diagonal}_s{S}_gqa{Hq // Hkv}"
             f"{'_lse' if return_lse else ''}{'_b1' if B == 1 else ''}_{cfg.block_m // 64}wg{form}"
@@ -251,17 +259,19 @@ def _prepass_triggers() -> bool:
     return gluon_switches().secure_pdl != "off"
 
 
-def _audit_prepass_spec(dtype, hd, S, Hkv, B=2, pdl_trigger=False):
+def _audit_prepass_spec(dtype, hd, S, Hkv, B=2, pdl_trigger=False, cache_layout=False):
     """The V pre-pass: before the secure Triton kernel (no trigger), and with ``pdl_trigger`` before the secure
-    Gluon kernel's causal form (which is its programmatic dependent)."""
-    v = torch.empty(B, Hkv, S, hd, dtype=dtype)
-    vs = torch.empty_like(v)
+    Gluon kernel's causal form (which is its programmatic dependent). ``cache_layout``: over a KV cache's V,
+    ``[B, S, Hkv, D]`` viewed as ``[B, Hkv, S, D]``, before secure chunked prefill (``plan.prefill``)."""
+    v = torch.empty(B, S, Hkv, hd, dtype=dtype).transpose(1, 2) if cache_layout else torch.empty(B, Hkv, S, hd,
+                                                                                                   dtype=dtype)
+    vs = torch.empty(B, Hkv, S, hd, dtype=dtype)
     lens = torch.full((B,), S, dtype=torch.int32)
     _, args, ce = build_prepass(v, vs, lens, seqlen_k=S, batch=B, num_heads_kv=Hkv, v_strides=v.stride()[:3],
                                 pdl_trigger=pdl_trigger)
     cfg = Config(PREPASS_BLOCK_S, PREPASS_BLOCK_S, PREPASS_WARPS, 1)
     return _spec_from_launch(f"secure_prepass_{_ELT[dtype]}_d{hd}_s{S}_hkv{Hkv}{'_b1' if B == 1 else ''}"
-                             f"{'_pdl' if pdl_trigger else ''}", cfg, args, ce,
+                             f"{'_pdl' if pdl_trigger else ''}{'_cache' if cache_layout else ''}", cfg, args, ce,
                              KERNELS["secure_prepass_v"].secrets(), fn=attn_secure_zero_v_padding_kernel)
 
 

@@ -91,11 +91,13 @@ class GluonLaunch:
                  batch: int, num_heads_q: int, num_heads_kv: int, lse_strides, cfg, secure: bool = False,
                  sum_mma: bool | None = None, switches: GluonSwitches | None = None, key_lens: bool = False,
                  page_size: int = 0, table_stride: int = 0, sanitise: bool = False, secret_diag: bool = False,
-                 pdl_wait: bool = False):
+                 pdl_wait: bool = False, v_prepass: bool = False):
         """``secret_diag``: secure causal attention whose diagonal is secret (explicit query lengths, or Sq != Sk):
         every key tile visited, each masked by select with both secret lengths (the kernel's SECRET_DIAG; its
         schedule and trip counts the non-causal ones). ``pdl_wait``: launched as a programmatic dependent of the
-        secure pre-pass before it (``launch_pdl``; :func:`follows_prepass_pdl`), the kernel's PDL_WAIT."""
+        secure pre-pass before it (``launch_pdl``; :func:`follows_prepass_pdl`), the kernel's PDL_WAIT. ``v_prepass``
+        (secure, ``key_lens``, a contiguous cache): ``v`` is the V pre-pass's copy of the cache, its rows past each key
+        length already clean, so the loader is a warp that only copies (the kernel's V_PREPASS; ``plan.prefill``)."""
         sw = self.switches = switches if switches is not None else gluon_switches()
         D = q.shape[-1]
         err = gluon_config_error(cfg, D)
@@ -111,6 +113,9 @@ class GluonLaunch:
                 raise ValueError(f"{name} ({what}) takes secure=True, causal=True and a dense problem (no key_lens, "
                                  f"no page_size) only (got secure={secure}, causal={causal}, key_lens={key_lens}, "
                                  f"page_size={page_size})")
+        if v_prepass and (not secure or not key_lens or page_size):
+            raise ValueError(f"v_prepass (V cleaned by the V pre-pass) takes secure=True, key_lens=True and a "
+                             f"contiguous cache only (got secure={secure}, key_lens={key_lens}, page_size={page_size})")
         # the schedule's causality: a secret diagonal visits every key tile, as non-causal attention does
         sched_causal = bool(causal) and not secret_diag
 
@@ -173,7 +178,7 @@ class GluonLaunch:
                           RETURN_LSE=lse is not None, NUM_WG=num_wg, PAIRED=paired)
         consumer_regs, maxnreg = REGISTERS[num_wg]
         loader_regs = LOADER_REGS_PAGED if page_size else LOADER_REGS
-        if key_lens and secure:
+        if key_lens and secure and not v_prepass:
             loader_regs = LOADER_REGS_SECURE_KEY_LENS
         if page_size and num_wg == 2:
             consumer_regs, loader_regs = CONSUMER_REGS_PAGED_2WG, LOADER_REGS_PAGED_2WG
@@ -189,11 +194,13 @@ class GluonLaunch:
                           PAGE_SIZE=int(page_size), SANITISE=bool(sanitise), SECRET_DIAG=bool(secret_diag))
         options = dict(maxnreg=maxnreg)
         if pdl_wait:
-            if not secure or key_lens or sanitise:
+            if not secure or (key_lens and not v_prepass) or sanitise:
                 raise ValueError("pdl_wait (launched as the dependent of a secure pre-pass) takes secure=True without "
-                                 f"key_lens or sanitise (got secure={secure}, key_lens={key_lens}, sanitise={sanitise})")
+                                 f"key_lens (unless v_prepass) or sanitise (got secure={secure}, key_lens={key_lens}, "
+                                 f"v_prepass={v_prepass}, sanitise={sanitise})")
             options["launch_pdl"] = True
         constexprs["PDL_WAIT"] = bool(pdl_wait)
+        constexprs["V_PREPASS"] = bool(v_prepass)
         self.step = KernelStep(attn_fwd_hopper_kernel, grid, args, PER_CALL_ARGS, constexprs, cfg.num_warps, 1,
                                options=options)
         self.trace_slots = grid[0] * num_wg * TRACE_SLOTS if constexprs["TRACE"] else 0

@@ -147,7 +147,7 @@ class DecodePlan:
 
     @property
     def steps(self) -> tuple:
-        main = (self.prefill.step,) if self.prefill is not None else (self.split, self.combine)
+        main = self.prefill.steps if self.prefill is not None else (self.split, self.combine)
         return tuple(s for s in (self.append, *main) if s is not None)
 
     def __call__(self, q, k_cache, v_cache, tensors: dict, out=None):

@@ -17,16 +17,21 @@ asks for the decode kernel).
 
 Secure mode takes the same route (perf-notes v31, v32): the key lengths are secret, so every item visits the tiles of
 the whole cache (the capacity, public), masks every tile by select, and the kernel's loader warpgroup clears V's rows
-past each length in every tile (``kernels/sm90/pipeline._sanitise_v``). The decode kernel's secure form ran this shape
-at 0.25x of the fast path (H200, 2026-11-27). A paged cache in secure mode has one of the page sizes that secure mode
-accepts (``_checks.SECURE_PAGE_SIZES``), each a binary of the kernel that the static gate lists."""
+past each length in every tile (``kernels/sm90/pipeline._sanitise_v``), or, on a contiguous cache (perf-notes v46),
+the V pre-pass cleans them once per call (``kernels/secure/prepass.attn_secure_zero_v_padding_kernel`` over the
+cache's V: one read and write, shared by the query heads of each K/V head) and the kernel's loader only copies. The
+decode kernel's secure form ran this shape at 0.25x of the fast path (H200, 2026-11-27). A paged cache in secure
+mode has one of the page sizes that secure mode accepts (``_checks.SECURE_PAGE_SIZES``), each a binary of the kernel
+that the static gate lists."""
 from __future__ import annotations
 
 import torch
 
 from .._checks import SECURE_PAGE_SIZES
+from ..launch.secure_prepass import SecurePrepass, prepass_v
 from ..launch.sm90_fwd import GluonLaunch
-from .tables import gluon_ws
+from .knobs import GluonSwitches, gluon_switches
+from .tables import gluon_ws, secure_prefill_v_prepass
 from ..runtime import device_arch
 from ..runtime.tma import addressable
 
@@ -61,26 +66,72 @@ def prefill_serves(shape, num_splits: int, q, k_cache, v_cache, out) -> bool:
     return all(t.stride(-1) == 1 and addressable(t) for t in views)
 
 
-def prefill_launch(shape, q, k_cache, v_cache, out, lse, table_stride: int = 0) -> GluonLaunch:
+def uses_v_prepass(shape, switches: GluonSwitches | None = None) -> bool:
+    """Whether a secure chunked-prefill call cleans V by the V pre-pass (the ``secure_prefill_v`` switch;
+    "auto": ``plan.tables.secure_prefill_v_prepass``). A paged cache never does."""
+    mode = (switches if switches is not None else gluon_switches()).secure_prefill_v
+    if mode not in ("auto", "prepass", "loader"):
+        raise ValueError(f"the secure_prefill_v switch takes 'auto', 'prepass' or 'loader', got {mode!r}")
+    if not shape.secure or shape.paged:
+        return False
+    return mode == "prepass" or (mode == "auto" and secure_prefill_v_prepass(
+        0, shape.causal, shape.num_heads_q // shape.num_heads_kv, shape.seqlen_q))
+
+
+class PrefillLaunch:
+    """A KV-cache call's Gluon route: the kernel's launch, after the V pre-pass where the plan has one (secure, a
+    contiguous cache: :func:`uses_v_prepass`)."""
+    __slots__ = ("launch", "prepass")
+
+    def __init__(self, launch: GluonLaunch, prepass: SecurePrepass | None):
+        self.launch, self.prepass = launch, prepass
+
+    @property
+    def step(self):
+        """The Gluon kernel's step."""
+        return self.launch.step
+
+    @property
+    def steps(self) -> tuple:
+        return (self.prepass.step, self.launch.step) if self.prepass is not None else (self.launch.step,)
+
+
+def prefill_launch(shape, q, k_cache, v_cache, out, lse, table_stride: int = 0) -> PrefillLaunch:
     """The Gluon launch of a call :func:`prefill_serves` accepted: the keys are the whole cache
     (``seqlen_k`` = capacity), each sequence's own length read on the device. Paged: the caches viewed as
     ``[num_pages, Hkv, page_size, D]``, each sequence's pages read from its row of the page table (``table_stride``
-    apart)."""
+    apart). With the V pre-pass (:func:`uses_v_prepass`) the kernel reads its copy of V, ``[B, Hkv, capacity, D]``."""
     o = out if out is not None else torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse_strides = (shape.num_heads_q * shape.seqlen_q, shape.seqlen_q)  # [B, Hq, Sq] contiguous
-    return GluonLaunch(bhsd(q), bhsd(k_cache), bhsd(v_cache), bhsd(o), lse, scale=shape.scale, causal=shape.causal,
-                       seqlen_q=shape.seqlen_q, seqlen_k=shape.capacity, batch=shape.batch,
-                       num_heads_q=shape.num_heads_q, num_heads_kv=shape.num_heads_kv, lse_strides=lse_strides,
-                       cfg=gluon_ws(shape.head_dim, shape.seqlen_q, shape.causal), key_lens=True,
-                       page_size=shape.page_size if shape.paged else 0, table_stride=table_stride,
-                       secure=shape.secure)
+    v_view, prepass = bhsd(v_cache), None
+    if uses_v_prepass(shape):
+        lens = torch.empty(shape.batch, dtype=torch.int32, device=q.device)
+        prepass, v_view = prepass_v(v_view, lens, batch=shape.batch, num_heads_kv=shape.num_heads_kv,
+                                    seqlen_k=shape.capacity, v_strides=_bhs_strides(v_view))
+    launch = GluonLaunch(bhsd(q), bhsd(k_cache), v_view, bhsd(o), lse, scale=shape.scale, causal=shape.causal,
+                         seqlen_q=shape.seqlen_q, seqlen_k=shape.capacity, batch=shape.batch,
+                         num_heads_q=shape.num_heads_q, num_heads_kv=shape.num_heads_kv, lse_strides=lse_strides,
+                         cfg=gluon_ws(shape.head_dim, shape.seqlen_q, shape.causal), key_lens=True,
+                         page_size=shape.page_size if shape.paged else 0, table_stride=table_stride,
+                         secure=shape.secure, v_prepass=prepass is not None)
+    return PrefillLaunch(launch, prepass)
 
 
-def run_prefill(launch: GluonLaunch, shape, q, k_cache, v_cache, out, lse, cache_seqlens, device,
+def _bhs_strides(t: torch.Tensor) -> tuple[int, int, int]:
+    """(batch, head, row) strides of a ``[B, H, S, D]`` view, as the pre-passes take them."""
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def run_prefill(prefill: PrefillLaunch, shape, q, k_cache, v_cache, out, lse, cache_seqlens, device,
                 page_table=None) -> None:
-    """One call: the key lengths are ``cache_seqlens`` plus the tokens just appended (a small device add)."""
+    """One call: the key lengths are ``cache_seqlens`` plus the tokens just appended (a small device add); with the V
+    pre-pass, its copy of V first."""
     lens = cache_seqlens + shape.seqlen_q if shape.appended else cache_seqlens
-    launch.run((bhsd(q), bhsd(k_cache), bhsd(v_cache), bhsd(out), lse, lens), device, page_table=page_table)
+    v = bhsd(v_cache)
+    if prefill.prepass is not None:
+        _, v, _ = prefill.prepass.run(None, v, lens)
+    prefill.launch.run((bhsd(q), bhsd(k_cache), v, bhsd(out), lse, lens), device, page_table=page_table)
 
 
-__all__ = ["PAGE_SIZES", "PREFILL_MIN_SEQLEN_Q", "prefill_launch", "prefill_serves", "run_prefill"]
+__all__ = ["PAGE_SIZES", "PREFILL_MIN_SEQLEN_Q", "PrefillLaunch", "prefill_launch", "prefill_serves", "run_prefill",
+           "uses_v_prepass"]

@@ -393,7 +393,7 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
                            LOADER_WG_REGS: gl.constexpr, TRACE: gl.constexpr, EARLY_LOADS: gl.constexpr = False,
                            STAGGER: gl.constexpr = 0, KEY_LENS: gl.constexpr = False, PAGE_SIZE: gl.constexpr = 0,
                            SANITISE: gl.constexpr = False, SECRET_DIAG: gl.constexpr = False,
-                           PDL_WAIT: gl.constexpr = False):
+                           PDL_WAIT: gl.constexpr = False, V_PREPASS: gl.constexpr = False):
     """Persistent: program i takes scheduling units i, i + grid, ... (a unit = one work item of
     NUM_WG*BLOCK_M query rows of one head, or with PAIRED two causal items of equal total cost), so one
     item's epilogue and the next one's loads overlap instead of costing a launch.
@@ -423,6 +423,11 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
     PDL_WAIT (secure, after a pre-pass; launched as its programmatic dependent, ``launch_pdl``): the program starts
     while the pre-pass runs; the loader requests its first Q tile, then waits for the pre-pass's grid
     (``griddepcontrol.wait``) before its first K/V copy, and nothing else reads what the pre-pass writes.
+
+    V_PREPASS (SECURE with KEY_LENS, a contiguous cache): ``v_desc`` is the V pre-pass's copy of the cache, whose rows
+    at or past each secret key length already hold its public pattern (``attn_secure_zero_v_padding_kernel``), so the
+    loader is a warp that copies, as on the fast path, instead of a warpgroup that clears every V tile in shared
+    memory (``pipeline._sanitise_v``); the consumers mask every tile as before.
     """
     _stamp(seqlens_q_ptr, 6, TRACE, 0, NUM_WG, True)
     _stamp(seqlens_q_ptr, 7, TRACE, 0, NUM_WG)
@@ -455,7 +460,9 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
     # SECURE with KEY_LENS: a V tile's copy lands on v_landed; the loader warpgroup clears its rows past the key length
     # and then arrives on v_ready, which the consumers wait for as always (pipeline._sanitise_v)
     # (SANITISE likewise: the loader warpgroup writes V's padding rows, pipeline._pad_v)
-    if SECURE and (KEY_LENS or SANITISE):
+    # (V_PREPASS: V comes clean from the pre-pass, nothing to rewrite)
+    LOADER_REWRITES: gl.constexpr = SECURE and ((KEY_LENS and not V_PREPASS) or SANITISE)
+    if LOADER_REWRITES:
         v_landed = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
     else:  # unused
         v_landed = None
@@ -473,7 +480,7 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
             mbarrier.init(stagger.index(i), count=1)
     if KEY_LENS and not SECURE:
         mbarrier.init(v_clean.index(0), count=NUM_WG)
-    if SECURE and (KEY_LENS or SANITISE):
+    if LOADER_REWRITES:
         for i in gl.static_range(V_STAGES):
             mbarrier.init(v_landed.index(i), count=1)
     if EARLY_LOADS:
@@ -487,14 +494,14 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
     # tests/test_machine_code.py). The partition list itself stays literal, one per layout: Triton 3.6's
     # warp_specialize needs it so.
     form = Form(BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE, SUM_MMA,
-                TRACE, EARLY_LOADS, STAGGER, KEY_LENS, PAGE_SIZE, SANITISE, SECRET_DIAG, PDL_WAIT)
+                TRACE, EARLY_LOADS, STAGGER, KEY_LENS, PAGE_SIZE, SANITISE, SECRET_DIAG, PDL_WAIT, V_PREPASS)
     shared = Shared(q_desc, k_desc, v_desc, o_desc, w_desc, q_smem, k_smem, v_smem, w_smem, q_ready, q_empty, k_ready,
                     v_ready, k_empty, v_empty, stagger, lse_ptr, seqlens_q_ptr, qk_scale, seqlen_q, seqlen_k, num_heads,
                     group, lse_stride_b, lse_stride_h, num_m_tiles, num_tiles, v_clean, page_table, table_stride,
                     v_landed, seqlens_k_ptr)
     # the loader is a warpgroup where it rewrites tiles: its four warps clear V's rows past the key length (secure,
     # key lengths), or write secure mode's V padding (SANITISE)
-    if SECURE and (KEY_LENS or SANITISE):
+    if LOADER_REWRITES:
         if NUM_WG == 1:
             gl.warp_specialize([
                 (_consumer, (shared, form, 0)),

@@ -101,10 +101,12 @@ class Form:
     SANITISE: gl.constexpr
     SECRET_DIAG: gl.constexpr
     PDL_WAIT: gl.constexpr
+    V_PREPASS: gl.constexpr
 
     @constexpr_function
     def __init__(self, BLOCK_M, BLOCK_N, HEAD_DIM, K_STAGES, V_STAGES, CAUSAL, RETURN_LSE, NUM_WG, PAIRED, SECURE,
-                 SUM_MMA, TRACE, EARLY_LOADS, STAGGER, KEY_LENS, PAGE_SIZE, SANITISE, SECRET_DIAG, PDL_WAIT):
+                 SUM_MMA, TRACE, EARLY_LOADS, STAGGER, KEY_LENS, PAGE_SIZE, SANITISE, SECRET_DIAG, PDL_WAIT,
+                 V_PREPASS):
         self.BLOCK_M, self.BLOCK_N, self.HEAD_DIM = gl.constexpr(BLOCK_M), gl.constexpr(BLOCK_N), gl.constexpr(HEAD_DIM)
         self.K_STAGES, self.V_STAGES = gl.constexpr(K_STAGES), gl.constexpr(V_STAGES)
         self.CAUSAL, self.RETURN_LSE = gl.constexpr(CAUSAL), gl.constexpr(RETURN_LSE)
@@ -113,4 +115,4 @@ class Form:
         self.EARLY_LOADS, self.STAGGER = gl.constexpr(EARLY_LOADS), gl.constexpr(STAGGER)
         self.KEY_LENS, self.PAGE_SIZE = gl.constexpr(KEY_LENS), gl.constexpr(PAGE_SIZE)
         self.SANITISE, self.SECRET_DIAG = gl.constexpr(SANITISE), gl.constexpr(SECRET_DIAG)
-        self.PDL_WAIT = gl.constexpr(PDL_WAIT)
+        self.PDL_WAIT, self.V_PREPASS = gl.constexpr(PDL_WAIT), gl.constexpr(V_PREPASS)

@@ -71,7 +71,7 @@ def _loader(shared, form, WG: gl.constexpr):
                                group, BLOCK_M, BLOCK_N, K_STAGES, V_STAGES, CAUSAL, NUM_WG, SUM_MMA,
                                EARLY_LOADS, seqlens_q_ptr, TRACE, KEY_LENS, shared.page_table, shared.table_stride,
                                PAGE_SIZE, SECURE, shared.v_landed, form.HEAD_DIM, form.SANITISE,
-                               shared.seqlens_k_ptr, form.PDL_WAIT)
+                               shared.seqlens_k_ptr, form.PDL_WAIT, form.V_PREPASS)
                 kc += n
                 it += 1
 
@@ -237,7 +237,7 @@ def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem
                NUM_WG: gl.constexpr, SUM_MMA: gl.constexpr, EARLY_LOADS: gl.constexpr, trace_ptr,
                TRACE: gl.constexpr, KEY_LENS: gl.constexpr, page_table, table_stride, PAGE_SIZE: gl.constexpr,
                SECURE: gl.constexpr, v_landed, HEAD_DIM: gl.constexpr, SANITISE: gl.constexpr, seqlens_k_ptr,
-               PDL_WAIT: gl.constexpr):
+               PDL_WAIT: gl.constexpr, V_PREPASS: gl.constexpr = False):
     """The loader's side of one work item: its Q tiles, then its K/V tiles through the rings (with
     SUM_MMA each V tile brings its key weights along). Returns the number of K/V tiles loaded. With
     EARLY_LOADS the program's first Q and K/V tile 0 were requested at kernel entry (_issue_first_loads). With
@@ -249,16 +249,19 @@ def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem
     tile j - 2, which freed V_j's slot, and the consumers then waited for the clear: 25% of the time at D=128).
     SANITISE (secure, causal self-attention: ``seqlens_k_ptr`` holds the secret key lengths): each V tile lands on
     ``v_landed`` and gets secure mode's padding here (_pad_v), one tile behind the copies in the same way (perf-notes
-    v34: padding the previous tile before this one's K copy instead ran 6-11% slower)."""
+    v34: padding the previous tile before this one's K copy instead ran 6-11% slower). V_PREPASS (SECURE with
+    KEY_LENS): V is the V pre-pass's clean copy; the loader copies the whole cache's tiles and reads no length."""
     SECRET_KEY_LENS: gl.constexpr = SECURE and KEY_LENS
     b, h, hk = _head_coords(bh, num_heads, group)
     if PAGE_SIZE > 0:  # tile 0's pages; each step then reads the next tile's before it waits for a free slot
         capacity = seqlen_k
         next_pages = _tile_pages(page_table, table_stride, b, 0, capacity, BLOCK_N, PAGE_SIZE)
     v_bar = v_ready
-    if SECRET_KEY_LENS:  # secret: clamped into the cache arithmetically, and used by the selects only
-        len_k = gl.minimum(gl.maximum(gl.load(trace_ptr + b), 0), seqlen_k)
-        v_bar = v_landed
+    if SECRET_KEY_LENS:
+        # (V_PREPASS: V comes clean from the V pre-pass, and the loader reads no length: the whole cache's tiles)
+        if not V_PREPASS:  # secret: clamped into the cache arithmetically, and used by the selects only
+            len_k = gl.minimum(gl.maximum(gl.load(trace_ptr + b), 0), seqlen_k)
+            v_bar = v_landed
     elif SANITISE:  # secret, as above; the pattern's public salt is the sequence's K/V head
         len_k = gl.minimum(gl.maximum(gl.load(seqlens_k_ptr + b), 0), seqlen_k)
         salt = b * (num_heads // group) + hk
@@ -298,7 +301,7 @@ def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem
         if SANITISE:  # the previous V tile, between this one's K and V copies (as _sanitise_v below)
             if j > 0:
                 _pad_v(v_smem, v_landed, v_ready, c - 1, j - 1, col, len_k, salt, BLOCK_N, HEAD_DIM, V_STAGES)
-        if SECRET_KEY_LENS:
+        if SECRET_KEY_LENS and not V_PREPASS:
             # the previous V tile, before this one's copy: that copy waits for a slot that the consumers free only
             # after their P V of the tile before, and they need the previous tile cleared for their next P V
             if j > 0:
@@ -315,7 +318,7 @@ def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem
             # dependent table read per tile cost ~20%, perf-notes v30); after this tile's copies, so that the two
             # tiles' page indices are never live at once (the loader has 24 registers)
             next_pages = _tile_pages(page_table, table_stride, b, j + 1, capacity, BLOCK_N, PAGE_SIZE)
-    if SECRET_KEY_LENS:  # the item's last V tile
+    if SECRET_KEY_LENS and not V_PREPASS:  # the item's last V tile
         _sanitise_v(v_smem, v_landed, v_ready, kc + n_blocks - 1, len_k - (n_blocks - 1) * BLOCK_N, BLOCK_N, HEAD_DIM,
                     V_STAGES)
     if SANITISE:  # the item's last V tile
