@@ -56,6 +56,43 @@ def test_kvcache_bf16_and_fp8_match_the_reference(page, fp8, Sq, splits, secure)
     assert rel_err(lse[fin], rl[fin]) < 1e-4
 
 
+@pytest.mark.parametrize("page", [16, 32, 64])
+@pytest.mark.parametrize("fp8", [False, True])
+def test_secure_paged_decode_at_one_split_matches_the_reference_and_ignores_stale_slots(page, fp8):
+    """Secure paged decode with enough sequences for one split (the page-per-tile form, or since v46 64-key tiles that
+    gather their pages: FP8 pages 16 and 32, bf16 page 32), against the float64 reference (FP8: dequantised), output
+    poisoned first; NaN/Inf and zeros in the slots past each length change no output bit."""
+    from flashcore.plan.decode import DecodePlan
+
+    q, kc, vc, table, lens, descale = _case(24, 32, 8, 128, 1100, page, fp8=fp8, seed=29)
+    seen = []
+    real = DecodePlan.__call__
+
+    def spy(self, *a, **k):
+        seen.append(self)
+        return real(self, *a, **k)
+
+    outs = []
+    for fill in (None, [float("nan"), float("inf")], [0.0]):
+        k2, v2 = kc.clone(), vc.clone()
+        if fill is not None:
+            _stale(k2, table, lens, page, fill)
+            _stale(v2, table, lens, page, fill)
+        out = torch.full_like(q, float("nan"))
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(DecodePlan, "__call__", spy)
+            o = flashcore.attention_with_kvcache(q, k2, v2, cache_seqlens=lens, page_table=table, secure=True,
+                                                 out=out, **descale)
+        assert seen[-1].config.num_splits == 1 and seen[-1].prefill is None
+        outs.append(o.clone())
+    expect_gather = page < 64 and (fp8 or page == 32)
+    assert (seen[-1].config.block_n == 64) == (expect_gather or page == 64), seen[-1].config
+    ro = R.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table, **descale)
+    assert not torch.isnan(outs[0]).any() and rel_err(outs[0], ro) < 1e-2
+    for o in outs[1:]:
+        assert torch.equal(o, outs[0])
+
+
 @pytest.mark.parametrize("D,heads", [(64, (32, 32)), (256, (16, 2)), (96, (8, 8))])
 def test_kvcache_head_dims(D, heads):
     q, kc, vc, table, lens, _ = _case(2, heads[0], heads[1], D, 700, 16, Sq=2)

@@ -94,6 +94,13 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
         # tiles, D <= 128): 64-row tiles at D 256 on two warps spill under a secret guard (the SASS gate)
         block_n = min(shape.page_size, 64, block_n)
         num_warps, num_stages = (2, 4) if block_n <= 32 else (8, 3)
+        if shape.page_size < 64 and (shape.fp8 or shape.page_size == 32):
+            # 64-key tiles gathering their 2 or 4 pages (a page index per key, by register loads since v37) instead of a
+            # tile per page. CUDA-graph replays on the H200 (2026-11-29, docs/perf-notes.md v46, fast form in the
+            # same run): FP8 B64 16k page 16 741.5 us against 972.8 (fast 589.1), page 32 709.6 against 753.0 (fast
+            # 596.9); bf16 B64 8k page 32 535.7 against 684.8 (fast 492.8). bf16 page 16 keeps its 16-key tiles
+            # (562.2 against 588.7-681.5 for the 32-128-key gathers; fast 497.9)
+            block_n, num_warps, num_stages = 64, 4, 3
     return DecodeConfig(block_m, block_n, num_warps, num_stages, num_splits)
 
 

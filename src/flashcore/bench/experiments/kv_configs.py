@@ -250,6 +250,26 @@ CONFIG_CASES = {
                                  [CFG(16, 16, 2, 6, 1), CFG(16, 16, 4, 4, 1), CFG(16, 16, 4, 6, 1), CFG(16, 32, 4, 3, 1),
                                   CFG(16, 64, 4, 3, 1), CFG(16, 128, 4, 3, 1)]),
     "bf16_b1_64k_p16": ((1, 32, 8, 128, 65536, 1, 16, False), []),
+    # v46: secure FP8 B64 16k contiguous (0.79-0.81x of fast FP8 on the H200, 1.00 on the H100) at one split: its
+    # planner form is 64-key tiles, 4 warps, 3 stages (v24.3); wider tiles and more warps, beside the fast form
+    "fp8_b64_16k_ref": ((64, 32, 8, 128, 16384, 1, 0, True), []),
+    "secure_fp8_b64_16k_c": ((64, 32, 8, 128, 16384, 1, 0, True, True),
+                             [CFG(16, 64, 4, 4, 1), CFG(16, 64, 8, 3, 1), CFG(16, 128, 4, 3, 1), CFG(16, 128, 8, 3, 1),
+                              CFG(16, 32, 4, 4, 1), CFG(16, 32, 2, 4, 1)]),
+    # v46: secure paged decode at one split, pages below 64 keys (page-per-tile 16- or 32-key tiles since v22.5, before
+    # the register page loads of v37): 64-key gathers, bf16 and FP8, beside the fast forms
+    "bf16_b64_8k_p16_ref": ((64, 32, 8, 128, 8192, 1, 16, False), []),
+    "secure_bf16_b64_8k_p16_v46": ((64, 32, 8, 128, 8192, 1, 16, False, True),
+                                   [CFG(16, 64, 4, 3, 1), CFG(16, 64, 4, 4, 1), CFG(16, 64, 8, 3, 1),
+                                    CFG(16, 32, 4, 4, 1), CFG(16, 128, 4, 3, 1)]),
+    "secure_fp8_b64_16k_p16_v46": ((64, 32, 8, 128, 16384, 1, 16, True, True),
+                                   [CFG(16, 64, 4, 3, 1), CFG(16, 64, 4, 4, 1), CFG(16, 64, 8, 3, 1),
+                                    CFG(16, 64, 2, 4, 1)]),
+    "fp8_b64_16k_p32_ref": ((64, 32, 8, 128, 16384, 1, 32, True), []),
+    "secure_fp8_b64_16k_p32_v46": ((64, 32, 8, 128, 16384, 1, 32, True, True),
+                                   [CFG(16, 64, 4, 3, 1), CFG(16, 128, 4, 3, 1)]),
+    "bf16_b64_8k_p32_ref": ((64, 32, 8, 128, 8192, 1, 32, False), []),
+    "secure_bf16_b64_8k_p32_v46": ((64, 32, 8, 128, 8192, 1, 32, False, True), [CFG(16, 64, 4, 3, 1)]),
     # v25: paged B1 64k is 10-11% behind contiguous at every tile shape tried (v22.5): the kernel's gather, or
     # where the pages lie? The same configurations on a contiguous cache, and on a paged cache with pages in order
     "b1_64k_ctl": ((1, 32, 8, 128, 65536, 1, 0, False),
