@@ -141,8 +141,8 @@ def test_every_page_size_secure_mode_accepts_is_in_the_gates_list():
 def test_every_secure_chunked_prefill_form_is_in_the_gates_list():
     """Secure chunked prefill on the Gluon kernel (plan.prefill) launches the tables' layout for its query count
     (two consumer warpgroups, three at D=64 non-causal from 2048 queries): every such form, in both dtypes, with a
-    contiguous cache (V cleared by the loader, or cleaned by the V pre-pass over the cache, which is listed too) and
-    with each page size secure mode takes, is one the gate compiles."""
+    contiguous cache and with each page size secure mode takes, V cleared by the loader or cleaned by the V pre-pass
+    (over the cache's layout, or through the page table: both listed too), is one the gate compiles."""
     from flashcore._checks import SECURE_PAGE_SIZES
     from flashcore.audit.specs import audit_specs
     from flashcore.plan import tables
@@ -155,16 +155,18 @@ def test_every_secure_chunked_prefill_form_is_in_the_gates_list():
                 for sq in (least, 512, 2048, 8192):
                     wg = tables.gluon_ws(hd, sq, causal).block_m // 64
                     form = f"secure_gluon_ws_{elt}_d{hd}_{'causal' if causal else 'full'}_"
-                    # contiguous (V cleared by the loader, or from the V pre-pass), then each page size
-                    for cache in ("", "_vprepass", *(f"_page{p}" for p in SECURE_PAGE_SIZES)):
+                    # contiguous, then each page size, V cleared by the loader or from the V pre-pass
+                    for cache in ("", "_vprepass", *(f"_page{p}{v}" for p in SECURE_PAGE_SIZES for v in ("", "_vprepass"))):
                         end = f"_{wg}wg_keylens{cache}"
                         assert any(n.startswith(form) and n.endswith(end) for n in listed), (form, sq, end)
-    # the V pre-pass over a KV cache's layout ([B, S, Hkv, D] viewed as [B, Hkv, S, D]), before the V_PREPASS form
-    pre = {s["name"] for s in audit_specs(secure=True) if s["name"].startswith("secure_prepass_")
-           and s["name"].endswith("_cache")}
+    # the V pre-pass over a KV cache's layout ([B, S, Hkv, D] viewed as [B, Hkv, S, D]) and through each page size's
+    # table, before the V_PREPASS forms
+    names = [s["name"] for s in audit_specs(secure=True) if s["name"].startswith("secure_prepass_")]
     for elt in ("bf16", "fp16"):
         for hd in PREFILL_MIN_SEQLEN_Q:
-            assert any(n.startswith(f"secure_prepass_{elt}_d{hd}_") for n in pre), (elt, hd, sorted(pre))
+            assert any(n.startswith(f"secure_prepass_{elt}_d{hd}_") and n.endswith("_cache") for n in names), (elt, hd)
+            for p in SECURE_PAGE_SIZES:
+                assert any(n.startswith(f"secure_prepass_paged{p}_{elt}_d{hd}_") for n in names), (elt, hd, p)
 
 
 @pytest.mark.parametrize("dtype_name", ["bfloat16", "float16", "float32"])

@@ -1133,11 +1133,10 @@ def _prefill_shape(Hq, Hkv, Sq, causal=True, secure=True, paged=False, D=128):
 
 
 def test_secure_chunked_prefill_cleans_v_by_the_pre_pass_where_the_loader_would_clear_each_tile_16_times():
-    """plan.prefill.uses_v_prepass (perf-notes v46): the V pre-pass for secure causal chunked prefill on a contiguous
-    cache where the loader would clear each V tile at least 16 times (query heads per K/V head times 128-row items),
-    the loader's clearing elsewhere (fewer clears, non-causal, a paged cache) and never on the fast path; the
-    ``secure_prefill_v`` switch forces either way (not a paged cache, not the fast path), and names itself when
-    given anything else."""
+    """plan.prefill.uses_v_prepass (perf-notes v46): the V pre-pass for secure causal chunked prefill (a contiguous or
+    a paged cache) where the loader would clear each V tile at least 16 times (query heads per K/V head times 128-row
+    items), the loader's clearing elsewhere (fewer clears, non-causal) and never on the fast path; the
+    ``secure_prefill_v`` switch forces either way (not the fast path), and names itself when given anything else."""
     from flashcore.plan.knobs import override
     from flashcore.plan.prefill import uses_v_prepass
 
@@ -1146,22 +1145,25 @@ def test_secure_chunked_prefill_cleans_v_by_the_pre_pass_where_the_loader_would_
     assert not uses_v_prepass(_prefill_shape(32, 8, 384))  # 4 x 3
     assert not uses_v_prepass(_prefill_shape(16, 16, 512, D=64))  # 1 x 4 (measured: the loader wins)
     assert not uses_v_prepass(_prefill_shape(32, 8, 512, causal=False))  # a tie, measured
-    assert not uses_v_prepass(_prefill_shape(32, 8, 512, paged=True))
+    assert uses_v_prepass(_prefill_shape(32, 8, 512, paged=True))
+    assert not uses_v_prepass(_prefill_shape(32, 8, 384, paged=True))
     assert not uses_v_prepass(_prefill_shape(32, 8, 512, secure=False))
     with override(secure_prefill_v="prepass"):
         assert uses_v_prepass(_prefill_shape(16, 16, 512, causal=False))
-        assert not uses_v_prepass(_prefill_shape(32, 8, 512, paged=True))
+        assert uses_v_prepass(_prefill_shape(16, 16, 128, paged=True))
         assert not uses_v_prepass(_prefill_shape(32, 8, 512, secure=False))
     with override(secure_prefill_v="loader"):
         assert not uses_v_prepass(_prefill_shape(32, 8, 512))
+        assert not uses_v_prepass(_prefill_shape(32, 8, 512, paged=True))
     with override(secure_prefill_v="sometimes"), pytest.raises(ValueError, match="secure_prefill_v"):
         uses_v_prepass(_prefill_shape(32, 8, 512))
 
 
 def test_the_gluon_launch_takes_v_from_the_pre_pass_only_in_secure_mode_with_key_lengths_on_a_contiguous_cache():
     """GluonLaunch(v_prepass=True) builds the kernel's V_PREPASS form (its loader one copying warp, at the fast
-    loader's registers) for secure key-length launches on a contiguous cache, and refuses, naming the argument, any
-    other form: without it the loader would skip the clearing that V's stale rows need."""
+    loader's registers) for secure key-length launches, and refuses, naming the argument, any other form: without it
+    the loader would skip the clearing that V's stale rows need. With a paged K its V descriptor's box is a whole key
+    tile of the pre-pass's contiguous copy, K's one page."""
     from flashcore.launch.sm90_fwd import LOADER_REGS, GluonLaunch
     from flashcore.plan.tables import gluon_ws
 
@@ -1175,3 +1177,8 @@ def test_the_gluon_launch_takes_v_from_the_pre_pass_only_in_secure_mode_with_key
     for bad in (dict(secure=False, key_lens=True), dict(secure=True, key_lens=False)):
         with pytest.raises(ValueError, match="v_prepass"):
             GluonLaunch(q, q, q, q, None, v_prepass=True, **bad, **kw)
+    page = 16
+    kp = torch.empty(B * S // page, page, H, D, dtype=torch.bfloat16).transpose(1, 2)
+    paged = GluonLaunch(q, kp, q, q, None, secure=True, key_lens=True, v_prepass=True, page_size=page,
+                        table_stride=S // page, **kw)
+    assert paged.geom[1][2] == [1, 1, page, D] and paged.geom[2][2] == [1, 1, kw["cfg"].block_n, D]

@@ -356,26 +356,30 @@ def test_secure_chunked_prefill_output_keeps_every_bit_for_any_stale_cache_conte
         assert torch.equal(o, results[0][0]) and torch.equal(lse, results[0][1])
 
 
-@pytest.mark.parametrize("D,heads,causal", [(128, (32, 8), True), (128, (16, 4), False), (64, (16, 16), False)])
-def test_secure_chunked_prefill_v_prepass_and_loader_clearing_agree_bit_for_bit(D, heads, causal):
-    """Secure chunked prefill on a contiguous cache, V's rows past each length cleaned by the V pre-pass (the kernel's
-    V_PREPASS form, whose loader only copies) or cleared by the loader warpgroup in every tile: the same output and
-    lse bit for bit (the cleaned rows' probabilities are exact zeros either way), with NaN/Inf and random values in
-    the stale slots, against the float64 reference; output poisoned first."""
+@pytest.mark.parametrize("D,heads,causal,page", [(128, (32, 8), True, 0), (128, (16, 4), False, 0),
+                                                  (64, (16, 16), False, 0), (128, (32, 8), True, 16),
+                                                  (128, (16, 4), False, 64), (64, (16, 4), True, 32)])
+def test_secure_chunked_prefill_v_prepass_and_loader_clearing_agree_bit_for_bit(D, heads, causal, page):
+    """Secure chunked prefill on a contiguous or a paged cache (shuffled pages), V's rows past each length cleaned by
+    the V pre-pass (paged: through the page table into a contiguous copy; the kernel's V_PREPASS form, whose loader
+    only copies) or cleared by the loader warpgroup in every tile: the same output and lse bit for bit (the cleaned
+    rows' probabilities are exact zeros either way), with NaN/Inf and random values in the stale slots, against the
+    float64 reference; output poisoned first."""
     from flashcore.plan.knobs import override
     from flashcore.plan.prefill import PREFILL_MIN_SEQLEN_Q
 
-    B, cap, Sq = 4, 1100, PREFILL_MIN_SEQLEN_Q[D] + 40
-    q, kc, vc, _, _, _ = _case(B, heads[0], heads[1], D, cap, 0, Sq=Sq, seed=23)
+    B, cap, Sq = 4, 1024 if page else 1100, PREFILL_MIN_SEQLEN_Q[D] + 40
+    q, kc, vc, table, _, _ = _case(B, heads[0], heads[1], D, cap, page, Sq=Sq, seed=23)
     lens = torch.tensor([0, 131, 700, cap], dtype=torch.int32, device=DEV)
-    _stale(kc, None, lens, 0, [float("nan"), 2.0, float("-inf")])
-    _stale(vc, None, lens, 0, [float("inf"), float("nan"), -3.0])
+    _stale(kc, table, lens, page, [float("nan"), 2.0, float("-inf")])
+    _stale(vc, table, lens, page, [float("inf"), float("nan"), -3.0])
     results = {}
     for mode in ("prepass", "loader"):
         with override(secure_prefill_v=mode):
             out = torch.full_like(q, float("nan"))
             plan, (o, lse) = _prefill_plan(q, kc, vc, cache_seqlens=lens, causal=causal, secure=True,
-                                           return_lse=True, out=out)
+                                           return_lse=True, out=out, page_table=table)
+        assert plan.prefill.step.constexprs["PAGE_SIZE"] == page
         assert plan.prefill is not None and plan.prefill.step.constexprs["SECURE"]
         assert (plan.prefill.prepass is not None) == (mode == "prepass")
         assert plan.prefill.step.constexprs.get("V_PREPASS", False) == (mode == "prepass")
@@ -384,7 +388,7 @@ def test_secure_chunked_prefill_v_prepass_and_loader_clearing_agree_bit_for_bit(
     (o1, l1), (o2, l2) = results["prepass"], results["loader"]
     assert torch.equal(o1, o2) and torch.equal(l1, l2)
     assert not torch.isnan(o1).any()
-    ro, rl = R.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=causal, return_lse=True)
+    ro, rl = R.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=causal, return_lse=True, page_table=table)
     assert rel_err(o1, ro) < 1e-2
     fin = torch.isfinite(rl)
     assert torch.equal(torch.isinf(l1), torch.isinf(rl)) and rel_err(l1[fin], rl[fin]) < 1e-4
@@ -478,8 +482,11 @@ def test_paged_chunked_prefill_runs_the_gluon_kernel(page, D, heads, causal, app
     assert plan.prefill.step.constexprs["PAGE_SIZE"] == page
 
 
-@pytest.mark.parametrize("secure", [False, True])
-def test_paged_chunked_prefill_cuda_graph_replay_with_new_lengths_and_page_tables(secure):
+@pytest.mark.parametrize("secure,v_clean", [(False, "auto"), (True, "loader"), (True, "prepass")])
+def test_paged_chunked_prefill_cuda_graph_replay_with_new_lengths_and_page_tables(secure, v_clean):
+    """A paged cache's captured call replayed with new lengths and shuffled page tables (secure mode: V's stale rows
+    cleared by the loader, or gathered through the table and cleaned by the V pre-pass) matches the reference."""
+    from flashcore.plan.knobs import override
     from flashcore.plan.prefill import PREFILL_MIN_SEQLEN_Q
 
     B, cap, Sq = 3, 2048, PREFILL_MIN_SEQLEN_Q[128]
@@ -490,12 +497,14 @@ def test_paged_chunked_prefill_cuda_graph_replay_with_new_lengths_and_page_table
         return flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lens_buf, page_table=table_buf, out=out,
                                                 secure=secure)
 
-    plan = _prefill_plan(q, kc, vc, cache_seqlens=lens_buf, page_table=table_buf, out=out, secure=secure)[0]
-    assert plan.prefill is not None and plan.prefill.step.constexprs["SECURE"] == secure
     def shuffled_pages():  # every page of the table, in a new order across the sequences
         return table.flatten()[torch.randperm(table.numel(), device=DEV)].view_as(table)
 
-    _replay_with_new_lengths_and_tables(call, q, kc, vc, out, lens_buf, table_buf, shuffled_pages)
+    with override(secure_prefill_v=v_clean):
+        plan = _prefill_plan(q, kc, vc, cache_seqlens=lens_buf, page_table=table_buf, out=out, secure=secure)[0]
+        assert plan.prefill is not None and plan.prefill.step.constexprs["SECURE"] == secure
+        assert (plan.prefill.prepass is not None) == (v_clean == "prepass")
+        _replay_with_new_lengths_and_tables(call, q, kc, vc, out, lens_buf, table_buf, shuffled_pages)
 
 
 @pytest.mark.parametrize("secure,v_clean", [(False, "auto"), (True, "loader"), (True, "prepass")])

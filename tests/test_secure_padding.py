@@ -171,3 +171,44 @@ def test_pre_pass_tiles_change_no_output_bit(dtype, head_dim):
     for a, b in zip(planned, wide):
         assert not torch.isnan(a).any()
         assert torch.equal(a.view(bits), b.view(bits))
+
+
+@pytest.mark.parametrize("dtype,head_dim,page", [(torch.float16, 128, 16), (torch.float16, 64, 32),
+                                                 (torch.float32, 128, 64), (torch.float16, 128, 256)])
+def test_paged_v_pre_pass_copies_what_the_contiguous_one_copies(dtype, head_dim, page):
+    """The V pre-pass through a paged cache's table (secure chunked prefill's V_PREPASS form, perf-notes v46) writes the
+    contiguous pre-pass's bits for the same logical V: each row from its page (pages shuffled, unused table entries -1
+    and past the cache's pages, which the pass clamps), the rows past each secret length the public pattern; every row
+    of the copy written (poisoned first), and nothing a stale slot holds (NaN, Inf) reaches it."""
+    from flashcore.kernels.secure.prepass import attn_secure_gather_v_padding_kernel, attn_secure_zero_v_padding_kernel
+    from flashcore.launch.secure_prepass import build_prepass, build_prepass_paged
+
+    gen = torch.Generator().manual_seed(page + head_dim)
+    B, Hkv, width = 3, 2, 5
+    S = width * page  # the capacity
+    lens = torch.tensor([0, page + 3, S], dtype=torch.int32)
+    v = torch.randn(B, S, Hkv, head_dim, generator=gen).to(dtype)  # the logical cache, [B, S, Hkv, D]
+    for b in range(B):
+        v[b, int(lens[b]):] = float("nan") if b % 2 else float("inf")
+    pages = B * width + 2
+    order = torch.randperm(pages, generator=gen)[:B * width].view(B, width)
+    paged = torch.randn(pages, page, Hkv, head_dim, generator=gen).to(dtype)
+    for b in range(B):
+        for c in range(width):
+            paged[order[b, c]] = v[b, c * page:(c + 1) * page]
+    table = order.int().contiguous()
+    table[0, 1:] = -1  # sequence 0 is empty: its unused entries point nowhere
+    table[0, 0] = pages + 7
+
+    vs = torch.full((B, Hkv, S, head_dim), float("nan"), dtype=dtype)
+    grid, args, ce = build_prepass_paged(paged, vs, lens, table, seqlen_k=S, batch=B, num_heads_kv=Hkv,
+                                         page_size=page, table_stride=table.stride(0))
+    attn_secure_gather_v_padding_kernel[grid](*args, **ce, num_warps=PREPASS_WARPS)
+    view = v.transpose(1, 2)
+    ref = torch.full_like(vs, float("nan"))
+    grid1, args1, ce1 = build_prepass(view, ref, lens, seqlen_k=S, batch=B, num_heads_kv=Hkv,
+                                      v_strides=view.stride()[:3])
+    attn_secure_zero_v_padding_kernel[grid1](*args1, **ce1, num_warps=PREPASS_WARPS)
+    assert torch.isfinite(vs).all()
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    assert torch.equal(vs.view(bits), ref.view(bits))

@@ -11,11 +11,11 @@ import torch
 
 from .._checks import SECURE_PAGE_SIZES
 from ..kernels import KERNELS, SM90_BWD, SM90_FWD, TRITON_DECODE, TRITON_DECODE_COMBINE, TRITON_FWD
-from ..kernels.secure.prepass import (attn_secure_fill_rows_kernel, attn_secure_sanitize_kv_kernel,
-                                      attn_secure_zero_v_padding_kernel)
+from ..kernels.secure.prepass import (attn_secure_fill_rows_kernel, attn_secure_gather_v_padding_kernel,
+                                      attn_secure_sanitize_kv_kernel, attn_secure_zero_v_padding_kernel)
 from ..kernels.triton.fwd import attn_fwd_kernel
 from ..launch.secure_prepass import (PREPASS_BLOCK_S, PREPASS_WARPS, build_fill_rows, build_prepass, build_prepass_kv,
-                                     key_weights_shape)
+                                     build_prepass_paged, key_weights_shape)
 from ..launch.sm90_fwd import GluonLaunch, follows_prepass_pdl
 from ..launch.triton_decode import COMBINE_STAGES, COMBINE_WARPS, DecodeShape, build_combine, build_split
 from ..launch.triton_fwd import build_launch
@@ -146,12 +146,16 @@ def audit_specs(secure: bool, arch: tuple[int, int] = (9, 0), full: bool = False
                         for page in (0, *SECURE_PAGE_SIZES):  # a contiguous cache, then each paged form
                             specs.append(gluon_spec(hd, causal, dtype, S, Hq, Hkv, True, secure=True, key_lens=True,
                                                     page_size=page))
-                        # a contiguous cache with V from the V pre-pass (plan.prefill.uses_v_prepass; the planner's
-                        # choice, the secure_prefill_v switch either), and that pre-pass over the cache's layout
-                        specs.append(gluon_spec(hd, causal, dtype, S, Hq, Hkv, True, secure=True, key_lens=True,
-                                                v_prepass=True))
+                        # V from the V pre-pass (plan.prefill.uses_v_prepass; the planner's choice, the
+                        # secure_prefill_v switch either), a contiguous cache and each paged form, and that pre-pass over
+                        # the cache's layout or through the page table
+                        for page in (0, *SECURE_PAGE_SIZES):
+                            specs.append(gluon_spec(hd, causal, dtype, S, Hq, Hkv, True, secure=True, key_lens=True,
+                                                    page_size=page, v_prepass=True))
                         if not causal:
                             specs.append(_audit_prepass_spec(dtype, hd, S, Hkv, cache_layout=True))
+                            for page in SECURE_PAGE_SIZES:
+                                specs.append(_audit_paged_prepass_spec(dtype, hd, S, Hkv, page))
     return specs
 
 
@@ -187,16 +191,17 @@ def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096,
     ``launch.sm90_fwd.follows_prepass_pdl``); ``v_prepass``: the secure ``key_lens`` form on a contiguous cache whose V
     comes from the V pre-pass (``plan.prefill.uses_v_prepass``)."""
     q, k = torch.empty(B, Hq, S, head_dim, dtype=dtype), torch.empty(B, Hkv, S, head_dim, dtype=dtype)
-    table = None
+    v, table = k, None
     if page_size:  # [num_pages, Hkv, page_size, D] views of a [num_pages, page_size, Hkv, D] cache, and its table
         k = torch.empty(B * S // page_size, page_size, Hkv, head_dim, dtype=dtype).transpose(1, 2)
         table = torch.zeros(B, S // page_size, dtype=torch.int32)
+        v = v if v_prepass else k  # (v_prepass: V is the pre-pass's contiguous copy, paged cache or not)
     lse = torch.empty(B, Hq, S, dtype=torch.float32) if return_lse else None
     cfg = cfg or (tables.gluon_secure if secure and not key_lens else tables.gluon_ws)(head_dim, S, causal)
     if sanitise is None:
         sanitise = secure and causal and not key_lens and tables.secure_padding_in_kernel(cfg, B * Hq * S * S,
                                                                                           secret_diag)
-    launch = GluonLaunch(q, k, k, q, lse, scale=head_dim ** -0.5, causal=causal, seqlen_q=S, seqlen_k=S, batch=B,
+    launch = GluonLaunch(q, k, v, q, lse, scale=head_dim ** -0.5, causal=causal, seqlen_q=S, seqlen_k=S, batch=B,
                          num_heads_q=Hq, num_heads_kv=Hkv, lse_strides=(Hq * S, S), cfg=cfg, secure=secure,
                          switches=switches, key_lens=key_lens, page_size=page_size,
                          table_stride=table.stride(0) if table is not None else 0, sanitise=sanitise,
@@ -206,7 +211,7 @@ def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096,
     step = launch.step
     lens = torch.full((B,), S, dtype=torch.int32)
     w = torch.empty(launch.key_weights_shape, dtype=dtype) if launch.key_weights_shape else None
-    args = [*launch.descriptors(q, k, k, q, w), lse if lse is not None else q, lens, table,
+    args = [*launch.descriptors(q, k, v, q, w), lse if lse is not None else q, lens, table,
             lens if sanitise or secret_diag else None, *step.scalars]
     # secure: the key weights and the lengths are secret too (the query lengths; with key_lens the key lengths)
     mode = "secure" if secure else "fast"
@@ -273,6 +278,20 @@ def _audit_prepass_spec(dtype, hd, S, Hkv, B=2, pdl_trigger=False, cache_layout=
     return _spec_from_launch(f"secure_prepass_{_ELT[dtype]}_d{hd}_s{S}_hkv{Hkv}{'_b1' if B == 1 else ''}"
                              f"{'_pdl' if pdl_trigger else ''}{'_cache' if cache_layout else ''}", cfg, args, ce,
                              KERNELS["secure_prepass_v"].secrets(), fn=attn_secure_zero_v_padding_kernel)
+
+
+def _audit_paged_prepass_spec(dtype, hd, S, Hkv, page, B=2):
+    """The V pre-pass through a paged cache's page table (secure chunked prefill's V_PREPASS form, ``plan.prefill``):
+    a binary per page size."""
+    v = torch.empty(B * S // page + 1, page, Hkv, hd, dtype=dtype)
+    vs = torch.empty(B, Hkv, S, hd, dtype=dtype)
+    lens = torch.full((B,), S, dtype=torch.int32)
+    table = torch.zeros(B, S // page, dtype=torch.int32)
+    _, args, ce = build_prepass_paged(v, vs, lens, table, seqlen_k=S, batch=B, num_heads_kv=Hkv, page_size=page,
+                                      table_stride=table.stride(0))
+    cfg = Config(PREPASS_BLOCK_S, PREPASS_BLOCK_S, PREPASS_WARPS, 1)
+    return _spec_from_launch(f"secure_prepass_paged{page}_{_ELT[dtype]}_d{hd}_s{S}_hkv{Hkv}", cfg, args, ce,
+                             KERNELS["secure_prepass_paged_v"].secrets(), fn=attn_secure_gather_v_padding_kernel)
 
 
 def _audit_prepass_kv_spec(dtype, hd, S, Hkv, B=2, pdl_trigger=False):

@@ -27,6 +27,7 @@ TRITON_FWD: Capabilities = _triton_fwd.CAPABILITIES
 SM90_FWD: Capabilities = _sm90_fwd.CAPABILITIES
 SECURE_PREPASS_V: Capabilities = _secure_prepass.V_CAPABILITIES
 SECURE_PREPASS_KV: Capabilities = _secure_prepass.KV_CAPABILITIES
+SECURE_PREPASS_PAGED_V: Capabilities = _secure_prepass.PAGED_V_CAPABILITIES
 SECURE_FILL_ROWS: Capabilities = _secure_prepass.ROWS_CAPABILITIES
 TRITON_BWD: Capabilities = _triton_bwd.CAPABILITIES
 SM90_BWD: Capabilities = _sm90_bwd.CAPABILITIES
@@ -34,8 +35,8 @@ TRITON_DECODE: Capabilities = _triton_decode.CAPABILITIES
 TRITON_DECODE_COMBINE: Capabilities = _triton_combine.CAPABILITIES
 TRITON_KV_APPEND: Capabilities = _triton_kv_append.CAPABILITIES
 KERNELS: dict[str, Capabilities] = {c.name: c for c in (TRITON_FWD, SM90_FWD, TRITON_BWD, SM90_BWD, SECURE_PREPASS_V,
-                                                        SECURE_PREPASS_KV, SECURE_FILL_ROWS, TRITON_DECODE, TRITON_DECODE_COMBINE,
-                                                        TRITON_KV_APPEND)}
+                                                        SECURE_PREPASS_KV, SECURE_PREPASS_PAGED_V, SECURE_FILL_ROWS,
+                                                        TRITON_DECODE, TRITON_DECODE_COMBINE, TRITON_KV_APPEND)}
 # The forward kernels of the public entry points: a call is valid if one of them runs it (the portable one
 # runs everything the others do, so its declaration is the public contract)
 FORWARD = (TRITON_FWD, SM90_FWD)

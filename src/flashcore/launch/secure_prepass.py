@@ -6,6 +6,7 @@ import torch
 from ..kernels.secure.prepass import (
     W_ROWS,
     attn_secure_fill_rows_kernel,
+    attn_secure_gather_v_padding_kernel,
     attn_secure_sanitize_kv_kernel,
     attn_secure_zero_v_padding_kernel,
 )
@@ -49,6 +50,19 @@ def build_prepass(v, vs, seqlens_k, *, seqlen_k: int, batch: int, num_heads_kv: 
     args = [v, vs, seqlens_k, *v_strides, seqlen_k, num_heads_kv]
     rows = prepass_block_s(head_dim, v.element_size())
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_S=rows, PDL_TRIGGER=bool(pdl_trigger))
+    return (cdiv(seqlen_k, rows), batch * num_heads_kv), args, constexprs
+
+
+def build_prepass_paged(v, vs, seqlens_k, page_table, *, seqlen_k: int, batch: int, num_heads_kv: int,
+                        page_size: int, table_stride: int):
+    """(grid, positional args, constexprs) of the secure V pre-pass over a paged cache
+    (``attn_secure_gather_v_padding_kernel``): ``v`` ``[num_pages, page_size, Hkv, D]``, ``vs`` contiguous ``[B, Hkv,
+    seqlen_k, D]`` (``seqlen_k``: the capacity), the page table's rows ``table_stride`` apart."""
+    head_dim = v.shape[-1]
+    args = [v, vs, seqlens_k, page_table, v.stride(0), v.stride(2), v.stride(1), table_stride, seqlen_k, num_heads_kv,
+            v.shape[0]]
+    rows = prepass_block_s(head_dim, v.element_size())
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_S=rows, PAGE_SIZE=page_size)
     return (cdiv(seqlen_k, rows), batch * num_heads_kv), args, constexprs
 
 
@@ -140,6 +154,35 @@ class SecurePrepass:
         w = torch.empty(self.key_weights_shape, dtype=k.dtype, device=k.device)
         self.step.run((k, v, ks, vs, w, seqlens_k), v.device)
         return ks, vs, w
+
+
+class SecurePagedVPrepass:
+    """A plan's V pre-pass over a paged cache (secure chunked prefill): ``run(v_cache, seqlens_k, page_table)``
+    returns the contiguous copy ``[B, Hkv, capacity, D]`` whose rows past each length hold the public pattern (new from
+    PyTorch's caching allocator on every call, as :class:`SecurePrepass`'s outputs)."""
+    __slots__ = ("step", "kv_shape")
+
+    def __init__(self, step, kv_shape):
+        self.step, self.kv_shape = step, kv_shape
+
+    @property
+    def workspace(self) -> tuple:
+        return (("v_clean", self.kv_shape),)
+
+    def run(self, v, seqlens_k, page_table):
+        vs = torch.empty(self.kv_shape, dtype=v.dtype, device=v.device)
+        self.step.run((v, vs, seqlens_k, page_table), v.device)
+        return vs
+
+
+def prepass_v_paged(v, seqlens_k, page_table, *, batch, num_heads_kv, seqlen_k, page_size, table_stride):
+    """(paged V pre-pass step, a representative contiguous copy of V) for secure chunked prefill from a paged cache
+    ``v`` ``[num_pages, page_size, Hkv, D]``."""
+    vs = torch.empty((batch, num_heads_kv, seqlen_k, v.shape[-1]), dtype=v.dtype, device=v.device)
+    grid, args, ce = build_prepass_paged(v, vs, seqlens_k, page_table, seqlen_k=seqlen_k, batch=batch,
+                                         num_heads_kv=num_heads_kv, page_size=page_size, table_stride=table_stride)
+    step = KernelStep(attn_secure_gather_v_padding_kernel, grid, args, 4, ce, PREPASS_WARPS, 1)
+    return SecurePagedVPrepass(step, vs.shape), vs
 
 
 def prepass_v(v, seqlens_k, *, batch, num_heads_kv, seqlen_k, v_strides, pdl_trigger=False):

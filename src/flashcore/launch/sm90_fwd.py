@@ -96,8 +96,9 @@ class GluonLaunch:
         every key tile visited, each masked by select with both secret lengths (the kernel's SECRET_DIAG; its
         schedule and trip counts the non-causal ones). ``pdl_wait``: launched as a programmatic dependent of the
         secure pre-pass before it (``launch_pdl``; :func:`follows_prepass_pdl`), the kernel's PDL_WAIT. ``v_prepass``
-        (secure, ``key_lens``, a contiguous cache): ``v`` is the V pre-pass's copy of the cache, its rows past each key
-        length already clean, so the loader is a warp that only copies (the kernel's V_PREPASS; ``plan.prefill``)."""
+        (secure, ``key_lens``): ``v`` is the V pre-pass's contiguous copy of the cache ``[B, Hkv, capacity, D]`` (also
+        where ``k`` is a paged cache), its rows past each key length already clean, so the loader is a warp that only
+        copies (the kernel's V_PREPASS; ``plan.prefill``)."""
         sw = self.switches = switches if switches is not None else gluon_switches()
         D = q.shape[-1]
         err = gluon_config_error(cfg, D)
@@ -113,9 +114,9 @@ class GluonLaunch:
                 raise ValueError(f"{name} ({what}) takes secure=True, causal=True and a dense problem (no key_lens, "
                                  f"no page_size) only (got secure={secure}, causal={causal}, key_lens={key_lens}, "
                                  f"page_size={page_size})")
-        if v_prepass and (not secure or not key_lens or page_size):
-            raise ValueError(f"v_prepass (V cleaned by the V pre-pass) takes secure=True, key_lens=True and a "
-                             f"contiguous cache only (got secure={secure}, key_lens={key_lens}, page_size={page_size})")
+        if v_prepass and (not secure or not key_lens):
+            raise ValueError(f"v_prepass (V cleaned by the V pre-pass) takes secure=True and key_lens=True only (got "
+                             f"secure={secure}, key_lens={key_lens})")
         # the schedule's causality: a secret diagonal visits every key tile, as non-causal attention does
         sched_causal = bool(causal) and not secret_diag
 
@@ -138,8 +139,9 @@ class GluonLaunch:
                              f"warpgroups and a contiguous cache or a page size of {sizes} only (got "
                              f"page_size={page_size}, {num_wg} consumer warpgroups)")
         kv_rows = min(page_size, bn) if page_size else bn
+        v_rows = bn if v_prepass else kv_rows  # (v_prepass: V is the pre-pass's contiguous copy, paged cache or not)
         self.geom = tuple((list(t.shape), list(t.stride()), [1, 1, rows, D], lay)
-                          for t, rows, lay in ((q, bm, lay_m), (k, kv_rows, lay_n), (v, kv_rows, lay_n),
+                          for t, rows, lay in ((q, bm, lay_m), (k, kv_rows, lay_n), (v, v_rows, lay_n),
                                                (o, bm, lay_m)))
         # the row sums by MMA against key weights: the secure pre-pass's (non-causal: no key mask), or
         # where asked for on the fast path, all ones (masked probabilities are zero there)

@@ -19,7 +19,8 @@ Secure mode takes the same route (perf-notes v31, v32): the key lengths are secr
 the whole cache (the capacity, public), masks every tile by select, and the kernel's loader warpgroup clears V's rows
 past each length in every tile (``kernels/sm90/pipeline._sanitise_v``), or, on a contiguous cache (perf-notes v46),
 the V pre-pass cleans them once per call (``kernels/secure/prepass.attn_secure_zero_v_padding_kernel`` over the
-cache's V: one read and write, shared by the query heads of each K/V head) and the kernel's loader only copies. The
+cache's V, or ``attn_secure_gather_v_padding_kernel`` through the page table of a paged one, into a contiguous copy:
+one read and write, shared by the query heads of each K/V head) and the kernel's loader only copies. The
 decode kernel's secure form ran this shape at 0.25x of the fast path (H200, 2026-11-27). A paged cache in secure
 mode has one of the page sizes that secure mode accepts (``_checks.SECURE_PAGE_SIZES``), each a binary of the kernel
 that the static gate lists."""
@@ -28,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from .._checks import SECURE_PAGE_SIZES
-from ..launch.secure_prepass import SecurePrepass, prepass_v
+from ..launch.secure_prepass import SecurePagedVPrepass, SecurePrepass, prepass_v, prepass_v_paged
 from ..launch.sm90_fwd import GluonLaunch
 from .knobs import GluonSwitches, gluon_switches
 from .tables import gluon_ws, secure_prefill_v_prepass
@@ -68,23 +69,31 @@ def prefill_serves(shape, num_splits: int, q, k_cache, v_cache, out) -> bool:
 
 def uses_v_prepass(shape, switches: GluonSwitches | None = None) -> bool:
     """Whether a secure chunked-prefill call cleans V by the V pre-pass (the ``secure_prefill_v`` switch;
-    "auto": ``plan.tables.secure_prefill_v_prepass``). A paged cache never does."""
+    "auto": ``plan.tables.secure_prefill_v_prepass``); of a paged cache, into a contiguous copy."""
     mode = (switches if switches is not None else gluon_switches()).secure_prefill_v
     if mode not in ("auto", "prepass", "loader"):
         raise ValueError(f"the secure_prefill_v switch takes 'auto', 'prepass' or 'loader', got {mode!r}")
-    if not shape.secure or shape.paged:
+    if not shape.secure:
         return False
     return mode == "prepass" or (mode == "auto" and secure_prefill_v_prepass(
-        0, shape.causal, shape.num_heads_q // shape.num_heads_kv, shape.seqlen_q))
+        shape.causal, shape.num_heads_q // shape.num_heads_kv, shape.seqlen_q))
 
 
 class PrefillLaunch:
-    """A KV-cache call's Gluon route: the kernel's launch, after the V pre-pass where the plan has one (secure, a
-    contiguous cache: :func:`uses_v_prepass`)."""
+    """A KV-cache call's Gluon route: the kernel's launch, after the V pre-pass where the plan has one (secure:
+    :func:`uses_v_prepass`; a paged cache's gathers its pages)."""
     __slots__ = ("launch", "prepass")
 
-    def __init__(self, launch: GluonLaunch, prepass: SecurePrepass | None):
+    def __init__(self, launch: GluonLaunch, prepass: SecurePrepass | SecurePagedVPrepass | None):
         self.launch, self.prepass = launch, prepass
+
+    def clean_v(self, v_cache, lens, page_table):
+        """The V the kernel reads: the cache's ``[B, H, S, D]`` view, or the pre-pass's copy."""
+        if self.prepass is None:
+            return bhsd(v_cache)
+        if isinstance(self.prepass, SecurePagedVPrepass):
+            return self.prepass.run(v_cache, lens, page_table)
+        return self.prepass.run(None, bhsd(v_cache), lens)[1]
 
     @property
     def step(self):
@@ -106,8 +115,14 @@ def prefill_launch(shape, q, k_cache, v_cache, out, lse, table_stride: int = 0) 
     v_view, prepass = bhsd(v_cache), None
     if uses_v_prepass(shape):
         lens = torch.empty(shape.batch, dtype=torch.int32, device=q.device)
-        prepass, v_view = prepass_v(v_view, lens, batch=shape.batch, num_heads_kv=shape.num_heads_kv,
-                                    seqlen_k=shape.capacity, v_strides=_bhs_strides(v_view))
+        if shape.paged:
+            table = torch.empty((shape.batch, max(table_stride, 1)), dtype=torch.int32, device=q.device)
+            prepass, v_view = prepass_v_paged(v_cache, lens, table, batch=shape.batch, num_heads_kv=shape.num_heads_kv,
+                                              seqlen_k=shape.capacity, page_size=shape.page_size,
+                                              table_stride=table_stride)
+        else:
+            prepass, v_view = prepass_v(v_view, lens, batch=shape.batch, num_heads_kv=shape.num_heads_kv,
+                                        seqlen_k=shape.capacity, v_strides=_bhs_strides(v_view))
     launch = GluonLaunch(bhsd(q), bhsd(k_cache), v_view, bhsd(o), lse, scale=shape.scale, causal=shape.causal,
                          seqlen_q=shape.seqlen_q, seqlen_k=shape.capacity, batch=shape.batch,
                          num_heads_q=shape.num_heads_q, num_heads_kv=shape.num_heads_kv, lse_strides=lse_strides,
@@ -127,9 +142,7 @@ def run_prefill(prefill: PrefillLaunch, shape, q, k_cache, v_cache, out, lse, ca
     """One call: the key lengths are ``cache_seqlens`` plus the tokens just appended (a small device add); with the V
     pre-pass, its copy of V first."""
     lens = cache_seqlens + shape.seqlen_q if shape.appended else cache_seqlens
-    v = bhsd(v_cache)
-    if prefill.prepass is not None:
-        _, v, _ = prefill.prepass.run(None, v, lens)
+    v = prefill.clean_v(v_cache, lens, page_table)
     prefill.launch.run((bhsd(q), bhsd(k_cache), v, bhsd(out), lse, lens), device, page_table=page_table)
 
 

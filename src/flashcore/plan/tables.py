@@ -227,7 +227,7 @@ def secure_prepass_pdl(work: int) -> bool:
 SECURE_PREFILL_V_PREPASS_CLEARS = 16
 
 
-def secure_prefill_v_prepass(page_size: int, causal: bool, group: int, seqlen_q: int) -> bool:
+def secure_prefill_v_prepass(causal: bool, group: int, seqlen_q: int) -> bool:
     """Secure chunked prefill on the Gluon kernel (``plan.prefill``): whether V's rows past each secret key length
     are cleaned by the V pre-pass (one read and write of the cache's V, shared by the query heads of a K/V head)
     instead of by the loader warpgroup in every V tile of every work item, which clears each tile ``group *
@@ -235,9 +235,10 @@ def secure_prefill_v_prepass(page_size: int, causal: bool, group: int, seqlen_q:
     pre-pass): causal, 32/8 heads D 128 (16 clears and more): 4x512 against 8k 0.72 -> 0.84, 1x512 against 8k 0.75
     -> 0.80, 4x512 against 2k 0.83 -> 0.90, 8x1024 against 16k 0.73 -> 0.88; causal 16/16 heads D 64, 4x512 against
     8k (4 clears) 0.79 -> 0.75; non-causal 32/8 D 128, 4x512 against 8k, a tie (0.77 -> 0.76), so the loader stays
-    there. A contiguous cache only: a paged one keeps the loader's clearing."""
+    there. A paged cache: the pre-pass gathers its pages into a contiguous copy (the kernel then reads K by page, V by
+    tile); the same rule, measured in perf-notes v46 part 3."""
     clears = group * -(-seqlen_q // 128)
-    return not page_size and causal and clears >= SECURE_PREFILL_V_PREPASS_CLEARS
+    return causal and clears >= SECURE_PREFILL_V_PREPASS_CLEARS
 
 
 def gluon_one_wg() -> Config:

@@ -22,6 +22,8 @@ to ``--out`` (default ``$OUT`` or ``.``). docs/perf-notes.md says which version 
   Triton kernel) against the fast path, checked against float64 and timed as the bench times (issue 25 §3);
 * ``prepass_tiles``: the secure pre-passes' tile configurations (rows per program, warps) beside a plain copy of the
   same bytes, each checked bit for bit against the first configuration's output (docs/perf-notes.md v45);
+* ``prefill_v``: secure chunked prefill with V cleaned by the V pre-pass against cleared by the loader warpgroup,
+  beside the fast path, each checked against float64 and the two secure forms bit for bit (docs/perf-notes.md v46);
 * ``kv_configs``: the KV-cache split kernel's configurations and loop forms (``DecodeConfig``, incl. ``full_tiles``
   and ``reg_pages``) timed as CUDA-graph replays per shape, a correctness check against float64, and the host time of
   a KV-cache call and its pieces (docs/perf-notes.md v22);

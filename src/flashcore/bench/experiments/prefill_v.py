@@ -1,6 +1,7 @@
 """Secure chunked prefill (``attention_with_kvcache`` with many queries per sequence, on the Gluon kernel): V's rows
-past each secret key length cleaned by the V pre-pass (``secure_prefill_v="prepass"``) against cleared by the loader
-warpgroup in every tile (``"loader"``), beside the fast path, at every sequence's full length (docs/perf-notes.md v46).
+past each secret key length cleaned by the V pre-pass (``secure_prefill_v="prepass"``; of a paged cache, through the
+page table into a contiguous copy) against cleared by the loader warpgroup in every tile (``"loader"``), beside the fast
+path, at every sequence's full length (docs/perf-notes.md v46).
 
 Each form is first checked against the float64 reference (output poisoned with NaN, stale slots past a shorter length
 holding NaN/Inf), the two secure forms bit for bit against each other; then timed as the decode bench times (cold L2,
@@ -14,19 +15,22 @@ import torch
 
 from . import interleaved_rounds, parser, print_us_table, write_rows
 
-# (B, Hq, Hkv, Sq, capacity, D, causal); the first is the decode bench's chunked-prefill row
+# (B, Hq, Hkv, Sq, capacity, D, causal, page size: 0 contiguous); the first two are the decode bench's rows
 SHAPES = (
-    (4, 32, 8, 512, 8192, 128, True),
-    (4, 32, 8, 512, 8192, 128, False),
-    (1, 32, 8, 512, 8192, 128, True),
-    (4, 32, 8, 512, 2048, 128, True),
-    (8, 32, 8, 1024, 16384, 128, True),
-    (4, 16, 16, 512, 8192, 64, True),
+    (4, 32, 8, 512, 8192, 128, True, 0),
+    (4, 32, 8, 512, 8192, 128, True, 16),
+    (4, 32, 8, 512, 8192, 128, False, 0),
+    (1, 32, 8, 512, 8192, 128, True, 0),
+    (4, 32, 8, 512, 2048, 128, True, 0),
+    (8, 32, 8, 1024, 16384, 128, True, 0),
+    (4, 16, 16, 512, 8192, 64, True, 0),
+    (4, 32, 8, 512, 8192, 128, True, 64),
+    (1, 32, 8, 512, 8192, 128, True, 16),
 )
 FORMS = ("fast", "secure:loader", "secure:prepass")
 
 
-def _call(form, q, kc, vc, lens, causal, out):
+def _call(form, q, kc, vc, lens, causal, table, out):
     import flashcore
     from flashcore.plan.knobs import override
 
@@ -34,7 +38,33 @@ def _call(form, q, kc, vc, lens, causal, out):
     mode = form.split(":")[1] if secure else "auto"
     with override(secure_prefill_v=mode):
         return flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=causal, secure=secure, out=out,
-                                                return_lse=True)
+                                                page_table=table, return_lse=True)
+
+
+def _inputs(B, Hq, Hkv, Sq, cap, D, page, g):
+    """q, the caches (paged: ``[pages, page, Hkv, D]`` in a shuffled order, a few pages spare) and the page table."""
+    q = torch.randn(B, Sq, Hq, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    if not page:
+        kc = torch.randn(B, cap, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        vc = torch.randn(B, cap, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        return q, kc, vc, None
+    width = cap // page
+    pages = B * width + 3
+    kc = torch.randn(pages, page, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    vc = torch.randn(pages, page, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    table = torch.randperm(pages, device="cuda", generator=g)[:B * width].view(B, width).int().contiguous()
+    return q, kc, vc, table
+
+
+def _poison_tail(cache, table, b, L, value):
+    """Every slot of sequence ``b`` at or past ``L``."""
+    if table is None:
+        cache[b, L:] = value
+        return
+    page = cache.shape[1]
+    for col in range(L // page, table.shape[1]):
+        start = max(L - col * page, 0)
+        cache[int(table[b, col]), start:] = value
 
 
 def check(shape, seed: int) -> dict:
@@ -42,26 +72,23 @@ def check(shape, seed: int) -> dict:
     at two sequences and at most 4096 keys (the same kernel forms; the reference's scores fit)."""
     from flashcore import reference as R
 
-    _, Hq, Hkv, Sq, cap, D, causal = shape
+    _, Hq, Hkv, Sq, cap, D, causal, page = shape
     B, cap = 2, min(cap, 4096)
     g = torch.Generator(device="cuda").manual_seed(seed)
-    q = torch.randn(B, Sq, Hq, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    kc = torch.randn(B, cap, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    vc = torch.randn(B, cap, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    q, kc, vc, table = _inputs(B, Hq, Hkv, Sq, cap, D, page, g)
     lens = torch.randint(Sq, cap + 1, (B,), device="cuda", generator=g).int()
     lens[-1] = cap
     for b in range(B):
-        L = int(lens[b])
-        kc[b, L:] = float("nan")
-        vc[b, L:] = float("inf")
+        _poison_tail(kc, table, b, int(lens[b]), float("nan"))
+        _poison_tail(vc, table, b, int(lens[b]), float("inf"))
     ref = None
     errs, outs = {}, {}
     for form in FORMS:
         out = torch.full_like(q, float("nan"))
-        o, lse = _call(form, q, kc, vc, lens, causal, out)
+        o, lse = _call(form, q, kc, vc, lens, causal, table, out)
         torch.cuda.synchronize()
         if ref is None:
-            ref = R.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=causal)
+            ref = R.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=causal, page_table=table)
         errs[form] = float((o.double() - ref.double()).norm() / ref.double().norm())
         outs[form] = (o.clone(), lse.clone())
     same = all(torch.equal(a, b) for a, b in zip(outs["secure:loader"], outs["secure:prepass"]))
@@ -73,21 +100,22 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rep-ms", type=float, default=100.0)
     ap.add_argument("--seed", type=int, default=2026)
+    ap.add_argument("--only", default="", help="comma list of SHAPES indices (default: all)")
     args = ap.parse_args(argv)
     from flashcore.bench.timing import Timer
 
     timer = Timer()
     rows = []
-    for i, shape in enumerate(SHAPES):
-        B, Hq, Hkv, Sq, cap, D, causal = shape
+    picked = [int(i) for i in args.only.split(",") if i] or range(len(SHAPES))
+    for i in picked:
+        shape = SHAPES[i]
+        B, Hq, Hkv, Sq, cap, D, causal, page = shape
         ok = check(shape, args.seed + i)
         g = torch.Generator(device="cuda").manual_seed(args.seed + 100 + i)
-        q = torch.randn(B, Sq, Hq, D, device="cuda", dtype=torch.bfloat16, generator=g)
-        kc = torch.randn(B, cap, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
-        vc = torch.randn(B, cap, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        q, kc, vc, table = _inputs(B, Hq, Hkv, Sq, cap, D, page, g)
         lens = torch.full((B,), cap, dtype=torch.int32, device="cuda")
         out = torch.empty_like(q)
-        fns = {f: (lambda f=f: _call(f, q, kc, vc, lens, causal, out)) for f in FORMS}
+        fns = {f: (lambda f=f: _call(f, q, kc, vc, lens, causal, table, out)) for f in FORMS}
         for fn in fns.values():
             fn()
         torch.cuda.synchronize()
@@ -98,8 +126,12 @@ def main(argv=None):
                          flops=4.0 * B * Hq * Sq * cap * D / (2 if causal else 1)))
         print(f"{shape}: {ok}", flush=True)
     path = write_rows(args.out, "prefill-v.json", "Timer (cold L2), interleaved rounds, median", rows)
-    print_us_table("secure chunked prefill: us (fast / form)", rows, list(FORMS),
-                   lambda r: "x".join(map(str, r["shape"][:6])) + ("c" if r["shape"][6] else ""), "over_fast", 18)
+
+    def label(r):
+        B, Hq, Hkv, Sq, cap, D, causal, page = r["shape"]
+        return f"{B}x{Hq}/{Hkv}x{Sq}/{cap}x{D}{'c' if causal else ''}{f'p{page}' if page else ''}"
+
+    print_us_table("secure chunked prefill: us (fast / form)", rows, list(FORMS), label, "over_fast", 18)
     print(path)
 
 

@@ -95,6 +95,34 @@ def attn_secure_zero_v_padding_kernel(
 
 
 @triton.jit
+def attn_secure_gather_v_padding_kernel(
+    V, VS, SEQLENS_K, PAGE_TABLE,
+    stride_vp, stride_vh, stride_vt, stride_pt,
+    seqlen_k, num_heads_kv, num_pages,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, PAGE_SIZE: tl.constexpr,
+):
+    """The V pre-pass of :func:`attn_secure_zero_v_padding_kernel` over a paged cache ``[num_pages, PAGE_SIZE, Hkv,
+    D]`` (secure chunked prefill, ``plan.prefill``): row ``r`` of sequence ``b`` is row ``r % PAGE_SIZE`` of page
+    ``PAGE_TABLE[b, r // PAGE_SIZE]``, and the copy VS is contiguous ``[B, Hkv, seqlen_k, D]`` (``seqlen_k``: the
+    capacity, the table's width times PAGE_SIZE), its rows at or past the secret length the public position pattern.
+
+    Constant time as the V pre-pass: every row of the capacity read and written; the page indices are public (the
+    table and the page size are), clamped to real pages by arithmetic as the decode kernel does; the length only in
+    the select."""
+    pid_bh, b, h, len_k, rows, offs_d = _prepass_tile(SEQLENS_K, seqlen_k, num_heads_kv, BLOCK_S, BLOCK_D)
+    in_bounds = (rows[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM)  # public shape only
+    col = tl.minimum(rows // PAGE_SIZE, seqlen_k // PAGE_SIZE - 1)  # (rows past the capacity: the last column)
+    page = tl.load(PAGE_TABLE + b.to(tl.int64) * stride_pt + col)
+    page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
+    src = (V + page[:, None] * stride_vp + h.to(tl.int64) * stride_vh + (rows % PAGE_SIZE)[:, None] * stride_vt
+           + offs_d[None, :])
+    x = tl.load(src, mask=in_bounds, other=0.0)
+    x = tl.where(rows[:, None] < len_k, x, _position_noise(rows, offs_d, pid_bh).to(x.dtype))
+    dst = VS + (pid_bh.to(tl.int64) * seqlen_k + rows[:, None]) * HEAD_DIM + offs_d[None, :]
+    tl.store(dst, x, mask=in_bounds)
+
+
+@triton.jit
 def attn_secure_sanitize_kv_kernel(
     K, V, KS, VS, W, SEQLENS_K,
     stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
@@ -213,6 +241,12 @@ KV_CAPABILITIES = Capabilities(
     role="secure mode: sanitised K/V copies and 0/1 key weights (before the sm_90 non-causal form)",
     dtypes=("fp16", "bf16"), head_dims=(64, 128), archs=None, features=("secure",),
     secret=("K", "V", "KS", "VS", "W", "SEQLENS_K"))
+PAGED_V_CAPABILITIES = Capabilities(
+    name="secure_prepass_paged_v", module=__name__,
+    role="secure mode: a contiguous copy of a paged cache's V whose padding carries no data (before secure chunked "
+         "prefill's V_PREPASS form)",
+    dtypes=("fp16", "bf16"), head_dims=(64, 128), archs=None, features=("secure", "paged"),
+    secret=("V", "VS", "SEQLENS_K"))
 ROWS_CAPABILITIES = Capabilities(
     name="secure_fill_rows", module=__name__,
     role="secure mode: a copy of Q (or of K and V, causal form) whose padding rows hold data-like public stand-ins",

@@ -424,10 +424,11 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, w_desc, lse_ptr, seql
     while the pre-pass runs; the loader requests its first Q tile, then waits for the pre-pass's grid
     (``griddepcontrol.wait``) before its first K/V copy, and nothing else reads what the pre-pass writes.
 
-    V_PREPASS (SECURE with KEY_LENS, a contiguous cache): ``v_desc`` is the V pre-pass's copy of the cache, whose rows
-    at or past each secret key length already hold its public pattern (``attn_secure_zero_v_padding_kernel``), so the
-    loader is a warp that copies, as on the fast path, instead of a warpgroup that clears every V tile in shared
-    memory (``pipeline._sanitise_v``); the consumers mask every tile as before.
+    V_PREPASS (SECURE with KEY_LENS): ``v_desc`` is the V pre-pass's contiguous copy of the cache ``[B, Hkv, seqlen_k,
+    D]`` (also where K is a paged cache), whose rows at or past each secret key length already hold its public pattern
+    (``attn_secure_zero_v_padding_kernel``, ``attn_secure_gather_v_padding_kernel``), so the loader is a warp that
+    copies, as on the fast path, instead of a warpgroup that clears every V tile in shared memory
+    (``pipeline._sanitise_v``); the consumers mask every tile as before.
     """
     _stamp(seqlens_q_ptr, 6, TRACE, 0, NUM_WG, True)
     _stamp(seqlens_q_ptr, 7, TRACE, 0, NUM_WG)

@@ -250,7 +250,8 @@ def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem
     SANITISE (secure, causal self-attention: ``seqlens_k_ptr`` holds the secret key lengths): each V tile lands on
     ``v_landed`` and gets secure mode's padding here (_pad_v), one tile behind the copies in the same way (perf-notes
     v34: padding the previous tile before this one's K copy instead ran 6-11% slower). V_PREPASS (SECURE with
-    KEY_LENS): V is the V pre-pass's clean copy; the loader copies the whole cache's tiles and reads no length."""
+    KEY_LENS): V is the V pre-pass's clean copy ``[B, Hkv, capacity, D]`` (also where K is a paged cache: its V tiles
+    are then whole-tile copies from that copy); the loader copies the whole cache's tiles and reads no length."""
     SECRET_KEY_LENS: gl.constexpr = SECURE and KEY_LENS
     b, h, hk = _head_coords(bh, num_heads, group)
     if PAGE_SIZE > 0:  # tile 0's pages; each step then reads the next tile's before it waits for a free slot
@@ -310,6 +311,8 @@ def _load_item(pid_m, bh, kc, it, q_desc, k_desc, v_desc, w_desc, q_smem, k_smem
             if c > 0:
                 _load_v(v_desc, w_desc, v_smem, w_smem, v_bar, v_empty, c, b, hk, j, pages, BLOCK_N, V_STAGES,
                         SUM_MMA, PAGE_SIZE)
+        elif V_PREPASS:  # V: the pre-pass's contiguous copy, also where K is a paged cache
+            _load_v(v_desc, w_desc, v_smem, w_smem, v_bar, v_empty, c, b, hk, j, pages, BLOCK_N, V_STAGES, SUM_MMA, 0)
         else:
             _load_v(v_desc, w_desc, v_smem, w_smem, v_bar, v_empty, c, b, hk, j, pages, BLOCK_N, V_STAGES, SUM_MMA,
                     PAGE_SIZE)
