@@ -17,10 +17,11 @@ asks for the decode kernel).
 
 Secure mode takes the same route (perf-notes v31, v32): the key lengths are secret, so every item visits the tiles of
 the whole cache (the capacity, public), masks every tile by select, and the kernel's loader warpgroup clears V's rows
-past each length in every tile (``kernels/sm90/pipeline._sanitise_v``), or, on a contiguous cache (perf-notes v46),
-the V pre-pass cleans them once per call (``kernels/secure/prepass.attn_secure_zero_v_padding_kernel`` over the
-cache's V, or ``attn_secure_gather_v_padding_kernel`` through the page table of a paged one, into a contiguous copy:
-one read and write, shared by the query heads of each K/V head) and the kernel's loader only copies. The
+past each length in every tile (``kernels/sm90/pipeline._sanitise_v``), or, where that would clear each tile 16
+times or more (perf-notes v46), the V pre-pass cleans them once per call
+(``kernels/secure/prepass.attn_secure_zero_v_padding_kernel`` over a contiguous cache's V, or
+``attn_secure_gather_v_padding_kernel`` through the page table of a paged one, into a contiguous copy: one read and
+write, shared by the query heads of each K/V head) and the kernel's loader only copies. The
 decode kernel's secure form ran this shape at 0.25x of the fast path (H200, 2026-11-27). A paged cache in secure
 mode has one of the page sizes that secure mode accepts (``_checks.SECURE_PAGE_SIZES``), each a binary of the kernel
 that the static gate lists."""
@@ -122,7 +123,7 @@ def prefill_launch(shape, q, k_cache, v_cache, out, lse, table_stride: int = 0) 
                                               table_stride=table_stride)
         else:
             prepass, v_view = prepass_v(v_view, lens, batch=shape.batch, num_heads_kv=shape.num_heads_kv,
-                                        seqlen_k=shape.capacity, v_strides=_bhs_strides(v_view))
+                                        seqlen_k=shape.capacity, v_strides=v_view.stride()[:3])
     launch = GluonLaunch(bhsd(q), bhsd(k_cache), v_view, bhsd(o), lse, scale=shape.scale, causal=shape.causal,
                          seqlen_q=shape.seqlen_q, seqlen_k=shape.capacity, batch=shape.batch,
                          num_heads_q=shape.num_heads_q, num_heads_kv=shape.num_heads_kv, lse_strides=lse_strides,
@@ -130,11 +131,6 @@ def prefill_launch(shape, q, k_cache, v_cache, out, lse, table_stride: int = 0) 
                          page_size=shape.page_size if shape.paged else 0, table_stride=table_stride,
                          secure=shape.secure, v_prepass=prepass is not None)
     return PrefillLaunch(launch, prepass)
-
-
-def _bhs_strides(t: torch.Tensor) -> tuple[int, int, int]:
-    """(batch, head, row) strides of a ``[B, H, S, D]`` view, as the pre-passes take them."""
-    return t.stride(0), t.stride(1), t.stride(2)
 
 
 def run_prefill(prefill: PrefillLaunch, shape, q, k_cache, v_cache, out, lse, cache_seqlens, device,
