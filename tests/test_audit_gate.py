@@ -53,6 +53,10 @@ SECURE_SUBSET = (
     # TMA copy per page, page indices read by the loader, its elected copies' operands in registers that hold secret
     # lengths on other paths: the form that needed the gate's guarded copies, 2026-11-27)
     "secure_gluon_ws_bf16_d128_causal_s1024_gqa4_lse_2wg_keylens_page16",
+    # the same with V from the V pre-pass (perf-notes v46: the loader a copying warp, K by page, V by tile), and that
+    # pre-pass through a page table (its own kernel)
+    "secure_gluon_ws_fp16_d64_causal_s1024_gqa4_lse_2wg_keylens_page32_vprepass",
+    "secure_prepass_paged16_bf16_d128_s1024_hkv8",
     # the KV-cache kernels: a paged cache (the form the gate once flagged through the pipeliner's shared-memory copy
     # of the page index), FP8 with fp16 q, a left-padded contiguous cache in fp32, and the combine step
     "secure_decode_bf16_qbf16_d128_paged16_sq1_causal_splits7_",
@@ -70,8 +74,9 @@ prefixes, negative = json.loads(sys.argv[1])
 secure = audit_specs(secure=True)
 fast = audit_specs(secure=False)
 fns = sorted({getattr(s["fn"], "__name__", str(s["fn"])) for s in secure})
-def pick(specs, prefix):  # (a "_pdl" form only where the prefix names one)
-    hits = [s for s in specs if s["name"].startswith(prefix) and ("_pdl" in prefix or not s["name"].endswith("_pdl"))]
+def pick(specs, prefix):  # (a "_pdl" or "_vprepass" form only where the prefix names one)
+    hits = [s for s in specs if s["name"].startswith(prefix) and ("_pdl" in prefix or not s["name"].endswith("_pdl"))
+            and ("_vprepass" in prefix or "_vprepass" not in s["name"])]
     return [h["name"] for h in hits], hits[:1]
 chosen, names = [], {}
 for p in prefixes:
