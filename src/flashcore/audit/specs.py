@@ -188,8 +188,8 @@ def gluon_spec(head_dim: int, causal: bool, dtype=torch.bfloat16, S: int = 4096,
     (``plan.tables.secure_padding_in_kernel``); ``secret_diag``: the secure causal form whose diagonal is secret
     (explicit query lengths: every key tile, each masked with both secret lengths); ``pdl_wait``: the secure form
     launched as the programmatic dependent of its pre-pass (None: as the planner chooses,
-    ``launch.sm90_fwd.follows_prepass_pdl``); ``v_prepass``: the secure ``key_lens`` form on a contiguous cache whose V
-    comes from the V pre-pass (``plan.prefill.uses_v_prepass``)."""
+    ``launch.sm90_fwd.follows_prepass_pdl``); ``v_prepass``: the secure ``key_lens`` form whose V comes from the V
+    pre-pass's contiguous copy, K contiguous or paged (``plan.prefill.uses_v_prepass``)."""
     q, k = torch.empty(B, Hq, S, head_dim, dtype=dtype), torch.empty(B, Hkv, S, head_dim, dtype=dtype)
     v, table = k, None
     if page_size:  # [num_pages, Hkv, page_size, D] views of a [num_pages, page_size, Hkv, D] cache, and its table

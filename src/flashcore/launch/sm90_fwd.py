@@ -196,10 +196,9 @@ class GluonLaunch:
                           PAGE_SIZE=int(page_size), SANITISE=bool(sanitise), SECRET_DIAG=bool(secret_diag))
         options = dict(maxnreg=maxnreg)
         if pdl_wait:
-            if not secure or (key_lens and not v_prepass) or sanitise:
+            if not secure or key_lens or sanitise:
                 raise ValueError("pdl_wait (launched as the dependent of a secure pre-pass) takes secure=True without "
-                                 f"key_lens (unless v_prepass) or sanitise (got secure={secure}, key_lens={key_lens}, "
-                                 f"v_prepass={v_prepass}, sanitise={sanitise})")
+                                 f"key_lens or sanitise (got secure={secure}, key_lens={key_lens}, sanitise={sanitise})")
             options["launch_pdl"] = True
         constexprs["PDL_WAIT"] = bool(pdl_wait)
         constexprs["V_PREPASS"] = bool(v_prepass)

@@ -47,8 +47,8 @@ class GluonSwitches:
     # Secure mode: the Gluon kernel launched as a programmatic dependent of its pre-pass ("on"), after the pre-pass
     # completes ("off"), or the planner's choice ("auto": plan.tables.secure_prepass_pdl; perf-notes v44)
     secure_pdl: str = "auto"
-    # Secure chunked prefill on a contiguous cache (plan.prefill): V's rows past each key length cleaned by the V
-    # pre-pass ("prepass") or cleared in every tile by the loader warpgroup ("loader"), or the planner's choice
+    # Secure chunked prefill (plan.prefill): V's rows past each key length cleaned by the V pre-pass into a contiguous
+    # copy ("prepass") or cleared in every tile by the loader warpgroup ("loader"), or the planner's choice
     # ("auto": plan.tables.secure_prefill_v_prepass; perf-notes v46)
     secure_prefill_v: str = "auto"
 
