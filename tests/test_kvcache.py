@@ -745,6 +745,81 @@ def test_padding_contents_do_not_change_a_bit(secure, layout, gen):
         assert torch.equal(out, base) and torch.equal(lse, base_lse)
 
 
+@kernel
+@pytest.mark.parametrize("layout", SECURE_LAYOUTS)
+@pytest.mark.parametrize("splits", [1, 3])
+def test_secure_v_select_from_loaded_tensors_gives_the_scalar_select_bit_for_bit(layout, splits, gen):
+    """Secure decode zeroes V's rows outside each sequence's range by one of two selects (``DecodeConfig.seen_by_load``,
+    docs/perf-notes.md v47): from loaded tensors (key positions from the public table, the raw lengths read as tensors)
+    or from a range and the clamped scalar lengths. Both give every output and lse bit, with NaN and Inf in every slot
+    no sequence sees, and also for lengths the host never checked (a CUDA-graph replay): past the capacity, negative,
+    and a left pad past the length, where the raw values must select the rows their clamped values do."""
+    from flashcore import _checks as C
+    from flashcore.launch.triton_decode import DecodeConfig
+    from flashcore.plan.decode import plan_kvcache
+
+    q, kc, vc, kw, pad = _secure_case(layout, torch.float16, gen, Sq=1)
+    kc[pad], vc[pad] = float("nan"), float("inf")
+    names = ("page_table", "cache_batch_idx", "cache_leftpad")
+    opt = {n: kw.get(n) for n in names}
+    a = C.check_kvcache(q, kc, vc, cache_seqlens=kw["cache_seqlens"], k=None, v=None, **opt, cu_seqlens_q=None,
+                        max_seqlen_q=None, k_descale=None, v_descale=None, causal=True, scale=None, num_splits=0,
+                        return_lse=True, out=None, secure=True, backend="triton")
+    plans = {flag: plan_kvcache(a, q, kc, vc, None, None, opt["page_table"], opt["cache_batch_idx"],
+                                opt["cache_leftpad"], nan_like(q), config=DecodeConfig(16, 16, 4, 2, splits,
+                                                                                      seen_by_load=flag))
+             for flag in (False, True)}
+    assert [plans[f].split.constexprs["SEEN_BY_LOAD"] for f in (False, True)] == [False, True]
+    cap = 96
+    cases = [(kw["cache_seqlens"], opt["cache_leftpad"]), (lengths(cap + 40, -5, 1 << 30), opt["cache_leftpad"])]
+    if layout == "leftpad":
+        cases += [(lengths(50, 70, 96), lengths(60, -3, 97)), (lengths(7, 90, 33), lengths(7, 89, 1 << 30))]
+    for i, (L, lp) in enumerate(cases):
+        t = dict({n: opt[n] for n in names if opt[n] is not None}, cache_seqlens=L)
+        if lp is not None:
+            t["cache_leftpad"] = lp
+        res = {f: plans[f](q, kc, vc, t, nan_like(q)) for f in (False, True)}
+        (o0, l0), (o1, l1) = res[False], res[True]
+        what = f"L={L.tolist()} leftpad={None if lp is None else lp.tolist()} seed {gen.initial_seed()}"
+        assert torch.equal(o0.view(torch.int16), o1.view(torch.int16)), what
+        assert torch.equal(l0.view(torch.int32), l1.view(torch.int32)), what
+        if i == 0:  # checked lengths: no stale slot reached the output (they hold NaN and Inf)
+            assert not torch.isnan(o1).any() and not torch.isinf(o1).any(), what
+
+
+def test_secure_decode_takes_the_select_from_loaded_tensors_only_in_the_audited_forms(monkeypatch):
+    """The planner gives V's select from loaded tensors (``launch.triton_decode.seen_by_load``) to secure decode at one
+    split with 16-row query tiles and D 128 (a 16-bit cache, or a contiguous FP8 one), and to no other form: outside
+    them the static gate found ptxas folding that select into the predicate of V's element-wise loads (D 72, 64-row
+    tiles: docs/security.md §5.14). The audit list holds exactly the planner's forms of it, each beside its control
+    (the select on scalars at the same tiles, ``FLASHCORE_SECURE_V_SEEN=scalars``)."""
+    from flashcore.audit.specs import decode_specs
+    from flashcore.launch.triton_decode import DecodeConfig, DecodeShape, seen_by_load
+
+    def shape(**kw):
+        base = dict(batch=64, seqlen_q=1, num_heads_q=32, num_heads_kv=8, head_dim=128, page_size=16, capacity=8192,
+                    num_pages=64 * 512, paged=True, packed=False, appended=False, has_batch_idx=False,
+                    has_leftpad=False, causal=True, secure=True, fp8=False, return_lse=False, fp32=False, scale=0.1)
+        return DecodeShape(**dict(base, **kw))
+
+    one = DecodeConfig(16, 32, 4, 4, 1)
+    assert seen_by_load(shape(), one) and seen_by_load(shape(paged=False, page_size=8192), one)
+    assert seen_by_load(shape(fp8=True, paged=False, page_size=8192), one)
+    for s, c in [(shape(secure=False), one), (shape(fp8=True), one), (shape(head_dim=72), one),
+                 (shape(), DecodeConfig(64, 32, 4, 4, 1)), (shape(), DecodeConfig(16, 32, 4, 4, 7)),
+                 (shape(fp32=True), one)]:
+        assert not seen_by_load(s, c), (s, c)
+    monkeypatch.setenv("FLASHCORE_SECURE_V_SEEN", "scalars")
+    assert not seen_by_load(shape(), one)
+    monkeypatch.delenv("FLASHCORE_SECURE_V_SEEN")
+    specs = {s["name"]: s["constexprs"] for s in decode_specs(True) if "combine" not in s["name"]}
+    by_load = sorted(n for n, ce in specs.items() if ce["SEEN_BY_LOAD"])
+    assert by_load and all("_d128_" in n and "_splits1_16x" in n and not ("_fp8_" in n and "paged" in n)
+                           for n in by_load), by_load
+    assert sorted(n for n in specs if n.endswith("_vscalars")) == [n + "_vscalars" for n in by_load]
+    assert not any(specs[n + "_vscalars"]["SEEN_BY_LOAD"] for n in by_load)
+
+
 @pytest.fixture
 def launches(monkeypatch):
     """Every KV-cache plan run during the test: (the DecodePlan object, [(kernel, grid, scalar args, constexprs)

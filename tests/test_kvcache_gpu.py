@@ -59,9 +59,10 @@ def test_kvcache_bf16_and_fp8_match_the_reference(page, fp8, Sq, splits, secure)
 @pytest.mark.parametrize("page", [16, 32, 64])
 @pytest.mark.parametrize("fp8", [False, True])
 def test_secure_paged_decode_at_one_split_matches_the_reference_and_ignores_stale_slots(page, fp8):
-    """Secure paged decode with enough sequences for one split (the page-per-tile form, or since v46 64-key tiles that
-    gather their pages: FP8 pages 16 and 32, bf16 page 32), against the float64 reference (FP8: dequantised), output
-    poisoned first; NaN/Inf and zeros in the slots past each length change no output bit."""
+    """Secure paged decode with enough sequences for one split (FP8: since v46 64-key tiles, gathering pages 16 and
+    32; bf16: since v47 32-key tiles below page 64, V's rows cleared by the select from loaded tensors), against the
+    float64 reference (FP8: dequantised), output poisoned first; NaN/Inf and zeros in the slots past each length
+    change no output bit."""
     from flashcore.plan.decode import DecodePlan
 
     q, kc, vc, table, lens, descale = _case(24, 32, 8, 128, 1100, page, fp8=fp8, seed=29)
@@ -85,12 +86,66 @@ def test_secure_paged_decode_at_one_split_matches_the_reference_and_ignores_stal
                                                  out=out, **descale)
         assert seen[-1].config.num_splits == 1 and seen[-1].prefill is None
         outs.append(o.clone())
-    expect_gather = page < 64 and (fp8 or page == 32)
-    assert (seen[-1].config.block_n == 64) == (expect_gather or page == 64), seen[-1].config
+    from flashcore.launch.triton_decode import seen_by_load
+
+    # FP8: 64-key tiles (gathering their pages below 64), V's select on scalars; bf16 (v47): V's select from loaded
+    # tensors, 32-key tiles below page 64 (gathering page 16's pages), 64 from it
+    plan = seen[-1]
+    assert plan.config.block_n == (64 if fp8 or page >= 64 else 32), plan.config
+    assert seen_by_load(plan.shape, plan.config) == (not fp8), plan.config
     ro = R.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table, **descale)
     assert not torch.isnan(outs[0]).any() and rel_err(outs[0], ro) < 1e-2
     for o in outs[1:]:
         assert torch.equal(o, outs[0])
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "paged16", "paged128", "leftpad", "rows", "fp8"])
+def test_secure_v_select_from_loaded_tensors_gives_the_scalar_select_bit_for_bit(layout):
+    """The two selects that keep V's stale rows out of secure decode (``DecodeConfig.seen_by_load``, docs/perf-notes.md
+    v47), compiled for this GPU, at the one-split configuration the planner gives the new form: every output and lse
+    bit equal, with NaN/Inf in every slot past each length (and before each left pad), against the reference too."""
+    from flashcore import _checks as C
+    from flashcore.launch.triton_decode import seen_by_load
+    from flashcore.plan.decode import plan_kvcache
+
+    page = {"paged16": 16, "paged128": 128}.get(layout, 0)
+    fp8 = layout == "fp8"
+    q, kc, vc, table, lens, descale = _case(24, 32, 8, 128, 1024, page, fp8=fp8, seed=47)
+    lens[1] = 1  # a single visible key beside the full and empty sequences
+    for cache in (kc, vc):
+        _stale(cache.view(torch.uint8) if fp8 else cache, table, lens, page,
+               [0x7F] if fp8 else [float("nan"), float("inf")])
+    opt = dict(page_table=table, cache_batch_idx=None, cache_leftpad=None)
+    if layout == "leftpad":
+        opt["cache_leftpad"] = (lens // 3).int()
+        for b in range(q.shape[0]):  # the slots before each left pad: NaN and Inf as well
+            kc[b, :int(opt["cache_leftpad"][b])] = float("nan")
+            vc[b, :int(opt["cache_leftpad"][b])] = float("inf")
+    if layout == "rows":  # sequence b in cache row B - 1 - b
+        kc, vc = kc.flip(0).contiguous(), vc.flip(0).contiguous()
+        opt["cache_batch_idx"] = torch.arange(q.shape[0] - 1, -1, -1, device=DEV, dtype=torch.int32)
+    a = C.check_kvcache(q, kc, vc, cache_seqlens=lens, k=None, v=None, **opt, cu_seqlens_q=None, max_seqlen_q=None,
+                        causal=True, scale=None, num_splits=0, return_lse=True, out=None, secure=True,
+                        backend="auto", **(descale or dict(k_descale=None, v_descale=None)))
+    plan = plan_kvcache(a, q, kc, vc, None, None, table, opt["cache_batch_idx"], opt["cache_leftpad"],
+                        torch.empty_like(q))
+    if not fp8:
+        assert seen_by_load(plan.shape, plan.config) and plan.config.num_splits == 1, plan.config
+    tensors = dict({n: x for n, x in opt.items() if x is not None}, cache_seqlens=lens, **descale)
+    res = []
+    for flag in (True, False):
+        from dataclasses import replace
+
+        p = plan_kvcache(a, q, kc, vc, None, None, table, opt["cache_batch_idx"], opt["cache_leftpad"],
+                         torch.empty_like(q), config=replace(plan.config, seen_by_load=flag))
+        assert p.split.constexprs["SEEN_BY_LOAD"] is flag
+        res.append(p(q, kc, vc, tensors, torch.full_like(q, float("nan"))))
+        torch.cuda.synchronize()
+    (o1, l1), (o0, l0) = res
+    assert torch.equal(o1.view(torch.int16), o0.view(torch.int16)) and torch.equal(l1, l0)
+    ro = R.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table,
+                                  cache_batch_idx=opt["cache_batch_idx"], cache_leftpad=opt["cache_leftpad"], **descale)
+    assert not torch.isnan(o1).any() and rel_err(o1, ro) < 1e-2
 
 
 @pytest.mark.parametrize("D,heads", [(64, (32, 32)), (256, (16, 2)), (96, (8, 8))])
@@ -112,9 +167,11 @@ def test_append_then_attend_on_gpu():
     assert rel_err(o, ro) < 1e-2
 
 
-@pytest.mark.parametrize("secure", [False, True])
-def test_cuda_graph_replay_with_new_lengths_and_page_tables(secure):
-    B, cap = 4, 4096
+@pytest.mark.parametrize("secure,B", [(False, 4), (True, 4), (True, 24)])
+def test_cuda_graph_replay_with_new_lengths_and_page_tables(secure, B):
+    """B 24 in secure mode: one split, V's select from loaded tensors (the key-position table made by the warm-up
+    call, read by the graph)."""
+    cap = 4096
     q, kc, vc, table, lens, _ = _case(B, 32, 8, 128, cap, 16)
     out = torch.empty_like(q)
     lens_buf, table_buf = lens.clone(), table.clone()

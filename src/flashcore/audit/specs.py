@@ -405,12 +405,19 @@ def _decode_specs(q_dtype, cache_dtype, hd, cache, page, Sq, causal, splits, sec
     i32 = torch.empty(B + 1, dtype=torch.int32)
     f32 = torch.empty(4096, dtype=torch.float32)
     descale = torch.empty(B, Hkv, dtype=torch.float32)
-    ptrs = [q, kc, kc, q, f32, f32, f32, i32, table if paged else i32, i32, i32, i32, descale, descale]
+    ptrs = [q, kc, kc, q, f32, f32, f32, i32, table if paged else i32, i32, i32, i32, descale, descale, i32]
     mode = "secure" if secure else "fast"
     name = (f"{mode}_decode_{_ELT.get(cache_dtype, 'fp8')}_q{_ELT[q_dtype]}_d{hd}_{cache}{page or ''}_sq{Sq}"
             f"{'_causal' if causal else ''}_splits{cfg.num_splits}_{cfg.block_m}x{cfg.block_n}w{cfg.num_warps}"
             f"s{cfg.num_stages}")
     specs = [_spec_from_launch(name, cfg, ptrs + list(args), ce, TRITON_DECODE.secrets(secure=secure), fn=fn)]
+    if secure and ce["SEEN_BY_LOAD"]:
+        # V's select on scalars at the same tiles (launch.triton_decode.seen_by_load), launchable with the audit knob
+        # FLASHCORE_SECURE_V_SEEN=scalars
+        fn, _, args, ce2 = build_split(shape, replace(cfg, seen_by_load=False), q, kc, kc, q,
+                                       table.stride(0) if paged else 0)
+        specs.append(_spec_from_launch(f"{name}_vscalars", cfg, ptrs + list(args), ce2,
+                                       TRITON_DECODE.secrets(secure=secure), fn=fn))
     if cfg.num_splits > 1:
         fn, _, args, ce = build_combine(shape, cfg, q, q, pdl=True)  # as launched on sm_90 (plan.decode.combine_pdl)
         name = f"{mode}_decode_combine_{_ELT[q_dtype]}_d{hd}_sq{Sq}_g{Hq // Hkv}"

@@ -12,6 +12,7 @@ import torch
 from ..kernels.triton.combine import decode_combine_kernel
 from ..kernels.triton.decode import LOG2E, decode_split_kernel
 from ..kernels.triton.kv_append import kv_append_kernel
+from ..plan.knobs import SECURE_V_SEEN_ENV, SECURE_V_SEEN_MODES, env_choice
 from ..plan.tables import block_d
 from ..runtime import cdiv
 
@@ -38,6 +39,7 @@ class DecodeConfig:
     num_splits: int
     full_tiles: bool | None = None  # None: the measured policy (full_tiles); sweeps set it
     reg_pages: bool | None = None  # page indices by register loads (_load_public_i32); None: the policy (reg_pages)
+    seen_by_load: bool | None = None  # secure: V's select from loaded tensors (seen_by_load); None: the policy
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,39 @@ def triggers_combine(shape: DecodeShape, cfg: DecodeConfig) -> bool:
     return cfg.num_splits > 1 and not shape.secure
 
 
+def seen_by_load(shape: DecodeShape, cfg: DecodeConfig) -> bool:
+    """Whether the secure split kernel zeroes V's rows outside each sequence's secret range by a select built from
+    loaded tensors (``kernels.triton.decode._v_rows_seen``: key positions from the public table
+    :func:`key_positions_needed` sizes, the lengths read as tensors), which Triton keeps in the MMA operand's layout,
+    instead of a select on a range and scalars, which costs every V tile a shared-memory round trip (a write and a
+    read of the tile in a blocked layout, then the operand's read). Secure mode without appended tokens (secure mode
+    takes none: ``_checks``); the fast path masks V's loads instead.
+
+    The policy, from same-run A/Bs on one H200 (2026-11-29, ``bench.experiments.secure_v_seen``, docs/perf-notes.md
+    v47, 64x32/8 heads, D 128, every sequence full, secure / fast): at one split, a 16-bit cache (with
+    ``plan.decode.choose_config``'s tiles for it) contiguous 8k 0.93 -> 0.98, 16k 0.92 -> 0.97, page 16 0.89 -> 0.99,
+    page 32 0.92 -> 0.98, page 64 0.93 -> 0.98; a contiguous FP8 cache 0.76 -> 0.86. Not the FP8 page gathers (page 16
+    0.78 -> 0.72 at best, page 32 0.81 -> 0.78), nor with splits (B1 64k contiguous 0.98 -> 0.95, page 16 FP8 0.83
+    either way): they keep the select on scalars. Only in the measured regime (16-row query tiles, D 128).
+    ``FLASHCORE_SECURE_V_SEEN=scalars`` (``plan.knobs``; an audit knob) keeps the select on scalars at the same
+    tiles. Outside the policy's forms the new select is not offered: the static gate found ptxas folding it into the
+    predicate of V's loads where V is not copied by cp.async (a head dim of 72, whose rows are read element by element),
+    so those loads would follow the secret lengths; every form the planner gives it is audited clean (docs/security.md
+    §5.14). ``DecodeConfig.seen_by_load`` forces it for measurements only."""
+    if cfg.seen_by_load is not None:
+        return cfg.seen_by_load and shape.secure and not shape.appended
+    if env_choice(SECURE_V_SEEN_ENV, SECURE_V_SEEN_MODES) == "scalars":  # the audit's control: same tiles
+        return False
+    return (shape.secure and not shape.appended and not shape.fp32 and cfg.num_splits == 1 and cfg.block_m == 16
+            and shape.head_dim == 128 and not (shape.fp8 and shape.paged))
+
+
+def key_positions_needed(shape: DecodeShape, cfg: DecodeConfig) -> int:
+    """Entries of the key-position table the split kernel reads (its key tiles cover the capacity rounded up to
+    whole tiles); 0 when it reads none."""
+    return cdiv(shape.capacity, cfg.block_n) * cfg.block_n if seen_by_load(shape, cfg) else 0
+
+
 def build_split(shape: DecodeShape, cfg: DecodeConfig, q, k_cache, v_cache, out, page_table_stride: int):
     """(grid, scalar args, constexprs) of the split kernel (pointers are passed per call)."""
     total_q = q.shape[0] if shape.packed else shape.batch * shape.seqlen_q
@@ -153,7 +188,8 @@ def build_split(shape: DecodeShape, cfg: DecodeConfig, q, k_cache, v_cache, out,
         Q_PRESCALE=fp8_q_prescale("fp16" if q.dtype == torch.float16 else "bf16") if shape.fp8 else 1.0,
         SPLIT=cfg.num_splits > 1, FULL_TILES=full_tiles(shape, cfg), REG_PAGES=reg_pages(shape, cfg),
         ASM=True, SAME_KV=k_cache.stride()[:3] == v_cache.stride()[:3], RETURN_LSE=shape.return_lse,
-        PRECISION="ieee" if shape.fp32 else "tf32", PDL_TRIGGER=triggers_combine(shape, cfg))
+        PRECISION="ieee" if shape.fp32 else "tf32", PDL_TRIGGER=triggers_combine(shape, cfg),
+        SEEN_BY_LOAD=seen_by_load(shape, cfg))
     grid = (cfg.num_splits * query_tiles(shape, cfg), shape.batch * shape.num_heads_kv)
     return decode_split_kernel, grid, args, constexprs
 

@@ -12,7 +12,8 @@ import threading
 import torch
 
 from ..launch.triton_decode import (COMBINE_STAGES, COMBINE_WARPS, DecodeConfig, DecodeShape, build_append,
-                                    build_combine, build_split, query_tiles, workspace_shapes)
+                                    build_combine, build_split, key_positions_needed, query_tiles,
+                                    workspace_shapes)
 from ..runtime import KernelStep, capturing, cdiv, current_stream, device_arch, interpreting, sm_count
 from .build import clear_unowned_rows
 from .cache import PlanCache
@@ -101,6 +102,17 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
             # 596.9); bf16 B64 8k page 32 535.7 against 684.8 (fast 492.8). bf16 page 16 keeps its 16-key tiles
             # (562.2 against 588.7-681.5 for the 32-128-key gathers; fast 497.9)
             block_n, num_warps, num_stages = 64, 4, 3
+    if (shape.secure and num_splits == 1 and not (shape.fp32 or shape.fp8) and block_m == 16 and d == 128
+            and not shape.appended):
+        # V's select from loaded tensors (launch.triton_decode.seen_by_load) takes V's tile to the MMA without a
+        # shared-memory round trip, and then smaller tiles on 4 warps ran fastest. Same-run A/B on one H200
+        # (2026-11-29, docs/perf-notes.md v47, 64x32/8, every sequence full, secure / fast): contiguous 8k 64-key
+        # tiles, 4 warps, 4 stages 0.977 (0.975 on 8 warps, 0.978 with 128 keys on 4 warps and 3 stages; 0.82 on 4
+        # warps and 3 stages), 16k 0.971 (the select on scalars 0.93 / 0.92 at 128 keys on 8 warps); page 16 32-key
+        # tiles 0.986 (3 stages 1.003, 2 warps 0.993; 16-key tiles 0.92, 64-key 0.86; before 0.89), page 32 0.975
+        # (64-key 0.945; before 0.92), page 64 64-key tiles 0.976 (before 0.93)
+        block_n = 32 if shape.paged and shape.page_size < 64 else 64
+        num_warps, num_stages = 4, 4
     return DecodeConfig(block_m, block_n, num_warps, num_stages, num_splits)
 
 
@@ -116,7 +128,7 @@ class DecodePlan:
     given), the split step and (with several splits) the combine step, and returns ``(out, lse or None)``.
     ``tensors``: a dict of the optional tensor arguments by name (``launch.triton_decode.*_POINTERS``)."""
     __slots__ = ("shape", "config", "append", "split", "combine", "prefill", "out_shape", "lse_shape", "workspace",
-                 "page_table_stride", "args")
+                 "page_table_stride", "args", "key_positions")
 
     def __init__(self, shape: DecodeShape, config: DecodeConfig, q, k_cache, v_cache, k, v, out, page_table,
                  prefill: bool = False, lse=None):
@@ -131,7 +143,7 @@ class DecodePlan:
             fn, grid, args, cx = build_split(shape, config, q, k_cache, v_cache, out, pts)
             if interpreting():  # Triton's CPU interpreter runs no inline assembly: page indices by plain loads, an
                 cx = dict(cx, ASM=False)  # FP8 cache widened by Triton's integer operations
-            self.split = KernelStep(fn, grid, (None,) * 14 + tuple(args), 14, cx, config.num_warps,
+            self.split = KernelStep(fn, grid, (None,) * 15 + tuple(args), 15, cx, config.num_warps,
                                     config.num_stages)
         if config.num_splits > 1 and not prefill:
             pdl = combine_pdl(q.device)
@@ -151,6 +163,7 @@ class DecodePlan:
             self.lse_shape = (shape.num_heads_q, total_q) if shape.packed else (
                 shape.batch, shape.num_heads_q, shape.seqlen_q)
         self.workspace = workspace_shapes(shape, config) if not prefill else ()
+        self.key_positions = key_positions_needed(shape, config) if not prefill else 0
 
     @property
     def steps(self) -> tuple:
@@ -185,7 +198,8 @@ class DecodePlan:
         part_o, part_lse = ws.get("part_o", dummy), ws.get("part_lse", dummy)
         self.split.run((q, k_cache, v_cache, out, lse if lse is not None else dummy, part_o, part_lse, dummy,
                         get("page_table"), get("cache_batch_idx"), get("cache_leftpad"), get("cu_seqlens_q"),
-                        get("k_descale"), get("v_descale")), device)
+                        get("k_descale"), get("v_descale"),
+                        key_positions(self.key_positions, device) if self.key_positions else dummy), device)
         if self.combine is not None:
             self.combine.run((part_o, part_lse, out, lse if lse is not None else dummy, get("cu_seqlens_q")), device)
         if self.shape.packed:  # rows of q past cu_seqlens_q[-1] belong to no sequence: output 0, lse -inf
@@ -210,6 +224,31 @@ def workspace_views(shapes: tuple, device: torch.device) -> dict:
     if device.type != "cuda" or capturing(device) or torch.compiler.is_compiling():
         return make()
     return _WORKSPACES.get_or_build((shapes, device.index, current_stream(device), threading.get_ident()), make)
+
+
+_KEY_POSITIONS: dict = {}  # device -> int32 table, KEY_POS[j] = j
+_KEY_POSITIONS_LOCK = threading.Lock()
+
+
+def key_positions(n: int, device: torch.device) -> torch.Tensor:
+    """The public table ``KEY_POS[j] = j`` (int32, at least ``n`` entries) the secure split kernel reads its key
+    positions from (``kernels.triton.decode._v_rows_seen``). One per device, grown by powers of two and made on the
+    calling stream, which is then synchronised once so that a call on any other stream reads it filled. Under graph
+    capture (or tracing), when the device's table is too short, a fresh one: the graph fills it itself (an arange
+    node before the kernel) and keeps it in its memory pool."""
+    t = _KEY_POSITIONS.get(device)
+    if t is not None and t.numel() >= n:
+        return t
+    size = 1 << max(12, (n - 1).bit_length())
+    if device.type != "cuda" or capturing(device) or torch.compiler.is_compiling():
+        return torch.arange(size, dtype=torch.int32, device=device)
+    with _KEY_POSITIONS_LOCK:
+        t = _KEY_POSITIONS.get(device)
+        if t is None or t.numel() < n:
+            t = torch.arange(size, dtype=torch.int32, device=device)
+            torch.cuda.current_stream(device).synchronize()
+            _KEY_POSITIONS[device] = t
+    return t
 
 
 def plan_kvcache(a, q, k_cache, v_cache, k, v, page_table, cache_batch_idx, cache_leftpad, out,

@@ -4,7 +4,9 @@
   ``FLASHCORE_HOPPER_KERNEL`` (``triton`` | ``gluon_ws``) forces the Hopper fast path onto one kernel
   (ineligible inputs still run the Triton kernel); ``FLASHCORE_SECURE_KERNEL`` the same for secure mode;
   ``FLASHCORE_SECURE_V_ZEROING`` (``prepass`` | ``in_loop``) forces the secure Triton kernel's V zeroing;
-  ``FLASHCORE_SECURE_V_PAD`` (``pairs`` | ``zeros``) the K/V pre-pass's V padding.
+  ``FLASHCORE_SECURE_V_PAD`` (``pairs`` | ``zeros``) the K/V pre-pass's V padding;
+  ``FLASHCORE_SECURE_V_SEEN`` (``scalars``) secure decode's select of V's rows on a range and scalars where the
+  policy takes the one from loaded tensors (``launch.triton_decode.seen_by_load``; the audit's control).
 * Switches of the sm_90 Gluon kernel (:class:`GluonSwitches`), for A/B measurements and the debug
   timeline: set them for a block of code with :func:`override`.
 
@@ -24,7 +26,10 @@ HOPPER_KERNEL_MODES = ("auto", "triton", "gluon_ws")
 SECURE_KERNEL_ENV = "FLASHCORE_SECURE_KERNEL"
 SECURE_V_PAD_ENV = "FLASHCORE_SECURE_V_PAD"
 SECURE_PAD_ENV = "FLASHCORE_SECURE_PAD"
-ENV_VARS = (HOPPER_KERNEL_ENV, SECURE_V_ZEROING_ENV, SECURE_KERNEL_ENV, SECURE_V_PAD_ENV, SECURE_PAD_ENV)
+SECURE_V_SEEN_ENV = "FLASHCORE_SECURE_V_SEEN"
+SECURE_V_SEEN_MODES = ("auto", "scalars")
+ENV_VARS = (HOPPER_KERNEL_ENV, SECURE_V_ZEROING_ENV, SECURE_KERNEL_ENV, SECURE_V_PAD_ENV, SECURE_PAD_ENV,
+            SECURE_V_SEEN_ENV)
 
 
 @dataclass(frozen=True)
@@ -131,7 +136,7 @@ def secure_padding() -> SecurePadding:
 # twentieth of os.environ.get, and snapshot() runs on every call (measured: ~5 of a KV-cache call's host us).
 # Where that dict is not there or not bytes-keyed (another platform or implementation), os.environ.get.
 _ENV_DATA = getattr(os.environ, "_data", None)
-_ENV_NAMES = (HOPPER_KERNEL_ENV, SECURE_V_ZEROING_ENV, SECURE_KERNEL_ENV, SECURE_V_PAD_ENV, SECURE_PAD_ENV)
+_ENV_NAMES = ENV_VARS
 _ENV_KEYS = tuple(os.fsencode(n) for n in _ENV_NAMES)
 if not (isinstance(_ENV_DATA, dict) and os.name == "posix"):
     _ENV_DATA = None

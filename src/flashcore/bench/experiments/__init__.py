@@ -24,6 +24,9 @@ to ``--out`` (default ``$OUT`` or ``.``). docs/perf-notes.md says which version 
   same bytes, each checked bit for bit against the first configuration's output (docs/perf-notes.md v45);
 * ``prefill_v``: secure chunked prefill with V cleaned by the V pre-pass against cleared by the loader warpgroup,
   beside the fast path, each checked against float64 and the two secure forms bit for bit (docs/perf-notes.md v46);
+* ``secure_v_seen``: secure KV-cache decode with V's stale rows zeroed by a select from loaded tensors against the
+  select on a range and scalars, beside the fast path, at the planner's and extra configurations, each checked against
+  float64 and the two selects bit for bit (docs/perf-notes.md v47);
 * ``kv_configs``: the KV-cache split kernel's configurations and loop forms (``DecodeConfig``, incl. ``full_tiles``
   and ``reg_pages``) timed as CUDA-graph replays per shape, a correctness check against float64, and the host time of
   a KV-cache call and its pieces (docs/perf-notes.md v22);

@@ -143,6 +143,24 @@ def _key_rows(b, n0, offs_n, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capaci
 
 
 @triton.jit
+def _v_rows_seen(KEY_POS, CACHE_SEQLENS, LEFTPAD, b, n0, offs_n0, HAS_LEFTPAD: tl.constexpr):
+    """Secure mode: which keys of the tile at ``n0`` the sequence's secret range ``[leftpad, length)`` holds, as the
+    select that zeroes V's other rows takes it. Computed from loaded tensors only: each key's position read from the
+    public table ``KEY_POS`` (``KEY_POS[j] = j``) and the raw lengths read as tensors (no clamp: a length past the
+    capacity or a left pad past the length select the same rows as their clamped values do). A select whose every
+    input comes from a load Triton moves into the MMA operand's own layout, next to V's load from shared memory
+    (``hoistConvertDotOperand`` accepts only loads and constants as the leaves of what it moves); the same select
+    on ``offs_n``/``L`` (a range and scalars) leaves V's tile in a blocked layout, to be written back to shared
+    memory and read again as the operand, a round trip per tile (docs/perf-notes.md v47)."""
+    one = tl.zeros([1], tl.int32)
+    pos = tl.load(KEY_POS + offs_n0) + tl.load(KEY_POS + n0 + one)
+    seen = pos < tl.load(CACHE_SEQLENS + b + one)
+    if HAS_LEFTPAD:
+        seen = seen & (pos >= tl.load(LEFTPAD + b + one))
+    return seen
+
+
+@triton.jit
 def _attend_tiles(q, q_hi, m_i, l_i, acc, acc_hi, lo, hi, gap, start, L, see_to, row_ok, scale2, KC, VC, b, hkv,
                   offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt, stride_kh, stride_vp,
                   stride_vt, stride_vh, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
@@ -227,7 +245,7 @@ def _attend_tiles(q, q_hi, m_i, l_i, acc, acc_hi, lo, hi, gap, start, L, see_to,
 @triton.jit
 def decode_split_kernel(
     Q, KC, VC, O, LSE, PART_O, PART_LSE,
-    CACHE_SEQLENS, PAGE_TABLE, BATCH_IDX, LEFTPAD, CU_Q, K_DESCALE, V_DESCALE,
+    CACHE_SEQLENS, PAGE_TABLE, BATCH_IDX, LEFTPAD, CU_Q, K_DESCALE, V_DESCALE, KEY_POS,
     qk_scale,
     stride_qb, stride_qs, stride_qh,
     stride_kp, stride_kt, stride_kh,
@@ -244,6 +262,7 @@ def decode_split_kernel(
     RETURN_LSE: tl.constexpr,
     PRECISION: tl.constexpr,
     PDL_TRIGGER: tl.constexpr = False,
+    SEEN_BY_LOAD: tl.constexpr = False,
 ):
     if PDL_TRIGGER and SPLIT and ASM:
         # the combine step, a programmatic dependent of this one, may launch now: its programs start and wait
@@ -367,7 +386,11 @@ def decode_split_kernel(
                 # zeroed by visibility before the widening (stale slots may hold NaN); this select keeps the tile out
                 # of the MMA's register layout (a shared-memory round trip per tile), but zeroing NaNs by value and
                 # counting the visible ones in a second product ran slower still (docs/perf-notes.md v24.4)
-                vt = tl.where(key_ok[:, None], vt, 0)
+                if SEEN_BY_LOAD:
+                    vt = tl.where(_v_rows_seen(KEY_POS, CACHE_SEQLENS, LEFTPAD, b, n0, offs_n0, HAS_LEFTPAD)[:, None],
+                                  vt, 0)
+                else:
+                    vt = tl.where(key_ok[:, None], vt, 0)
                 v_lo, v_hi = _widen_fp8_pairs(vt, ASM)
                 p16 = p.to(tl.float16)
                 acc = acc * alpha[:, None] + tl.dot(p16, v_lo, input_precision=PRECISION)
@@ -377,7 +400,11 @@ def decode_split_kernel(
                                    capacity, stride_vp, stride_vt, stride_vh, PAGE_SIZE, BLOCK_N, PAGED,
                                    HAS_BATCH_IDX, SECURE, ASM, REG_PAGES)
                 vt = tl.load(vp, mask=load_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-                vt = tl.where(key_ok[:, None], vt, 0.0)
+                if SEEN_BY_LOAD:
+                    vt = tl.where(_v_rows_seen(KEY_POS, CACHE_SEQLENS, LEFTPAD, b, n0, offs_n0, HAS_LEFTPAD)[:, None],
+                                  vt, 0.0)
+                else:
+                    vt = tl.where(key_ok[:, None], vt, 0.0)
                 acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PRECISION)
             m_i = m_new
     elif not FULL_TILES:  # one masked loop

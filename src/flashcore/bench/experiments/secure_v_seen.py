@@ -1,0 +1,144 @@
+"""Secure KV-cache decode: V's rows outside each sequence's secret range zeroed by a select built from loaded tensors
+(``seen_by_load``: key positions from a public table, lengths read as tensors; the select stays in the MMA operand's
+layout) against the select on a range and scalars (V's tile written back to shared memory and read again, a round trip
+per tile), beside the fast path, at every sequence's full length (docs/perf-notes.md v47): the planner's secure form,
+its configuration with the other select, and extra configurations of either (``CASES``' last field).
+
+Each case is first checked at two sequences and at most 4096 keys, with random lengths and NaN in every stale slot:
+the fast path and both secure selects against the float64 reference (outputs poisoned with NaN first), the two secure
+selects bit for bit. Then timed as the decode bench times (cold L2, ``bench.timing.Timer``), the forms interleaved over
+``--rounds`` rounds, median per form.
+
+    python -m flashcore.bench.experiments.secure_v_seen --out $OUT [--only 0,2] [--rounds 3]
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+
+import torch
+
+from ...launch.triton_decode import seen_by_load
+from . import interleaved_rounds, parser, write_rows
+from .kv_configs import _make, _planned
+
+# (B, Hq, Hkv, D, capacity, Sq, page: 0 contiguous, fp8, extra configurations as (select: "load" or "scalars",
+# block_n, num_warps, num_stages) beside the planner's own, its split count kept)
+CASES = (
+    (64, 32, 8, 128, 16384, 1, 0, True, (("load", 64, 4, 4), ("load", 64, 4, 3))),
+    (64, 32, 8, 128, 16384, 1, 16, True, (("load", 128, 4, 3),)),
+    (64, 32, 8, 128, 8192, 1, 0, False, (("scalars", 128, 8, 3), ("load", 128, 4, 3))),
+    (64, 32, 8, 128, 16384, 1, 0, False, (("scalars", 128, 8, 3),)),
+    (64, 32, 8, 128, 8192, 1, 16, False, (("scalars", 16, 2, 4), ("load", 32, 4, 3), ("load", 32, 2, 4))),
+    (64, 32, 8, 128, 8192, 1, 32, False, (("scalars", 64, 4, 3),)),
+    (64, 32, 8, 128, 8192, 1, 64, False, (("scalars", 64, 8, 3),)),
+    (64, 32, 8, 128, 8192, 1, 128, False, (("scalars", 64, 8, 3), ("load", 128, 4, 4))),
+    (64, 32, 8, 128, 8192, 1, 256, False, (("scalars", 64, 8, 3),)),
+    (1, 32, 8, 128, 65536, 1, 0, False, (("load", 128, 8, 3),)),
+    (1, 32, 8, 128, 4096, 1, 0, False, ()),
+)
+FORMS = ("fast", "secure", "secure:other")  # the planner's fast and secure forms; its secure config, the other select
+
+
+def _call_of(form, q, kc, vc, kw, cfg=None):
+    """(plan, call) of ``form`` (``FORMS``; ``cfg``: a whole secure configuration, for the extra ones)."""
+    if form == "secure:other":
+        plan, _ = _planned(q, kc, vc, kw, None, secure=True)
+        cfg = dataclasses.replace(plan.config, seen_by_load=not seen_by_load(plan.shape, plan.config))
+    return _planned(q, kc, vc, kw, cfg, secure=form != "fast")
+
+
+def _name(plan) -> str:
+    return "load" if seen_by_load(plan.shape, plan.config) else "scalars"
+
+
+def check(case, seed: int) -> dict:
+    """The fast path and both secure selects against the float64 reference at random lengths (stale slots NaN), two
+    sequences, at most 4096 keys; the two secure selects bit for bit."""
+    from flashcore.reference import attention_with_kvcache as reference
+
+    _, Hq, Hkv, D, cap, Sq, page, fp8, _ = case
+    B, cap = 2, min(cap, 4096)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    lens = torch.randint(1, cap, (B,), generator=g, device="cuda", dtype=torch.int32)
+    lens[-1] = cap
+    q, kc, vc, kw = _make(B, Hq, Hkv, D, cap, Sq, page, fp8, g, "cuda", lens=lens)
+    for b in range(B):  # stale slots: NaN in K and V past the length
+        L = int(lens[b])
+        for cache in (kc, vc):
+            view = cache.view(torch.uint8) if fp8 else cache
+            nan = 0x7F if fp8 else float("nan")
+            if page:
+                for col in range(L // page, cap // page):
+                    view[int(kw["page_table"][b, col]), max(L - col * page, 0):] = nan
+            else:
+                view[b, L:] = nan
+    ref = reference(q.double(), kc if fp8 else kc.double(), vc if fp8 else vc.double(), **kw).to(torch.float64)
+    errs, outs = {}, {}
+    t = {n: kw.get(n) for n in ("page_table", "k_descale", "v_descale")}
+    for form in FORMS:
+        plan, _ = _call_of(form, q, kc, vc, kw)
+        out = torch.full_like(q, float("nan"))
+        o, _ = plan(q, kc, vc, dict(t, cache_seqlens=kw["cache_seqlens"]), out)
+        torch.cuda.synchronize()
+        name = form if form == "fast" else _name(plan)
+        errs[name] = float((o.double() - ref).norm() / ref.norm())
+        outs[name] = o.clone()
+    return dict(rel_err=errs, secure_bit_identical=bool(torch.equal(outs["load"], outs["scalars"])),
+                finite=bool(all(torch.isfinite(o).all() for o in outs.values())))
+
+
+def main(argv=None):
+    ap = parser(__name__, __doc__)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rep-ms", type=float, default=60.0)
+    ap.add_argument("--seed", type=int, default=2047)
+    ap.add_argument("--only", default="", help="comma list of CASES indices (default: all)")
+    args = ap.parse_args(argv)
+    from flashcore.bench.timing import Timer
+
+    timer = Timer()
+    rows = []
+    picked = [int(i) for i in args.only.split(",") if i] or range(len(CASES))
+    for i in picked:
+        case = CASES[i]
+        B, Hq, Hkv, D, cap, Sq, page, fp8, extra = case
+        ok = check(case, args.seed + i)
+        g = torch.Generator(device="cuda").manual_seed(args.seed + 100 + i)
+        q, kc, vc, kw = _make(B, Hq, Hkv, D, cap, Sq, page, fp8, g, "cuda")
+        fns, cfgs = {}, {}
+        for form in FORMS:
+            plan, fn = _call_of(form, q, kc, vc, kw)
+            name = form if form == "fast" else f"{form}:{_name(plan)}"
+            fns[name], cfgs[name] = fn, repr(plan.config)
+            if form == "secure":
+                planner = plan.config
+        for select, bn, w, st in extra:
+            cfg = dataclasses.replace(planner, block_n=bn, num_warps=w, num_stages=st, seen_by_load=select == "load")
+            name = f"{select}:{bn}w{w}s{st}"
+            plan, fns[name] = _call_of("secure", q, kc, vc, kw, cfg)
+            cfgs[name] = repr(plan.config)
+        for fn in fns.values():
+            fn()
+        torch.cuda.synchronize()
+        per_round, med = interleaved_rounds(
+            fns, args.rounds, lambda fn: 1e3 * statistics.median(timer.measure([fn], flush=True, rep_ms=args.rep_ms)))
+        rows.append(dict(case=[B, Hq, Hkv, D, cap, Sq, page, fp8], us=med, rounds=per_round, configs=cfgs, check=ok,
+                         over_fast={f: med["fast"] / med[f] for f in fns}))
+        print(f"{case[:8]}: {ok}", flush=True)
+    path = write_rows(args.out, "secure-v-seen.json", "Timer (cold L2), interleaved rounds, median", rows)
+
+    def label(r):
+        B, Hq, Hkv, D, cap, Sq, page, fp8 = r["case"]
+        return f"B{B} {cap // 1024}k {'p%d' % page if page else 'contig'} {'fp8' if fp8 else 'bf16'}"
+
+    print("secure decode: us (fast / form); the planner's secure form first, then its configuration with the other "
+          "select, then the extra configurations")
+    for r in rows:
+        cells = "  ".join(f"{n} {r['us'][n]:.1f} ({r['over_fast'][n]:.3f})" for n in r["us"])
+        print(f"{label(r):>18}  {cells}")
+    print(path)
+
+
+if __name__ == "__main__":
+    main()
