@@ -747,13 +747,14 @@ def test_padding_contents_do_not_change_a_bit(secure, layout, gen):
 
 @kernel
 @pytest.mark.parametrize("layout", SECURE_LAYOUTS)
-@pytest.mark.parametrize("splits", [1, 3])
-def test_secure_v_select_from_loaded_tensors_gives_the_scalar_select_bit_for_bit(layout, splits, gen):
+@pytest.mark.parametrize("splits,block_n", [(1, 16), (3, 16), (1, 64)])
+def test_secure_v_select_from_loaded_tensors_gives_the_scalar_select_bit_for_bit(layout, splits, block_n, gen):
     """Secure decode zeroes V's rows outside each sequence's range by one of two selects (``DecodeConfig.seen_by_load``,
     docs/perf-notes.md v47): from loaded tensors (key positions from the public table, the raw lengths read as tensors)
     or from a range and the clamped scalar lengths. Both give every output and lse bit, with NaN and Inf in every slot
     no sequence sees, and also for lengths the host never checked (a CUDA-graph replay): past the capacity, negative,
-    and a left pad past the length, where the raw values must select the rows their clamped values do."""
+    and a left pad past the length, where the raw values must select the rows their clamped values do (64-key tiles:
+    the last tile reaches past the capacity of 96, rows the raw length selects and the clamped one does not)."""
     from flashcore import _checks as C
     from flashcore.launch.triton_decode import DecodeConfig
     from flashcore.plan.decode import plan_kvcache
@@ -766,7 +767,7 @@ def test_secure_v_select_from_loaded_tensors_gives_the_scalar_select_bit_for_bit
                         max_seqlen_q=None, k_descale=None, v_descale=None, causal=True, scale=None, num_splits=0,
                         return_lse=True, out=None, secure=True, backend="triton")
     plans = {flag: plan_kvcache(a, q, kc, vc, None, None, opt["page_table"], opt["cache_batch_idx"],
-                                opt["cache_leftpad"], nan_like(q), config=DecodeConfig(16, 16, 4, 2, splits,
+                                opt["cache_leftpad"], nan_like(q), config=DecodeConfig(16, block_n, 4, 2, splits,
                                                                                       seen_by_load=flag))
              for flag in (False, True)}
     assert [plans[f].split.constexprs["SEEN_BY_LOAD"] for f in (False, True)] == [False, True]

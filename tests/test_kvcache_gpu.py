@@ -185,6 +185,44 @@ def test_cuda_graph_replay_with_new_lengths_and_page_tables(secure, B):
                                         lambda: table[torch.randperm(B, device=DEV)])
 
 
+def test_a_captured_graph_keeps_reading_its_key_position_table_after_a_longer_cache_grows_it():
+    """Secure decode at one split (V's select from loaded tensors, docs/perf-notes.md v47) reads the device's public
+    key-position table by address. A graph captured with that table replays correctly after a call with a longer
+    cache replaced it with a longer one, and after the memory of a freed table would have been handed out again and
+    overwritten (the first version freed it: a review reproduced zeroed outputs this way)."""
+    from flashcore.plan import decode as PD
+
+    B, cap = 24, 4096
+    q, kc, vc, table, lens, _ = _case(B, 32, 8, 128, cap, 16, seed=61)
+    ks, vs = kc.clone(), vc.clone()  # stale slots NaN and Inf in the copies the calls read
+    _stale(ks, table, lens, 16, [float("nan")])
+    _stale(vs, table, lens, 16, [float("inf")])
+    out, lens_buf = torch.empty_like(q), lens.clone()
+
+    def call():
+        return flashcore.attention_with_kvcache(q, ks, vs, cache_seqlens=lens_buf, page_table=table, out=out,
+                                                secure=True)
+
+    PD._KEY_POSITIONS.pop(torch.device(DEV, torch.cuda.current_device()), None)  # the warm-up makes a short table
+    call()
+    torch.cuda.synchronize()
+    first = PD._KEY_POSITIONS[q.device]
+    graph, _ = capture_cuda_graph(call)
+    q2, kc2, vc2, table2, lens2, _ = _case(B, 32, 8, 128, 8 * cap, 16, seed=62)
+    flashcore.attention_with_kvcache(q2, kc2, vc2, cache_seqlens=lens2, page_table=table2, secure=True)
+    torch.cuda.synchronize()
+    assert PD._KEY_POSITIONS[q.device].numel() > first.numel()  # the premise: the table grew
+    del first
+    # blocks the size of the first table, holding positions no key has: what a freed table's memory would become
+    junk = [torch.full((4096,), 1 << 29, dtype=torch.int32, device=DEV) for _ in range(64)]
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = R.attention_with_kvcache(q, kc, vc, cache_seqlens=lens_buf, page_table=table)
+    assert not torch.isnan(out).any() and rel_err(out, ref) < 1e-2
+    del junk
+
+
 def _replay_with_new_lengths_and_tables(call, q, kc, vc, out, lens_buf, table_buf, new_table):
     """Capture ``call`` (it reads ``lens_buf``/``table_buf`` and writes ``out``) once, then replay it three times with
     new random lengths up to the capacity and a new table (``new_table()``), the output poisoned before each replay,

@@ -127,9 +127,10 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from flashcore.audit.sass.compile import _compiler_mode, _unwrap_jit
 from flashcore.audit.specs import _decode_specs
-cache, page, splits, cache_dtype = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+cache, page, splits, cache_dtype, which = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
 dtype = torch.bfloat16 if cache_dtype == "bf16" else torch.float8_e4m3fn
-spec = _decode_specs(torch.bfloat16, dtype, 128, cache, page, 1, True, splits, True)[0]
+specs = _decode_specs(torch.bfloat16, dtype, 128, cache, page, 1, True, splits, True)
+spec = specs[0] if which == "planned" else next(s for s in specs if s["name"].endswith("_vscalars"))
 src = ASTSource(_unwrap_jit(spec["fn"]), signature=dict(spec["signature"]), constexprs=dict(spec["constexprs"]),
                 attrs=dict(spec["attrs"]))
 with _compiler_mode():
@@ -140,14 +141,16 @@ sys.stdout.write(c.asm["ttgir"])
 """
 
 
-def secure_decode_ttgir(cache: str, page: int, splits: int, cache_dtype: str) -> tuple[int, bool, str]:
+def secure_decode_ttgir(cache: str, page: int, splits: int, cache_dtype: str,
+                        which: str = "planned") -> tuple[int, bool, str]:
     """(BLOCK_N, SEEN_BY_LOAD, TTGIR) of the secure split kernel for a bf16 q, D 128, as the planner configures it at
-    ``splits`` splits; compiled for sm_90a in a fresh process without ``TRITON_INTERPRET``."""
+    ``splits`` splits (``which`` "control": the audit's scalar-select control at the same tiles); compiled for sm_90a
+    in a fresh process without ``TRITON_INTERPRET``."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    r = subprocess.run([sys.executable, "-c", _DECODE_TTGIR, cache, str(page), str(splits), cache_dtype], env=env,
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run([sys.executable, "-c", _DECODE_TTGIR, cache, str(page), str(splits), cache_dtype, which],
+                       env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     head, ttgir = r.stdout.split("\n", 1)
     block_n, by_load = head.split()
@@ -163,10 +166,17 @@ def test_secure_decode_at_one_split_takes_v_to_the_mma_without_a_shared_memory_r
     scalar lengths, the tile was read into a blocked layout, selected, written back to shared memory and read again
     as the operand on every step (``ttg.local_alloc`` of a V-sized register tile): 0.89-0.93x of the fast path at
     B64 against 0.97-0.99x without it (H200, docs/perf-notes.md v47)."""
+    cols = 128 if cache_dtype == "bf16" else 64  # an FP8 tile as its even and odd columns (float16 halves)
+
+    def v_sized_allocs(ttgir, block_n):
+        return re.findall(rf"ttg\.local_alloc %\S+ : \(tensor<{block_n}x{cols}x", ttgir)
+
+    # the control: the select on scalars at the same tiles sends V's tile back (so the pattern below can see it)
+    block_n, by_load, control = secure_decode_ttgir(cache, page, 1, cache_dtype, which="control")
+    assert not by_load and v_sized_allocs(control, block_n), "the control shows no round trip: the test is blind"
     block_n, by_load, ttgir = secure_decode_ttgir(cache, page, 1, cache_dtype)
     assert by_load, "the planner no longer takes the select from loaded tensors here"
-    cols = 128 if cache_dtype == "bf16" else 64  # an FP8 tile as its even and odd columns (float16 halves)
-    v_sized = re.findall(rf"ttg\.local_alloc %\S+ : \(tensor<{block_n}x{cols}x", ttgir)
+    v_sized = v_sized_allocs(ttgir, block_n)
     assert not v_sized, f"V's tile goes back to shared memory ({len(v_sized)} allocations of a {block_n}x{cols} tile)"
     operand = re.findall(rf"ttg\.local_load .*-> tensor<{block_n}x{cols}x\w+, #ttg\.dot_op<\{{opIdx = 1", ttgir)
     operand += re.findall(rf"ttg\.local_load .*-> tensor<{block_n}x{cols}xi16, #ttg\.dot_op<\{{opIdx = 1", ttgir)

@@ -382,39 +382,72 @@ def decode_specs(secure: bool, full: bool = False) -> list[dict]:
                         if spec["name"] not in names:  # the combine step is shared by every cache form
                             names.add(spec["name"])
                             specs.append(spec)
+    if secure:
+        for spec in _seen_by_load_variant_specs():
+            if spec["name"] not in names:
+                names.add(spec["name"])
+                specs.append(spec)
     return specs
 
 
-def _decode_specs(q_dtype, cache_dtype, hd, cache, page, Sq, causal, splits, secure) -> list[dict]:
-    B, Hq, Hkv, capacity = 2, 8, 2, 1024
+# V's select from loaded tensors (launch.triton_decode.seen_by_load) is a form of its own for every constexpr the
+# launch sets: beside the list's forms above (Sq 1, causal, 4 query heads per K/V head, lse, K and V with the same
+# strides, bf16 q), each of the others the planner gives it: no lse (the API's default), non-causal, 2 and 4 query
+# tokens, 1 and 8 query heads per K/V head, an fp16 q and cache, V with strides of its own
+_SEEN_BY_LOAD_CACHES = (("contiguous", 0, torch.bfloat16), ("paged", 16, torch.bfloat16), ("paged", 64, torch.bfloat16),
+                        ("leftpad", 0, torch.bfloat16), ("contiguous", 0, torch.float8_e4m3fn))
+_SEEN_BY_LOAD_VARIANTS = (dict(return_lse=False), dict(causal=False), dict(Sq=2), dict(Sq=4, causal=False),
+                          dict(Hq=2), dict(Hq=16), dict(q_dtype=torch.float16), dict(same_kv=False))
+
+
+def _seen_by_load_variant_specs() -> list[dict]:
+    specs = []
+    for cache, page, cache_dtype in _SEEN_BY_LOAD_CACHES:
+        for v in _SEEN_BY_LOAD_VARIANTS:
+            kw = dict(dict(q_dtype=torch.bfloat16, Sq=1, causal=True), **v)
+            if cache_dtype != torch.bfloat16 and kw["q_dtype"] == torch.float16 and "q_dtype" in v:
+                continue  # the FP8 cache's fp16 q is in the main list
+            q_dtype = kw.pop("q_dtype")
+            cd = torch.float16 if (q_dtype == torch.float16 and cache_dtype == torch.bfloat16) else cache_dtype
+            specs += _decode_specs(q_dtype, cd, 128, cache, page, kw.pop("Sq"), kw.pop("causal"), 1, True, **kw)
+    return specs
+
+
+def _decode_specs(q_dtype, cache_dtype, hd, cache, page, Sq, causal, splits, secure, Hq=8, return_lse=True,
+                  same_kv=True) -> list[dict]:
+    B, Hkv, capacity = 2, 2, 1024
     paged = cache == "paged"
     q = torch.empty(B, Sq, Hq, hd, dtype=q_dtype)
     if paged:
         kc = torch.empty(B * capacity // page + 1, page, Hkv, hd, dtype=cache_dtype)
     else:
         kc = torch.empty(B + 1, capacity, Hkv, hd, dtype=cache_dtype)
+    # V with strides of its own: a view into a buffer with a wider head axis (the row stride differs from K's)
+    vc = kc if same_kv else torch.empty(*kc.shape[:-2], Hkv + 1, hd, dtype=cache_dtype)[..., :Hkv, :]
     fp8 = cache_dtype == torch.float8_e4m3fn
     shape = DecodeShape(batch=B, seqlen_q=Sq, num_heads_q=Hq, num_heads_kv=Hkv, head_dim=hd,
                         page_size=page if paged else capacity, capacity=capacity, num_pages=kc.shape[0], paged=paged,
                         packed=False, appended=False, has_batch_idx=cache == "rows", has_leftpad=cache == "leftpad",
-                        causal=causal, secure=secure, fp8=fp8, return_lse=True, fp32=q_dtype == torch.float32,
+                        causal=causal, secure=secure, fp8=fp8, return_lse=return_lse, fp32=q_dtype == torch.float32,
                         scale=hd ** -0.5)
     cfg = choose_config(shape, splits, torch.device("cpu"))
     table = torch.empty(B, capacity // max(page, 1), dtype=torch.int32) if paged else None
-    fn, _, args, ce = build_split(shape, cfg, q, kc, kc, q, table.stride(0) if paged else 0)
+    fn, _, args, ce = build_split(shape, cfg, q, kc, vc, q, table.stride(0) if paged else 0)
     i32 = torch.empty(B + 1, dtype=torch.int32)
     f32 = torch.empty(4096, dtype=torch.float32)
     descale = torch.empty(B, Hkv, dtype=torch.float32)
-    ptrs = [q, kc, kc, q, f32, f32, f32, i32, table if paged else i32, i32, i32, i32, descale, descale, i32]
+    ptrs = [q, kc, vc, q, f32, f32, f32, i32, table if paged else i32, i32, i32, i32, descale, descale, i32]
     mode = "secure" if secure else "fast"
+    variant = (f"{'' if Hq == 8 else f'_g{Hq // Hkv}'}{'' if return_lse else '_nolse'}"
+               f"{'' if same_kv else '_vstrides'}")
     name = (f"{mode}_decode_{_ELT.get(cache_dtype, 'fp8')}_q{_ELT[q_dtype]}_d{hd}_{cache}{page or ''}_sq{Sq}"
-            f"{'_causal' if causal else ''}_splits{cfg.num_splits}_{cfg.block_m}x{cfg.block_n}w{cfg.num_warps}"
-            f"s{cfg.num_stages}")
+            f"{'_causal' if causal else ''}{variant}_splits{cfg.num_splits}_{cfg.block_m}x{cfg.block_n}"
+            f"w{cfg.num_warps}s{cfg.num_stages}")
     specs = [_spec_from_launch(name, cfg, ptrs + list(args), ce, TRITON_DECODE.secrets(secure=secure), fn=fn)]
     if secure and ce["SEEN_BY_LOAD"]:
         # V's select on scalars at the same tiles (launch.triton_decode.seen_by_load), launchable with the audit knob
         # FLASHCORE_SECURE_V_SEEN=scalars
-        fn, _, args, ce2 = build_split(shape, replace(cfg, seen_by_load=False), q, kc, kc, q,
+        fn, _, args, ce2 = build_split(shape, replace(cfg, seen_by_load=False), q, kc, vc, q,
                                        table.stride(0) if paged else 0)
         specs.append(_spec_from_launch(f"{name}_vscalars", cfg, ptrs + list(args), ce2,
                                        TRITON_DECODE.secrets(secure=secure), fn=fn))

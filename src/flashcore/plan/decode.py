@@ -227,26 +227,35 @@ def workspace_views(shapes: tuple, device: torch.device) -> dict:
 
 
 _KEY_POSITIONS: dict = {}  # device -> int32 table, KEY_POS[j] = j
+# every table ever made, never freed: a CUDA graph captured with a table keeps reading it after a longer one replaced
+# it, and a kernel on another stream may still be reading it (at most about twice the longest table per device)
+_KEY_POSITIONS_KEPT: list = []
 _KEY_POSITIONS_LOCK = threading.Lock()
 
 
 def key_positions(n: int, device: torch.device) -> torch.Tensor:
     """The public table ``KEY_POS[j] = j`` (int32, at least ``n`` entries) the secure split kernel reads its key
-    positions from (``kernels.triton.decode._v_rows_seen``). One per device, grown by powers of two and made on the
-    calling stream, which is then synchronised once so that a call on any other stream reads it filled. Under graph
-    capture (or tracing), when the device's table is too short, a fresh one: the graph fills it itself (an arange
-    node before the kernel) and keeps it in its memory pool."""
+    positions from (``kernels.triton.decode._v_rows_seen``). One per device, grown by powers of two, made on the
+    calling stream, which is then synchronised once so that a call on any other stream reads it filled; a table it
+    replaces stays allocated (``_KEY_POSITIONS_KEPT``: graphs captured with it read its address). Under graph capture,
+    when the device's table is too short, a fresh one that the graph fills itself (an arange node before the kernel),
+    kept as well."""
     t = _KEY_POSITIONS.get(device)
     if t is not None and t.numel() >= n:
         return t
     size = 1 << max(12, (n - 1).bit_length())
-    if device.type != "cuda" or capturing(device) or torch.compiler.is_compiling():
+    if device.type != "cuda" or torch.compiler.is_compiling():
         return torch.arange(size, dtype=torch.int32, device=device)
+    if capturing(device):  # kept too, so the graph's pool never hands its memory to a later allocation
+        t = torch.arange(size, dtype=torch.int32, device=device)
+        _KEY_POSITIONS_KEPT.append(t)
+        return t
     with _KEY_POSITIONS_LOCK:
         t = _KEY_POSITIONS.get(device)
         if t is None or t.numel() < n:
             t = torch.arange(size, dtype=torch.int32, device=device)
             torch.cuda.current_stream(device).synchronize()
+            _KEY_POSITIONS_KEPT.append(t)
             _KEY_POSITIONS[device] = t
     return t
 
