@@ -40,6 +40,7 @@ to ``--out`` (default ``$OUT`` or ``.``). docs/perf-notes.md says which version 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -72,6 +73,35 @@ def interleaved_rounds(fns: dict, rounds: int, time_one) -> tuple[dict, dict]:
         for n, fn in fns.items():
             per_round[n].append(time_one(fn))
     return per_round, {n: statistics.median(v) for n, v in per_round.items()}
+
+
+def add_ab_arguments(ap: argparse.ArgumentParser, *, rep_ms: float, seed: int, listed: str) -> None:
+    """The A/B tools' common options: ``--rounds``, ``--rep-ms`` (per timed measurement), ``--seed`` and ``--only``
+    (a comma list of indices into the tool's ``listed`` table)."""
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rep-ms", type=float, default=rep_ms)
+    ap.add_argument("--seed", type=int, default=seed)
+    ap.add_argument("--only", default="", help=f"comma list of {listed} indices (default: all)")
+
+
+def picked(only: str, count: int) -> list:
+    """The indices ``--only`` names (all ``count`` when it names none)."""
+    return [int(i) for i in only.split(",") if i] or list(range(count))
+
+
+@functools.lru_cache(maxsize=None)
+def _timer():
+    from ..timing import Timer
+
+    return Timer()  # one per process: it holds the flush buffer
+
+
+def cold_l2_rounds(fns: dict, rounds: int, rep_ms: float) -> tuple[dict, dict]:
+    """:func:`interleaved_rounds` timing each callable as the decode bench does: the median µs of the bench timer's
+    calls with the L2 flushed before each (``bench.timing.Timer``)."""
+    timer = _timer()
+    return interleaved_rounds(fns, rounds,
+                              lambda fn: 1e3 * statistics.median(timer.measure([fn], flush=True, rep_ms=rep_ms)))
 
 
 def write_rows(out_dir: str, name: str, method: str, rows: list) -> str:

@@ -9,11 +9,9 @@ the queue pre-filled: ``bench.timing.Timer``), the forms interleaved over ``--ro
 """
 from __future__ import annotations
 
-import statistics
-
 import torch
 
-from . import interleaved_rounds, parser, print_us_table, write_rows
+from . import add_ab_arguments, cold_l2_rounds, parser, picked, print_us_table, write_rows
 
 # (B, Hq, Hkv, Sq, capacity, D, causal, page size: 0 contiguous); the first two are the decode bench's rows
 SHAPES = (
@@ -97,17 +95,10 @@ def check(shape, seed: int) -> dict:
 
 def main(argv=None):
     ap = parser(__name__, __doc__)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--rep-ms", type=float, default=100.0)
-    ap.add_argument("--seed", type=int, default=2026)
-    ap.add_argument("--only", default="", help="comma list of SHAPES indices (default: all)")
+    add_ab_arguments(ap, rep_ms=100.0, seed=2026, listed="SHAPES")
     args = ap.parse_args(argv)
-    from flashcore.bench.timing import Timer
-
-    timer = Timer()
     rows = []
-    picked = [int(i) for i in args.only.split(",") if i] or range(len(SHAPES))
-    for i in picked:
+    for i in picked(args.only, len(SHAPES)):
         shape = SHAPES[i]
         B, Hq, Hkv, Sq, cap, D, causal, page = shape
         ok = check(shape, args.seed + i)
@@ -119,8 +110,7 @@ def main(argv=None):
         for fn in fns.values():
             fn()
         torch.cuda.synchronize()
-        per_round, med = interleaved_rounds(
-            fns, args.rounds, lambda fn: 1e3 * statistics.median(timer.measure([fn], flush=True, rep_ms=args.rep_ms)))
+        per_round, med = cold_l2_rounds(fns, args.rounds, args.rep_ms)
         rows.append(dict(shape=list(shape), us=med, rounds=per_round, check=ok,
                          over_fast={f: med["fast"] / med[f] for f in FORMS},
                          flops=4.0 * B * Hq * Sq * cap * D / (2 if causal else 1)))

@@ -14,12 +14,11 @@ selects bit for bit. Then timed as the decode bench times (cold L2, ``bench.timi
 from __future__ import annotations
 
 import dataclasses
-import statistics
 
 import torch
 
 from ...launch.triton_decode import seen_by_load
-from . import interleaved_rounds, parser, write_rows
+from . import add_ab_arguments, cold_l2_rounds, parser, picked, write_rows
 from .kv_configs import _make, _planned
 
 # (B, Hq, Hkv, D, capacity, Sq, page: 0 contiguous, fp8, extra configurations as (select: "load" or "scalars",
@@ -90,17 +89,10 @@ def check(case, seed: int) -> dict:
 
 def main(argv=None):
     ap = parser(__name__, __doc__)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--rep-ms", type=float, default=60.0)
-    ap.add_argument("--seed", type=int, default=2047)
-    ap.add_argument("--only", default="", help="comma list of CASES indices (default: all)")
+    add_ab_arguments(ap, rep_ms=60.0, seed=2047, listed="CASES")
     args = ap.parse_args(argv)
-    from flashcore.bench.timing import Timer
-
-    timer = Timer()
     rows = []
-    picked = [int(i) for i in args.only.split(",") if i] or range(len(CASES))
-    for i in picked:
+    for i in picked(args.only, len(CASES)):
         case = CASES[i]
         B, Hq, Hkv, D, cap, Sq, page, fp8, extra = case
         ok = check(case, args.seed + i)
@@ -121,8 +113,7 @@ def main(argv=None):
         for fn in fns.values():
             fn()
         torch.cuda.synchronize()
-        per_round, med = interleaved_rounds(
-            fns, args.rounds, lambda fn: 1e3 * statistics.median(timer.measure([fn], flush=True, rep_ms=args.rep_ms)))
+        per_round, med = cold_l2_rounds(fns, args.rounds, args.rep_ms)
         rows.append(dict(case=[B, Hq, Hkv, D, cap, Sq, page, fp8], us=med, rounds=per_round, configs=cfgs, check=ok,
                          over_fast={f: med["fast"] / med[f] for f in fns}))
         print(f"{case[:8]}: {ok}", flush=True)
