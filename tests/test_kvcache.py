@@ -766,11 +766,17 @@ def test_secure_v_select_from_loaded_tensors_gives_the_scalar_select_bit_for_bit
     a = C.check_kvcache(q, kc, vc, cache_seqlens=kw["cache_seqlens"], k=None, v=None, **opt, cu_seqlens_q=None,
                         max_seqlen_q=None, k_descale=None, v_descale=None, causal=True, scale=None, num_splits=0,
                         return_lse=True, out=None, secure=True, backend="triton")
-    plans = {flag: plan_kvcache(a, q, kc, vc, None, None, opt["page_table"], opt["cache_batch_idx"],
-                                opt["cache_leftpad"], nan_like(q), config=DecodeConfig(16, block_n, 4, 2, splits,
-                                                                                      seen_by_load=flag))
-             for flag in (False, True)}
-    assert [plans[f].split.constexprs["SEEN_BY_LOAD"] for f in (False, True)] == [False, True]
+    forms = [(False, False), (True, False), (False, True), (True, True)]  # (seen_by_load, hoisted)
+    plans = {f: plan_kvcache(a, q, kc, vc, None, None, opt["page_table"], opt["cache_batch_idx"],
+                             opt["cache_leftpad"], nan_like(q), config=DecodeConfig(16, block_n, 4, 2, splits,
+                                                                                   seen_by_load=f[0], hoisted=f[1]))
+             for f in forms}
+    assert [plans[f].split.constexprs["SEEN_BY_LOAD"] for f in forms] == [False, True, False, True]
+    # v48's addressing: one page per tile (every layout here but page 16 at 64-key tiles); whole tiles when the
+    # capacity (96) is a multiple of the tile
+    one_page = not (layout.startswith("paged") and block_n == 64)
+    assert [plans[f].split.constexprs["HOISTED"] for f in forms] == [False, False, one_page, one_page]
+    assert plans[(True, True)].split.constexprs["WHOLE_TILES"] == (one_page and block_n == 16)
     cap = 96
     cases = [(kw["cache_seqlens"], opt["cache_leftpad"]), (lengths(cap + 40, -5, 1 << 30), opt["cache_leftpad"])]
     if layout == "leftpad":
@@ -779,11 +785,13 @@ def test_secure_v_select_from_loaded_tensors_gives_the_scalar_select_bit_for_bit
         t = dict({n: opt[n] for n in names if opt[n] is not None}, cache_seqlens=L)
         if lp is not None:
             t["cache_leftpad"] = lp
-        res = {f: plans[f](q, kc, vc, t, nan_like(q)) for f in (False, True)}
-        (o0, l0), (o1, l1) = res[False], res[True]
+        res = {f: plans[f](q, kc, vc, t, nan_like(q)) for f in forms}
+        o0, l0 = res[forms[0]]
         what = f"L={L.tolist()} leftpad={None if lp is None else lp.tolist()} seed {gen.initial_seed()}"
-        assert torch.equal(o0.view(torch.int16), o1.view(torch.int16)), what
-        assert torch.equal(l0.view(torch.int32), l1.view(torch.int32)), what
+        for f in forms[1:]:
+            o1, l1 = res[f]
+            assert torch.equal(o0.view(torch.int16), o1.view(torch.int16)), (f, what)
+            assert torch.equal(l0.view(torch.int32), l1.view(torch.int32)), (f, what)
         if i == 0:  # checked lengths: no stale slot reached the output (they hold NaN and Inf)
             assert not torch.isnan(o1).any() and not torch.isinf(o1).any(), what
 
@@ -803,20 +811,35 @@ def test_secure_decode_takes_the_select_from_loaded_tensors_only_in_the_audited_
                     has_leftpad=False, causal=True, secure=True, fp8=False, return_lse=False, fp32=False, scale=0.1)
         return DecodeShape(**dict(base, **kw))
 
+    from flashcore.launch.triton_decode import hoisted
+
     one = DecodeConfig(16, 32, 4, 4, 1)
-    assert seen_by_load(shape(), one) and seen_by_load(shape(paged=False, page_size=8192), one)
-    assert seen_by_load(shape(fp8=True, paged=False, page_size=8192), one)
+    contiguous = dict(paged=False, page_size=8192)
+    assert seen_by_load(shape(), one) and seen_by_load(shape(**contiguous), one)
+    assert seen_by_load(shape(fp8=True, **contiguous), one)
+    # with splits only where the loop is hoisted (v48): a tile in one page
+    split = DecodeConfig(16, 128, 4, 3, 7)
+    for s in (shape(**contiguous), shape(fp8=True, **contiguous), shape(page_size=128), shape(page_size=256)):
+        assert hoisted(s, split) and seen_by_load(s, split), s
     for s, c in [(shape(secure=False), one), (shape(fp8=True), one), (shape(head_dim=72), one),
                  (shape(), DecodeConfig(64, 32, 4, 4, 1)), (shape(), DecodeConfig(16, 32, 4, 4, 7)),
-                 (shape(fp32=True), one)]:
+                 (shape(page_size=64), split), (shape(fp8=True, page_size=128), split), (shape(fp32=True), one)]:
         assert not seen_by_load(s, c), (s, c)
+        assert not hoisted(s, c) or c.num_splits == 1, (s, c)
+    assert not hoisted(shape(), one)  # page 16, 32-key tiles: a gather
+    assert hoisted(shape(page_size=64), DecodeConfig(16, 64, 4, 4, 1))
     monkeypatch.setenv("FLASHCORE_SECURE_V_SEEN", "scalars")
     assert not seen_by_load(shape(), one)
     monkeypatch.delenv("FLASHCORE_SECURE_V_SEEN")
     specs = {s["name"]: s["constexprs"] for s in decode_specs(True) if "combine" not in s["name"]}
     by_load = sorted(n for n, ce in specs.items() if ce["SEEN_BY_LOAD"])
-    assert by_load and all("_d128_" in n and "_splits1_16x" in n and not ("_fp8_" in n and "paged" in n)
+    assert by_load and all("_d128_" in n and "_16x" in n and not ("_fp8_" in n and "paged" in n)
                            for n in by_load), by_load
+    assert all("_splits1_" in n or specs[n]["HOISTED"] for n in by_load), by_load
+    # the hoisted loop: in the list at one split and with splits, with and without whole tiles
+    on = [ce for n, ce in specs.items() if ce["HOISTED"]]
+    assert {ce["SPLIT"] for ce in on} == {False, True} and {ce["WHOLE_TILES"] for ce in on} == {False, True}
+    assert all(n.startswith("secure_") and "_d128_" in n and "_16x" in n for n, ce in specs.items() if ce["HOISTED"])
     assert sorted(n for n in specs if n.endswith("_vscalars")) == [n + "_vscalars" for n in by_load]
     assert not any(specs[n + "_vscalars"]["SEEN_BY_LOAD"] for n in by_load)
 

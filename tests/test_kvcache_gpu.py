@@ -56,7 +56,7 @@ def test_kvcache_bf16_and_fp8_match_the_reference(page, fp8, Sq, splits, secure)
     assert rel_err(lse[fin], rl[fin]) < 1e-4
 
 
-@pytest.mark.parametrize("page", [16, 32, 64])
+@pytest.mark.parametrize("page", [16, 32, 64, 128])
 @pytest.mark.parametrize("fp8", [False, True])
 def test_secure_paged_decode_at_one_split_matches_the_reference_and_ignores_stale_slots(page, fp8):
     """Secure paged decode with enough sequences for one split (FP8: since v46 64-key tiles, gathering pages 16 and
@@ -89,28 +89,36 @@ def test_secure_paged_decode_at_one_split_matches_the_reference_and_ignores_stal
     from flashcore.launch.triton_decode import seen_by_load
 
     # FP8: 64-key tiles (gathering their pages below 64), V's select on scalars; bf16 (v47): V's select from loaded
-    # tensors, 32-key tiles below page 64 (gathering page 16's pages), 64 from it
+    # tensors, 32-key tiles below page 64 (gathering page 16's pages), 64 at page 64, 128 from page 128 (v48: the
+    # hoisted loop, a tile per page)
+    from flashcore.launch.triton_decode import hoisted
+
     plan = seen[-1]
-    assert plan.config.block_n == (64 if fp8 or page >= 64 else 32), plan.config
+    assert plan.config.block_n == (64 if fp8 or page == 64 else 128 if page >= 128 else 32), plan.config
     assert seen_by_load(plan.shape, plan.config) == (not fp8), plan.config
+    assert hoisted(plan.shape, plan.config) == (not fp8 and page >= 32), plan.config
     ro = R.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table, **descale)
     assert not torch.isnan(outs[0]).any() and rel_err(outs[0], ro) < 1e-2
     for o in outs[1:]:
         assert torch.equal(o, outs[0])
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "paged16", "paged128", "leftpad", "rows", "fp8"])
+@pytest.mark.parametrize("layout", ["contiguous", "contiguous1000", "paged16", "paged128", "leftpad", "rows", "fp8",
+                                    "fp8_1000"])
 def test_secure_v_select_from_loaded_tensors_gives_the_scalar_select_bit_for_bit(layout):
     """The two selects that keep V's stale rows out of secure decode (``DecodeConfig.seen_by_load``, docs/perf-notes.md
-    v47), compiled for this GPU, at the one-split configuration the planner gives the new form: every output and lse
-    bit equal, with NaN/Inf in every slot past each length (and before each left pad), against the reference too."""
+    v47), each with and without v48's hoisted addressing and V's AND (``DecodeConfig.hoisted``; a capacity of 1000:
+    not whole tiles, masked loads), compiled for this GPU, at the one-split configuration the planner gives the new
+    form: every output and lse bit equal, with NaN/Inf in every slot past each length (and before each left pad),
+    against the reference too."""
     from flashcore import _checks as C
     from flashcore.launch.triton_decode import seen_by_load
     from flashcore.plan.decode import plan_kvcache
 
     page = {"paged16": 16, "paged128": 128}.get(layout, 0)
-    fp8 = layout == "fp8"
-    q, kc, vc, table, lens, descale = _case(24, 32, 8, 128, 1024, page, fp8=fp8, seed=47)
+    fp8 = layout.startswith("fp8")
+    cap = 1000 if layout.endswith("1000") else 1024
+    q, kc, vc, table, lens, descale = _case(24, 32, 8, 128, cap, page, fp8=fp8, seed=47)
     lens[1] = 1  # a single visible key beside the full and empty sequences
     for cache in (kc, vc):
         _stale(cache.view(torch.uint8) if fp8 else cache, table, lens, page,
@@ -133,16 +141,20 @@ def test_secure_v_select_from_loaded_tensors_gives_the_scalar_select_bit_for_bit
         assert seen_by_load(plan.shape, plan.config) and plan.config.num_splits == 1, plan.config
     tensors = dict({n: x for n, x in opt.items() if x is not None}, cache_seqlens=lens, **descale)
     res = []
-    for flag in (True, False):
+    for flag, hoisted in ((True, False), (False, False), (True, True), (False, True)):
         from dataclasses import replace
 
         p = plan_kvcache(a, q, kc, vc, None, None, table, opt["cache_batch_idx"], opt["cache_leftpad"],
-                         torch.empty_like(q), config=replace(plan.config, seen_by_load=flag))
+                         torch.empty_like(q), config=replace(plan.config, seen_by_load=flag, hoisted=hoisted))
         assert p.split.constexprs["SEEN_BY_LOAD"] is flag
+        one_page = page == 0 or page % plan.config.block_n == 0
+        assert p.split.constexprs["HOISTED"] is (hoisted and one_page)
+        assert p.split.constexprs["WHOLE_TILES"] is (hoisted and one_page and cap % plan.config.block_n == 0)
         res.append(p(q, kc, vc, tensors, torch.full_like(q, float("nan"))))
         torch.cuda.synchronize()
-    (o1, l1), (o0, l0) = res
-    assert torch.equal(o1.view(torch.int16), o0.view(torch.int16)) and torch.equal(l1, l0)
+    (o1, l1), (o0, l0) = res[:2]
+    for o, lse in res[1:]:
+        assert torch.equal(o1.view(torch.int16), o.view(torch.int16)) and torch.equal(l1, lse)
     ro = R.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table,
                                   cache_batch_idx=opt["cache_batch_idx"], cache_leftpad=opt["cache_leftpad"], **descale)
     assert not torch.isnan(o1).any() and rel_err(o1, ro) < 1e-2

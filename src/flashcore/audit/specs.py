@@ -394,28 +394,35 @@ def decode_specs(secure: bool, full: bool = False) -> list[dict]:
 # launch sets: beside the list's forms above (Sq 1, causal, 4 query heads per K/V head, lse, K and V with the same
 # strides, bf16 q), each of the others the planner gives it: no lse (the API's default), non-causal, 2 and 4 query
 # tokens, 1 and 8 query heads per K/V head, an fp16 q and cache, V with strides of its own
+# (v48: page 128 for the hoisted loop's 128-key tiles in a page; a capacity that is not whole tiles, masked loads,
+# at one split and with splits)
 _SEEN_BY_LOAD_CACHES = (("contiguous", 0, torch.bfloat16), ("paged", 16, torch.bfloat16), ("paged", 64, torch.bfloat16),
-                        ("leftpad", 0, torch.bfloat16), ("contiguous", 0, torch.float8_e4m3fn))
+                        ("paged", 128, torch.bfloat16), ("leftpad", 0, torch.bfloat16),
+                        ("contiguous", 0, torch.float8_e4m3fn))
 _SEEN_BY_LOAD_VARIANTS = (dict(return_lse=False), dict(causal=False), dict(Sq=2), dict(Sq=4, causal=False),
-                          dict(Hq=2), dict(Hq=16), dict(q_dtype=torch.float16), dict(same_kv=False))
+                          dict(Hq=2), dict(Hq=16), dict(q_dtype=torch.float16), dict(same_kv=False),
+                          dict(capacity=1000), dict(capacity=1000, splits=7))
 
 
 def _seen_by_load_variant_specs() -> list[dict]:
     specs = []
     for cache, page, cache_dtype in _SEEN_BY_LOAD_CACHES:
         for v in _SEEN_BY_LOAD_VARIANTS:
-            kw = dict(dict(q_dtype=torch.bfloat16, Sq=1, causal=True), **v)
+            kw = dict(dict(q_dtype=torch.bfloat16, Sq=1, causal=True, splits=1), **v)
             if cache_dtype != torch.bfloat16 and kw["q_dtype"] == torch.float16 and "q_dtype" in v:
                 continue  # the FP8 cache's fp16 q is in the main list
+            if "capacity" in v and cache == "paged":
+                continue  # a paged capacity is whole pages
             q_dtype = kw.pop("q_dtype")
             cd = torch.float16 if (q_dtype == torch.float16 and cache_dtype == torch.bfloat16) else cache_dtype
-            specs += _decode_specs(q_dtype, cd, 128, cache, page, kw.pop("Sq"), kw.pop("causal"), 1, True, **kw)
+            specs += _decode_specs(q_dtype, cd, 128, cache, page, kw.pop("Sq"), kw.pop("causal"), kw.pop("splits"),
+                                   True, **kw)
     return specs
 
 
 def _decode_specs(q_dtype, cache_dtype, hd, cache, page, Sq, causal, splits, secure, Hq=8, return_lse=True,
-                  same_kv=True) -> list[dict]:
-    B, Hkv, capacity = 2, 2, 1024
+                  same_kv=True, capacity=1024) -> list[dict]:
+    B, Hkv = 2, 2
     paged = cache == "paged"
     q = torch.empty(B, Sq, Hq, hd, dtype=q_dtype)
     if paged:
@@ -439,7 +446,7 @@ def _decode_specs(q_dtype, cache_dtype, hd, cache, page, Sq, causal, splits, sec
     ptrs = [q, kc, vc, q, f32, f32, f32, i32, table if paged else i32, i32, i32, i32, descale, descale, i32]
     mode = "secure" if secure else "fast"
     variant = (f"{'' if Hq == 8 else f'_g{Hq // Hkv}'}{'' if return_lse else '_nolse'}"
-               f"{'' if same_kv else '_vstrides'}")
+               f"{'' if same_kv else '_vstrides'}{'' if capacity == 1024 else f'_cap{capacity}'}")
     name = (f"{mode}_decode_{_ELT.get(cache_dtype, 'fp8')}_q{_ELT[q_dtype]}_d{hd}_{cache}{page or ''}_sq{Sq}"
             f"{'_causal' if causal else ''}{variant}_splits{cfg.num_splits}_{cfg.block_m}x{cfg.block_n}"
             f"w{cfg.num_warps}s{cfg.num_stages}")

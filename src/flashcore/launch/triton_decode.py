@@ -40,6 +40,7 @@ class DecodeConfig:
     full_tiles: bool | None = None  # None: the measured policy (full_tiles); sweeps set it
     reg_pages: bool | None = None  # page indices by register loads (_load_public_i32); None: the policy (reg_pages)
     seen_by_load: bool | None = None  # secure: V's select from loaded tensors (seen_by_load); None: the policy
+    hoisted: bool | None = None  # secure: per-key offsets out of the key loop (hoisted); None: the policy
 
 
 @dataclass(frozen=True)
@@ -150,8 +151,10 @@ def seen_by_load(shape: DecodeShape, cfg: DecodeConfig) -> bool:
     v47, 64x32/8 heads, D 128, every sequence full, secure / fast): at one split, a 16-bit cache (with
     ``plan.decode.choose_config``'s tiles for it) contiguous 8k 0.93 -> 0.98, 16k 0.92 -> 0.97, page 16 0.89 -> 0.99,
     page 32 0.92 -> 0.98, page 64 0.93 -> 0.98; a contiguous FP8 cache 0.76 -> 0.86. Not the FP8 page gathers (page 16
-    0.78 -> 0.72 at best, page 32 0.81 -> 0.78), nor with splits (B1 64k contiguous 0.98 -> 0.95, page 16 FP8 0.83
-    either way): they keep the select on scalars. Only in the measured regime (16-row query tiles, D 128).
+    0.78 -> 0.72 at best, page 32 0.81 -> 0.78), nor with splits on the loop before v48 (B1 64k contiguous 0.98 -> 0.95,
+    page 16 FP8 0.83 either way): they keep the select on scalars. With splits where the loop is hoisted
+    (:func:`hoisted`, v48) it takes this select too: B1 64k contiguous FP8 0.80 -> 1.01, bf16 0.99 -> 1.01. Only in
+    the measured regime (16-row query tiles, D 128).
     ``FLASHCORE_SECURE_V_SEEN=scalars`` (``plan.knobs``; an audit knob) keeps the select on scalars at the same
     tiles. Outside the policy's forms the new select is not offered: the static gate found ptxas folding it into the
     predicate of V's loads where V is not copied by cp.async (a head dim of 72, whose rows are read element by element),
@@ -161,8 +164,40 @@ def seen_by_load(shape: DecodeShape, cfg: DecodeConfig) -> bool:
         return cfg.seen_by_load and shape.secure and not shape.appended
     if env_choice(SECURE_V_SEEN_ENV, SECURE_V_SEEN_MODES) == "scalars":  # the audit's control: same tiles
         return False
-    return (shape.secure and not shape.appended and not shape.fp32 and cfg.num_splits == 1 and cfg.block_m == 16
-            and shape.head_dim == 128 and not (shape.fp8 and shape.paged))
+    return (shape.secure and not shape.appended and not shape.fp32 and cfg.block_m == 16 and shape.head_dim == 128
+            and not (shape.fp8 and shape.paged) and (cfg.num_splits == 1 or hoisted(shape, cfg)))
+
+
+def hoisted(shape: DecodeShape, cfg: DecodeConfig) -> bool:
+    """Whether the secure split kernel's key loop addresses its tiles as a per-tile scalar plus a per-key offset
+    computed once before the loop (K's offsets shared by V when their strides agree), compares its keys' indices
+    within the tile against bounds moved by the tile's start (32-bit compares: ptxas had widened the absolute ones
+    to 64 bits), zeroes V's stale rows by an AND of their bits (``kernels.triton.decode._keep_rows``, with V's select
+    from loaded tensors), and, when the capacity is whole tiles and the head dim a power of two, loads without a
+    mask (``WHOLE_TILES``). Only where every tile lies in one page (contiguous, or pages a multiple of the tile).
+    Before: the per-key 64-bit address arithmetic of ``_key_pointers`` for K and again for V, a predicate per
+    copy against the capacity, and a split, select and pack per pair of V values: 1,013 instructions per 128-key
+    FP8 tile against 773 (sm_90a, CPU compile), the fast path's unmasked loop 764.
+
+    The policy: the forms :func:`seen_by_load` covers (16-row query tiles, D 128, not an FP8 page gather), at any
+    split count, where each tile is in one page; ``plan.decode.choose_config`` gives them their tiles. Same-run
+    A/Bs on one H200 (2026-11-29, docs/perf-notes.md v48, every sequence full, secure / fast): B1 64k contiguous
+    FP8 0.80 -> 1.01, bf16 0.99 -> 1.01, page 128 0.98 -> 1.03, B1 4k 0.97-1.02 -> 1.04-1.06; B64 16-bit caches
+    0.97-0.99 -> 1.00-1.01; B64 16k contiguous FP8 0.86 -> 0.87-0.88 (what is left there is not the loop's
+    instruction count, docs/perf-notes.md v48). ``DecodeConfig.hoisted`` forces it either way, for measurements."""
+    one_page = not shape.paged or shape.page_size % cfg.block_n == 0
+    if not (shape.secure and one_page):
+        return False
+    if cfg.hoisted is not None:
+        return cfg.hoisted
+    return (not shape.appended and not shape.fp32 and cfg.block_m == 16 and shape.head_dim == 128
+            and not (shape.fp8 and shape.paged))
+
+
+def whole_tiles(shape: DecodeShape, cfg: DecodeConfig) -> bool:
+    """Hoisted secure loads without a mask: every key tile lies inside the capacity (a public multiple of the tile)
+    and every row's columns are the head dim's (no padding columns)."""
+    return hoisted(shape, cfg) and shape.capacity % cfg.block_n == 0 and block_d(shape.head_dim) == shape.head_dim
 
 
 def key_positions_needed(shape: DecodeShape, cfg: DecodeConfig) -> int:
@@ -189,7 +224,7 @@ def build_split(shape: DecodeShape, cfg: DecodeConfig, q, k_cache, v_cache, out,
         SPLIT=cfg.num_splits > 1, FULL_TILES=full_tiles(shape, cfg), REG_PAGES=reg_pages(shape, cfg),
         ASM=True, SAME_KV=k_cache.stride()[:3] == v_cache.stride()[:3], RETURN_LSE=shape.return_lse,
         PRECISION="ieee" if shape.fp32 else "tf32", PDL_TRIGGER=triggers_combine(shape, cfg),
-        SEEN_BY_LOAD=seen_by_load(shape, cfg))
+        SEEN_BY_LOAD=seen_by_load(shape, cfg), HOISTED=hoisted(shape, cfg), WHOLE_TILES=whole_tiles(shape, cfg))
     grid = (cfg.num_splits * query_tiles(shape, cfg), shape.batch * shape.num_heads_kv)
     return decode_split_kernel, grid, args, constexprs
 

@@ -17,7 +17,7 @@ import dataclasses
 
 import torch
 
-from ...launch.triton_decode import seen_by_load
+from ...launch.triton_decode import hoisted as hoisted_flag, seen_by_load
 from . import add_ab_arguments, cold_l2_rounds, parser, picked, write_rows
 from .kv_configs import _make, _planned
 
@@ -35,8 +35,43 @@ CASES = (
     (64, 32, 8, 128, 8192, 1, 256, False, (("scalars", 64, 8, 3),)),
     (1, 32, 8, 128, 65536, 1, 0, False, (("load", 128, 8, 3),)),
     (1, 32, 8, 128, 4096, 1, 0, False, ()),
+    # v48: the secure loop's addressing hoisted (a fifth field True: hoisted=True), beside the v47 forms above
+    (64, 32, 8, 128, 16384, 1, 0, True, (("load", 128, 4, 3, True), ("load", 64, 4, 4, True), ("load", 64, 4, 3, True),
+                                         ("load", 128, 8, 3, True))),
+    (64, 32, 8, 128, 8192, 1, 0, False, (("load", 64, 4, 4, True), ("load", 128, 4, 3, True))),
+    (64, 32, 8, 128, 16384, 1, 0, False, (("load", 64, 4, 4, True),)),
+    (64, 32, 8, 128, 8192, 1, 64, False, (("load", 64, 4, 4, True),)),
+    (64, 32, 8, 128, 8192, 1, 128, False, (("load", 64, 4, 4, True), ("load", 128, 4, 4, True))),
+    (64, 32, 8, 128, 8192, 1, 256, False, (("load", 64, 4, 4, True),)),
+    (1, 32, 8, 128, 65536, 1, 0, False, (("scalars", 128, 8, 3, True),)),
+    (1, 32, 8, 128, 65536, 1, 0, True, (("scalars", 128, 4, 3, True),)),
+    # v48, second run: the planner's secure form hoisted (the form secure:hoisted) and more tiles
+    (64, 32, 8, 128, 16384, 1, 0, True, (("load", 64, 4, 4, True), ("load", 64, 4, 5, True), ("load", 64, 8, 4, True))),
+    (64, 32, 8, 128, 8192, 1, 0, False, (("load", 128, 4, 3, True),)),
+    (64, 32, 8, 128, 8192, 1, 128, False, ()),
+    (1, 32, 8, 128, 65536, 1, 0, True, (("load", 128, 4, 3, True), ("scalars", 64, 4, 4, True),
+                                        ("scalars", 128, 8, 3, True))),
+    (1, 32, 8, 128, 65536, 1, 128, False, ()),
+    (1, 32, 8, 128, 4096, 1, 0, True, ()),
+    (1, 32, 8, 128, 65536, 1, 0, False, ()),
+    # v48, third run: V's select from loaded tensors with splits, hoisted; 128-key tiles for 16-bit caches
+    (1, 32, 8, 128, 65536, 1, 0, False, (("load", 128, 8, 3, True), ("load", 128, 4, 3, True))),
+    (1, 32, 8, 128, 65536, 1, 0, True, (("load", 128, 4, 3, True), ("load", 128, 4, 4, True), ("load", 64, 4, 4, True))),
+    (1, 32, 8, 128, 4096, 1, 0, False, (("load", 128, 8, 3, True), ("load", 128, 4, 3, True))),
+    (1, 32, 8, 128, 4096, 1, 0, True, (("load", 128, 4, 3, True),)),
+    (1, 32, 8, 128, 65536, 1, 128, False, (("load", 128, 8, 3, True), ("load", 128, 4, 3, True))),
+    (64, 32, 8, 128, 16384, 1, 0, False, (("load", 128, 4, 3, True), ("load", 64, 4, 4, True))),
+    (64, 32, 8, 128, 8192, 1, 128, False, (("load", 128, 4, 3, True), ("load", 64, 4, 4, True))),
+    (64, 32, 8, 128, 8192, 1, 256, False, (("load", 128, 4, 3, True), ("load", 64, 4, 4, True))),
+    (64, 32, 8, 128, 16384, 1, 0, True, (("load", 64, 4, 4, True), ("load", 128, 4, 3, True))),
+    # v48, fourth run (the planner's v48 forms): each beside itself not hoisted
+    (64, 32, 8, 128, 8192, 1, 32, False, (("load", 32, 4, 4, False),)),
+    (64, 32, 8, 128, 8192, 1, 64, False, (("load", 64, 4, 4, False),)),
+    (64, 32, 8, 128, 8192, 1, 0, False, (("load", 128, 4, 3, False), ("load", 64, 4, 4, False))),
+    (1, 32, 8, 128, 65536, 1, 0, True, (("load", 128, 4, 4, False), ("scalars", 128, 4, 3, False))),
 )
-FORMS = ("fast", "secure", "secure:other")  # the planner's fast and secure forms; its secure config, the other select
+# the planner's fast and secure forms; its secure config with the other select; with the addressing hoisted (v48)
+FORMS = ("fast", "secure", "secure:other", "secure:hoisted")
 
 
 def _call_of(form, q, kc, vc, kw, cfg=None):
@@ -44,6 +79,9 @@ def _call_of(form, q, kc, vc, kw, cfg=None):
     if form == "secure:other":
         plan, _ = _planned(q, kc, vc, kw, None, secure=True)
         cfg = dataclasses.replace(plan.config, seen_by_load=not seen_by_load(plan.shape, plan.config))
+    elif form == "secure:hoisted":
+        plan, _ = _planned(q, kc, vc, kw, None, secure=True)
+        cfg = dataclasses.replace(plan.config, hoisted=True)
     return _planned(q, kc, vc, kw, cfg, secure=form != "fast")
 
 
@@ -75,7 +113,7 @@ def check(case, seed: int) -> dict:
     ref = reference(q.double(), kc if fp8 else kc.double(), vc if fp8 else vc.double(), **kw).to(torch.float64)
     errs, outs = {}, {}
     t = {n: kw.get(n) for n in ("page_table", "k_descale", "v_descale")}
-    for form in FORMS:
+    for form in FORMS[:3]:
         plan, _ = _call_of(form, q, kc, vc, kw)
         out = torch.full_like(q, float("nan"))
         o, _ = plan(q, kc, vc, dict(t, cache_seqlens=kw["cache_seqlens"]), out)
@@ -83,7 +121,17 @@ def check(case, seed: int) -> dict:
         name = form if form == "fast" else _name(plan)
         errs[name] = float((o.double() - ref).norm() / ref.norm())
         outs[name] = o.clone()
-    return dict(rel_err=errs, secure_bit_identical=bool(torch.equal(outs["load"], outs["scalars"])),
+    for hoisted in (False, True):  # the planner's secure form with and without hoisted addressing (v48)
+        plan, _ = _call_of("secure", q, kc, vc, kw)
+        plan, _ = _planned(q, kc, vc, kw, dataclasses.replace(plan.config, hoisted=hoisted), secure=True)
+        out = torch.full_like(q, float("nan"))
+        o, _ = plan(q, kc, vc, dict(t, cache_seqlens=kw["cache_seqlens"]), out)
+        torch.cuda.synchronize()
+        name = f"{_name(plan)}:hoisted={hoisted_flag(plan.shape, plan.config)}"
+        errs[name] = float((o.double() - ref).norm() / ref.norm())
+        outs[name] = o.clone()
+    return dict(rel_err=errs, secure_bit_identical=bool(all(torch.equal(o, outs["scalars"])
+                                                            for n, o in outs.items() if n != "fast")),
                 finite=bool(all(torch.isfinite(o).all() for o in outs.values())))
 
 
@@ -102,12 +150,15 @@ def main(argv=None):
         for form in FORMS:
             plan, fn = _call_of(form, q, kc, vc, kw)
             name = form if form == "fast" else f"{form}:{_name(plan)}"
+            if form == "secure:hoisted":
+                name = f"{form}:{hoisted_flag(plan.shape, plan.config)}"
             fns[name], cfgs[name] = fn, repr(plan.config)
             if form == "secure":
                 planner = plan.config
-        for select, bn, w, st in extra:
-            cfg = dataclasses.replace(planner, block_n=bn, num_warps=w, num_stages=st, seen_by_load=select == "load")
-            name = f"{select}:{bn}w{w}s{st}"
+        for select, bn, w, st, *h in extra:
+            cfg = dataclasses.replace(planner, block_n=bn, num_warps=w, num_stages=st, seen_by_load=select == "load",
+                                      hoisted=bool(h and h[0]))
+            name = f"{select}:{bn}w{w}s{st}{':hoisted' if h and h[0] else ''}"
             plan, fns[name] = _call_of("secure", q, kc, vc, kw, cfg)
             cfgs[name] = repr(plan.config)
         for fn in fns.values():

@@ -143,6 +143,27 @@ def _key_rows(b, n0, offs_n, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capaci
 
 
 @triton.jit
+def _tile_base(b, n0, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, stride_p, stride_t, PAGE_SIZE: tl.constexpr,
+               PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, ASM: tl.constexpr, REG_PAGES: tl.constexpr):
+    """The element offset of the first key row of the tile at ``n0`` (a tile inside one page, or a contiguous
+    cache): the tile's rows are this plus ``j * stride_t``, a per-key term the same for every tile
+    (:func:`_hoisted_rows`)."""
+    if PAGED:
+        if REG_PAGES:
+            page = _load_public_i32(PAGE_TABLE + b * stride_pt + n0 // PAGE_SIZE, ASM).to(tl.int64)
+        else:
+            page = tl.load(PAGE_TABLE + b * stride_pt + n0 // PAGE_SIZE).to(tl.int64)
+        page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
+        return page * stride_p + tl.cast(n0 % PAGE_SIZE, tl.int64) * stride_t
+    else:
+        if HAS_BATCH_IDX:
+            r = tl.minimum(tl.maximum(tl.load(BATCH_IDX + b), 0), num_pages - 1).to(tl.int64)
+        else:
+            r = b.to(tl.int64)
+        return r * stride_p + tl.cast(n0, tl.int64) * stride_t
+
+
+@triton.jit
 def _v_rows_seen(KEY_POS, CACHE_SEQLENS, LEFTPAD, b, n0, offs_n0, HAS_LEFTPAD: tl.constexpr):
     """Secure mode: which keys of the tile at ``n0`` the sequence's secret range ``[leftpad, length)`` holds, as the
     select that zeroes V's other rows takes it. Computed from loaded tensors only: each key's position read from the
@@ -158,6 +179,22 @@ def _v_rows_seen(KEY_POS, CACHE_SEQLENS, LEFTPAD, b, n0, offs_n0, HAS_LEFTPAD: t
     if HAS_LEFTPAD:
         seen = seen & (pos >= tl.load(LEFTPAD + b + one))
     return seen
+
+
+@triton.jit
+def _keep_rows(t, seen, ASM: tl.constexpr):
+    """A 16-bit tile's rows where ``seen``, zero (+0.0) elsewhere. ``ASM`` (a GPU): the bits ANDed with 0xFFFF or 0,
+    two values per 32-bit instruction; ptxas makes of the same ``tl.where`` on 16-bit values a split of each
+    register's halves, a select per half and a permute to pack them again, with the mask converted through shared
+    memory (docs/perf-notes.md v48). Without ``ASM`` (the CPU interpreter) that select."""
+    if ASM:
+        keep = tl.where(seen, 0xFFFF, 0).to(tl.uint16)
+        u = tl.inline_asm_elementwise("and.b32 $0, $1, $2;", "=r,r,r",
+                                      [t.to(tl.uint16, bitcast=True), tl.broadcast_to(keep[:, None], t.shape)],
+                                      dtype=tl.uint16, is_pure=True, pack=2)
+        return u.to(t.dtype, bitcast=True)
+    else:
+        return tl.where(seen[:, None], t, tl.zeros_like(t))
 
 
 @triton.jit
@@ -263,6 +300,8 @@ def decode_split_kernel(
     PRECISION: tl.constexpr,
     PDL_TRIGGER: tl.constexpr = False,
     SEEN_BY_LOAD: tl.constexpr = False,
+    HOISTED: tl.constexpr = False,
+    WHOLE_TILES: tl.constexpr = False,
 ):
     if PDL_TRIGGER and SPLIT and ASM:
         # the combine step, a programmatic dependent of this one, may launch now: its programs start and wait
@@ -347,29 +386,58 @@ def decode_split_kernel(
     offs_n0 = tl.arange(0, BLOCK_N)
     see_to = L - n_q + tok  # causal: the last key each row sees
     if SECURE:  # the form the SASS gate has passed (machine code pinned), kept as it was
+        if HOISTED:  # each key's row within its tile, and its head and columns: the same for every tile
+            if FP8:
+                k_rows = offs_n0.to(tl.int64)[:, None] * (stride_kt // 2) + hkv * (stride_kh // 2) + tl.arange(0, BLOCK_D // 2)[None, :]
+                v_rows = offs_n0.to(tl.int64)[:, None] * (stride_vt // 2) + hkv * (stride_vh // 2) + tl.arange(0, BLOCK_D // 2)[None, :]
+            else:
+                k_rows = offs_n0.to(tl.int64)[:, None] * stride_kt + hkv * stride_kh + offs_d[None, :]
+                v_rows = offs_n0.to(tl.int64)[:, None] * stride_vt + hkv * stride_vh + offs_d[None, :]
         for n0 in range(lo_s, hi_s, BLOCK_N):
             offs_n = n0 + offs_n0
-            key_ok = (offs_n >= start) & (offs_n < L)
+            if HOISTED:  # 32-bit compares of the tile's own key indices against bounds moved by n0
+                key_ok = (offs_n0 >= start - n0) & (offs_n0 < L - n0)
+            else:
+                key_ok = (offs_n >= start) & (offs_n < L)
             load_ok = offs_n < capacity  # public bound; visibility is a select below
             if FP8:  # two e4m3 values per uint16 (_widen_fp8_pairs)
                 KP, skp, skt, skh = _as_pairs(KC, stride_kp, stride_kt, stride_kh)
-                kp = _key_pointers(KP, b, hkv, n0, offs_n, tl.arange(0, BLOCK_D // 2), PAGE_TABLE, stride_pt,
-                                   BATCH_IDX, num_pages, capacity, skp, skt, skh, PAGE_SIZE, BLOCK_N, PAGED,
-                                   HAS_BATCH_IDX, SECURE, ASM, REG_PAGES)
-                kt = tl.load(kp, mask=load_ok[:, None] & (tl.arange(0, BLOCK_D // 2)[None, :] < HEAD_DIM // 2),
-                             other=0)
+                if HOISTED:
+                    koff = _tile_base(b, n0, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, skp, skt, PAGE_SIZE, PAGED,
+                                      HAS_BATCH_IDX, ASM, REG_PAGES) + k_rows
+                    kp = KP + koff
+                else:
+                    kp = _key_pointers(KP, b, hkv, n0, offs_n, tl.arange(0, BLOCK_D // 2), PAGE_TABLE, stride_pt,
+                                       BATCH_IDX, num_pages, capacity, skp, skt, skh, PAGE_SIZE, BLOCK_N, PAGED,
+                                       HAS_BATCH_IDX, SECURE, ASM, REG_PAGES)
+                if WHOLE_TILES:
+                    kt = tl.load(kp)
+                else:
+                    kt = tl.load(kp, mask=load_ok[:, None] & (tl.arange(0, BLOCK_D // 2)[None, :] < HEAD_DIM // 2),
+                                 other=0)
                 k_lo, k_hi = _widen_fp8_pairs(kt, ASM)
                 s = tl.dot(q_hi, tl.trans(k_hi), tl.dot(q, tl.trans(k_lo), input_precision=PRECISION),
                            input_precision=PRECISION) * scale2
             else:
-                kp = _key_pointers(KC, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages,
-                                   capacity, stride_kp, stride_kt, stride_kh, PAGE_SIZE, BLOCK_N, PAGED,
-                                   HAS_BATCH_IDX, SECURE, ASM, REG_PAGES)
-                kt = tl.load(kp, mask=load_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+                if HOISTED:
+                    koff = _tile_base(b, n0, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, stride_kp, stride_kt,
+                                      PAGE_SIZE, PAGED, HAS_BATCH_IDX, ASM, REG_PAGES) + k_rows
+                    kp = KC + koff
+                else:
+                    kp = _key_pointers(KC, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages,
+                                       capacity, stride_kp, stride_kt, stride_kh, PAGE_SIZE, BLOCK_N, PAGED,
+                                       HAS_BATCH_IDX, SECURE, ASM, REG_PAGES)
+                if WHOLE_TILES:
+                    kt = tl.load(kp)
+                else:
+                    kt = tl.load(kp, mask=load_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
                 s = tl.dot(q, tl.trans(kt), input_precision=PRECISION) * scale2
             vis = key_ok[None, :] & row_ok[:, None]
             if CAUSAL:
-                vis = vis & (offs_n[None, :] <= see_to[:, None])
+                if HOISTED:
+                    vis = vis & (offs_n0[None, :] <= (see_to - n0)[:, None])
+                else:
+                    vis = vis & (offs_n[None, :] <= see_to[:, None])
             s = tl.where(vis, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -378,15 +446,28 @@ def decode_split_kernel(
             l_i = l_i * alpha + tl.sum(p, axis=1)
             if FP8:  # two e4m3 values per uint16 (_widen_fp8_pairs)
                 VP, svp, svt, svh = _as_pairs(VC, stride_vp, stride_vt, stride_vh)
-                vp = _key_pointers(VP, b, hkv, n0, offs_n, tl.arange(0, BLOCK_D // 2), PAGE_TABLE, stride_pt,
-                                   BATCH_IDX, num_pages, capacity, svp, svt, svh, PAGE_SIZE, BLOCK_N, PAGED,
-                                   HAS_BATCH_IDX, SECURE, ASM, REG_PAGES)
-                vt = tl.load(vp, mask=load_ok[:, None] & (tl.arange(0, BLOCK_D // 2)[None, :] < HEAD_DIM // 2),
-                             other=0)
+                if HOISTED:
+                    if SAME_KV:
+                        vp = VP + koff
+                    else:
+                        vp = VP + _tile_base(b, n0, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, svp, svt, PAGE_SIZE,
+                                             PAGED, HAS_BATCH_IDX, ASM, REG_PAGES) + v_rows
+                else:
+                    vp = _key_pointers(VP, b, hkv, n0, offs_n, tl.arange(0, BLOCK_D // 2), PAGE_TABLE, stride_pt,
+                                       BATCH_IDX, num_pages, capacity, svp, svt, svh, PAGE_SIZE, BLOCK_N, PAGED,
+                                       HAS_BATCH_IDX, SECURE, ASM, REG_PAGES)
+                if WHOLE_TILES:
+                    vt = tl.load(vp)
+                else:
+                    vt = tl.load(vp, mask=load_ok[:, None] & (tl.arange(0, BLOCK_D // 2)[None, :] < HEAD_DIM // 2),
+                                 other=0)
                 # zeroed by visibility before the widening (stale slots may hold NaN); this select keeps the tile out
                 # of the MMA's register layout (a shared-memory round trip per tile), but zeroing NaNs by value and
                 # counting the visible ones in a second product ran slower still (docs/perf-notes.md v24.4)
-                if SEEN_BY_LOAD:
+                if SEEN_BY_LOAD and HOISTED:
+                    vt = _keep_rows(vt, _v_rows_seen(KEY_POS, CACHE_SEQLENS, LEFTPAD, b, n0, offs_n0, HAS_LEFTPAD),
+                                    ASM)
+                elif SEEN_BY_LOAD:
                     vt = tl.where(_v_rows_seen(KEY_POS, CACHE_SEQLENS, LEFTPAD, b, n0, offs_n0, HAS_LEFTPAD)[:, None],
                                   vt, 0)
                 else:
@@ -396,11 +477,24 @@ def decode_split_kernel(
                 acc = acc * alpha[:, None] + tl.dot(p16, v_lo, input_precision=PRECISION)
                 acc_hi = acc_hi * alpha[:, None] + tl.dot(p16, v_hi, input_precision=PRECISION)
             else:
-                vp = _key_pointers(VC, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages,
-                                   capacity, stride_vp, stride_vt, stride_vh, PAGE_SIZE, BLOCK_N, PAGED,
-                                   HAS_BATCH_IDX, SECURE, ASM, REG_PAGES)
-                vt = tl.load(vp, mask=load_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-                if SEEN_BY_LOAD:
+                if HOISTED:
+                    if SAME_KV:
+                        vp = VC + koff
+                    else:
+                        vp = VC + _tile_base(b, n0, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, stride_vp, stride_vt,
+                                             PAGE_SIZE, PAGED, HAS_BATCH_IDX, ASM, REG_PAGES) + v_rows
+                else:
+                    vp = _key_pointers(VC, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages,
+                                       capacity, stride_vp, stride_vt, stride_vh, PAGE_SIZE, BLOCK_N, PAGED,
+                                       HAS_BATCH_IDX, SECURE, ASM, REG_PAGES)
+                if WHOLE_TILES:
+                    vt = tl.load(vp)
+                else:
+                    vt = tl.load(vp, mask=load_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+                if SEEN_BY_LOAD and HOISTED:
+                    vt = _keep_rows(vt, _v_rows_seen(KEY_POS, CACHE_SEQLENS, LEFTPAD, b, n0, offs_n0, HAS_LEFTPAD),
+                                    ASM)
+                elif SEEN_BY_LOAD:
                     vt = tl.where(_v_rows_seen(KEY_POS, CACHE_SEQLENS, LEFTPAD, b, n0, offs_n0, HAS_LEFTPAD)[:, None],
                                   vt, 0.0)
                 else:
