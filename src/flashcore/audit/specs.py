@@ -458,6 +458,18 @@ def _decode_specs(q_dtype, cache_dtype, hd, cache, page, Sq, causal, splits, sec
                                        table.stride(0) if paged else 0)
         specs.append(_spec_from_launch(f"{name}_vscalars", cfg, ptrs + list(args), ce2,
                                        TRITON_DECODE.secrets(secure=secure), fn=fn))
+    if secure and ce["HOISTED"]:
+        # the key loop as before v48 at the same tiles (launch.triton_decode.hoisted), launchable with the audit knob
+        # FLASHCORE_SECURE_HOISTED=off
+        fn, _, args, ce3 = build_split(shape, replace(cfg, hoisted=False), q, kc, vc, q,
+                                       table.stride(0) if paged else 0)
+        specs.append(_spec_from_launch(f"{name}_unhoisted", cfg, ptrs + list(args), ce3,
+                                       TRITON_DECODE.secrets(secure=secure), fn=fn))
+        if ce3["SEEN_BY_LOAD"]:  # both knobs (FLASHCORE_SECURE_V_SEEN=scalars as well)
+            fn, _, args, ce4 = build_split(shape, replace(cfg, hoisted=False, seen_by_load=False), q, kc, vc, q,
+                                           table.stride(0) if paged else 0)
+            specs.append(_spec_from_launch(f"{name}_unhoisted_vscalars", cfg, ptrs + list(args), ce4,
+                                           TRITON_DECODE.secrets(secure=secure), fn=fn))
     if cfg.num_splits > 1:
         fn, _, args, ce = build_combine(shape, cfg, q, q, pdl=True)  # as launched on sm_90 (plan.decode.combine_pdl)
         name = f"{mode}_decode_combine_{_ELT[q_dtype]}_d{hd}_sq{Sq}_g{Hq // Hkv}"

@@ -12,7 +12,7 @@ import torch
 from ..kernels.triton.combine import decode_combine_kernel
 from ..kernels.triton.decode import LOG2E, decode_split_kernel
 from ..kernels.triton.kv_append import kv_append_kernel
-from ..plan.knobs import SECURE_V_SEEN_ENV, SECURE_V_SEEN_MODES, env_choice
+from ..plan.knobs import SECURE_HOISTED_ENV, SECURE_HOISTED_MODES, SECURE_V_SEEN_ENV, SECURE_V_SEEN_MODES, env_choice
 from ..plan.tables import block_d
 from ..runtime import cdiv
 
@@ -151,10 +151,11 @@ def seen_by_load(shape: DecodeShape, cfg: DecodeConfig) -> bool:
     v47, 64x32/8 heads, D 128, every sequence full, secure / fast): at one split, a 16-bit cache (with
     ``plan.decode.choose_config``'s tiles for it) contiguous 8k 0.93 -> 0.98, 16k 0.92 -> 0.97, page 16 0.89 -> 0.99,
     page 32 0.92 -> 0.98, page 64 0.93 -> 0.98; a contiguous FP8 cache 0.76 -> 0.86. Not the FP8 page gathers (page 16
-    0.78 -> 0.72 at best, page 32 0.81 -> 0.78), nor with splits on the loop before v48 (B1 64k contiguous 0.98 -> 0.95,
-    page 16 FP8 0.83 either way): they keep the select on scalars. With splits where the loop is hoisted
-    (:func:`hoisted`, v48) it takes this select too: B1 64k contiguous FP8 0.80 -> 1.01, bf16 0.99 -> 1.01. Only in
-    the measured regime (16-row query tiles, D 128).
+    0.78 -> 0.72 at best, page 32 0.81 -> 0.78), nor with splits (B1 64k contiguous 0.98 -> 0.95, page 16 FP8 0.83
+    either way): they keep the select on scalars. (With splits and the hoisted loop, v48, this select measured B1 64k
+    contiguous FP8 0.80 -> 1.01, bf16 0.99 -> 1.01, but the counters gate found a class effect in that FP8 form's L2
+    read sectors that its control does not show: not shipped, docs/security.md §5.15.) Only in the measured regime
+    (16-row query tiles, D 128).
     ``FLASHCORE_SECURE_V_SEEN=scalars`` (``plan.knobs``; an audit knob) keeps the select on scalars at the same
     tiles. Outside the policy's forms the new select is not offered: the static gate found ptxas folding it into the
     predicate of V's loads where V is not copied by cp.async (a head dim of 72, whose rows are read element by element),
@@ -164,8 +165,8 @@ def seen_by_load(shape: DecodeShape, cfg: DecodeConfig) -> bool:
         return cfg.seen_by_load and shape.secure and not shape.appended
     if env_choice(SECURE_V_SEEN_ENV, SECURE_V_SEEN_MODES) == "scalars":  # the audit's control: same tiles
         return False
-    return (shape.secure and not shape.appended and not shape.fp32 and cfg.block_m == 16 and shape.head_dim == 128
-            and not (shape.fp8 and shape.paged) and (cfg.num_splits == 1 or hoisted(shape, cfg)))
+    return (shape.secure and not shape.appended and not shape.fp32 and cfg.num_splits == 1 and cfg.block_m == 16
+            and shape.head_dim == 128 and not (shape.fp8 and shape.paged))
 
 
 def hoisted(shape: DecodeShape, cfg: DecodeConfig) -> bool:
@@ -179,19 +180,25 @@ def hoisted(shape: DecodeShape, cfg: DecodeConfig) -> bool:
     copy against the capacity, and a split, select and pack per pair of V values: 1,013 instructions per 128-key
     FP8 tile against 773 (sm_90a, CPU compile), the fast path's unmasked loop 764.
 
-    The policy: the forms :func:`seen_by_load` covers (16-row query tiles, D 128, not an FP8 page gather), at any
-    split count, where each tile is in one page; ``plan.decode.choose_config`` gives them their tiles. Same-run
-    A/Bs on one H200 (2026-11-29, docs/perf-notes.md v48, every sequence full, secure / fast): B1 64k contiguous
-    FP8 0.80 -> 1.01, bf16 0.99 -> 1.01, page 128 0.98 -> 1.03, B1 4k 0.97-1.02 -> 1.04-1.06; B64 16-bit caches
-    0.97-0.99 -> 1.00-1.01; B64 16k contiguous FP8 0.86 -> 0.87-0.88 (what is left there is not the loop's
-    instruction count, docs/perf-notes.md v48). ``DecodeConfig.hoisted`` forces it either way, for measurements."""
+    The policy: a 16-bit cache at one split, 16-row query tiles, D 128, each tile in one page (contiguous, pages
+    of 32 keys or more); ``plan.decode.choose_config`` gives them their tiles. Same-run A/Bs on one H200
+    (2026-11-29, docs/perf-notes.md v48, every sequence full, secure / fast): B64 8k contiguous 0.98-0.99 -> 1.00,
+    16k 0.97 -> 1.00, pages 32/64 0.98-0.99 -> 0.99-1.00, pages 128/256 0.97-0.99 -> 1.01. Measured and not shipped:
+    with splits (B1 64k contiguous FP8 0.80 -> 1.01 with V's select from loaded tensors, 0.89 with the select on
+    scalars; bf16 0.99 -> 1.01), because the counters gate found the FP8 form's L2 read sectors from the SMs higher
+    for one padding class (+0.15%, two runs) where the control without it shows none, and the other forms' gate 2
+    did not run (docs/security.md §5.15); and an FP8 cache at one split (B64 16k 0.86 -> 0.87-0.88: what is left
+    there is not the loop's instruction count). ``FLASHCORE_SECURE_HOISTED=off`` (``plan.knobs``; an audit knob) keeps
+    the loop as before at the same tiles. ``DecodeConfig.hoisted`` forces it either way, for measurements."""
     one_page = not shape.paged or shape.page_size % cfg.block_n == 0
     if not (shape.secure and one_page):
         return False
     if cfg.hoisted is not None:
         return cfg.hoisted
-    return (not shape.appended and not shape.fp32 and cfg.block_m == 16 and shape.head_dim == 128
-            and not (shape.fp8 and shape.paged))
+    if env_choice(SECURE_HOISTED_ENV, SECURE_HOISTED_MODES) == "off":  # the audit's control: same tiles
+        return False
+    return (not shape.appended and not (shape.fp32 or shape.fp8) and cfg.num_splits == 1 and cfg.block_m == 16
+            and shape.head_dim == 128)
 
 
 def whole_tiles(shape: DecodeShape, cfg: DecodeConfig) -> bool:

@@ -113,22 +113,14 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
         # (64-key 0.945; before 0.92), page 64 64-key tiles 0.976 (before 0.93)
         block_n = 32 if shape.paged and shape.page_size < 64 else 64
         num_warps, num_stages = 4, 4
-    if (shape.secure and not shape.fp32 and block_m == 16 and d == 128 and not shape.appended
-            and not (shape.fp8 and shape.paged) and (not shape.paged or shape.page_size % 128 == 0)):
+    if (shape.secure and num_splits == 1 and not (shape.fp32 or shape.fp8) and block_m == 16 and d == 128
+            and not shape.appended and (not shape.paged or shape.page_size % 128 == 0)):
         # The hoisted secure loop (launch.triton_decode.hoisted: tile addresses out of the loop, V's stale rows zeroed
-        # by an AND) with V's select from loaded tensors, at splits too. Same-run A/Bs on one H200 (2026-11-29,
-        # docs/perf-notes.md v48, every sequence full, secure / fast, three runs): 128-key tiles on 4 warps, 3 stages,
-        # for a 16-bit cache: B64 8k contiguous 1.002/1.002 (64-key tiles 0.986/0.980), 16k 0.999 (0.974), page 128
-        # 1.010 (0.989), page 256 1.010 (0.988); B1 64k contiguous 1.010 (8 warps 1.000; before 0.991), page 128 1.025
-        # (before 0.980), 4k 1.060 (before 1.019). An FP8 cache with splits (B1), 4 stages: 64k 1.012 (3 stages
-        # 0.990; before 0.80-0.81), 4k 1.043 at 3 stages (before 0.97); at one split (B64 16k) 64-key tiles, 4 warps, 4
-        # stages 0.870/0.880/0.872 (128-key tiles 0.800/0.867/0.866; before 0.86)
-        if not shape.fp8:
-            block_n, num_warps, num_stages = 128, 4, 3
-        elif num_splits == 1:
-            block_n, num_warps, num_stages = 64, 4, 4
-        else:
-            block_n, num_warps, num_stages = 128, 4, 4
+        # by an AND) takes 128-key tiles on 4 warps, 3 stages. Same-run A/Bs on one H200 (2026-11-29,
+        # docs/perf-notes.md v48, 64x32/8, every sequence full, secure / fast): 8k contiguous 1.002/1.002/1.001
+        # (64-key tiles 0.986/0.980; not hoisted 0.977-0.987), 16k 0.999 (64-key 0.974), page 128 1.010 (64-key
+        # 0.989), page 256 1.010 (64-key 0.988)
+        block_n, num_warps, num_stages = 128, 4, 3
     return DecodeConfig(block_m, block_n, num_warps, num_stages, num_splits)
 
 

@@ -6,7 +6,9 @@
   ``FLASHCORE_SECURE_V_ZEROING`` (``prepass`` | ``in_loop``) forces the secure Triton kernel's V zeroing;
   ``FLASHCORE_SECURE_V_PAD`` (``pairs`` | ``zeros``) the K/V pre-pass's V padding;
   ``FLASHCORE_SECURE_V_SEEN`` (``scalars``) secure decode's select of V's rows on a range and scalars where the
-  policy takes the one from loaded tensors (``launch.triton_decode.seen_by_load``; the audit's control).
+  policy takes the one from loaded tensors (``launch.triton_decode.seen_by_load``; the audit's control);
+  ``FLASHCORE_SECURE_HOISTED`` (``off``) secure decode's key loop as before v48 where the policy hoists it
+  (``launch.triton_decode.hoisted``; the audit's control, the same tiles).
 * Switches of the sm_90 Gluon kernel (:class:`GluonSwitches`), for A/B measurements and the debug
   timeline: set them for a block of code with :func:`override`.
 
@@ -28,8 +30,10 @@ SECURE_V_PAD_ENV = "FLASHCORE_SECURE_V_PAD"
 SECURE_PAD_ENV = "FLASHCORE_SECURE_PAD"
 SECURE_V_SEEN_ENV = "FLASHCORE_SECURE_V_SEEN"
 SECURE_V_SEEN_MODES = ("auto", "scalars")
+SECURE_HOISTED_ENV = "FLASHCORE_SECURE_HOISTED"
+SECURE_HOISTED_MODES = ("auto", "off")
 ENV_VARS = (HOPPER_KERNEL_ENV, SECURE_V_ZEROING_ENV, SECURE_KERNEL_ENV, SECURE_V_PAD_ENV, SECURE_PAD_ENV,
-            SECURE_V_SEEN_ENV)
+            SECURE_V_SEEN_ENV, SECURE_HOISTED_ENV)
 
 
 @dataclass(frozen=True)
