@@ -796,6 +796,85 @@ def test_secure_v_select_from_loaded_tensors_gives_the_scalar_select_bit_for_bit
             assert not torch.isnan(o1).any() and not torch.isinf(o1).any(), what
 
 
+@kernel
+@pytest.mark.parametrize("layout", ["contiguous", "rows", "leftpad", "paged32"])
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("own_v_strides", [False, True])
+def test_secure_hoisted_loop_gives_the_earlier_loop_bit_for_bit(layout, fp8, own_v_strides, gen):
+    """v48's hoisted secure loop (``DecodeConfig.hoisted``: tile addresses as a per-tile scalar plus per-key offsets
+    from before the loop, visibility compared relative to the tile's start, unmasked copies in whole tiles) against the
+    earlier loop, with either select of V's rows: every output and lse bit, two query tokens (the causal compare
+    matters), V with strides of its own (its offsets not K's), FP8 pairs (halved strides), capacities of whole tiles
+    (96: unmasked copies) and not (100), one split and two, NaN in every slot no sequence sees, and lengths the host
+    never checked (past the capacity, negative). The interpreter runs V's select where the GPU runs the AND
+    (``_keep_rows``); the GPU test compares those."""
+    from flashcore import _checks as C
+    from flashcore.launch.triton_decode import DecodeConfig
+    from flashcore.plan.decode import plan_kvcache
+
+    B, Hq, Hkv, D, Sq = 3, 4, 2, 32, 2
+    cap = 128 if layout == "paged32" else (100 if own_v_strides else 96)
+    rows = 4 if layout == "rows" else B
+    L = lengths(cap - 3, 41, 0)
+    k_log = rnd(rows, cap, Hkv, D, gen=gen)
+    v_log = rnd(rows, cap, Hkv, D, gen=gen)
+    for b in range(B):  # stale slots: NaN (K) and Inf (V) past each length; the FP8 cache's NaN is e4m3's
+        r = b + 1 if layout == "rows" else b
+        k_log[r, int(L[b]):], v_log[r, int(L[b]):] = float("nan"), float("inf")
+    dt = torch.float8_e4m3fn if fp8 else torch.float16
+
+    def v_view(n, page):  # V in a buffer with a wider head axis: strides of its own
+        return rnd(n, page, Hkv + 1, D, gen=gen).to(dt)[:, :, 1:, :] if own_v_strides else None
+
+    table = None
+    if layout == "paged32":
+        kc, table = to_paged(k_log.to(dt) if not fp8 else k_log, 32, gen)
+        kc = kc.to(dt)
+        vc = v_view(kc.shape[0], 32)
+        if vc is None:
+            vc = rnd(*kc.shape, gen=gen).to(dt)
+        vc.view(torch.uint8 if fp8 else torch.int16)[table.view(-1).long()] = (
+            v_log.to(dt).reshape(-1, 32, Hkv, D).view(torch.uint8 if fp8 else torch.int16))
+    else:
+        kc = k_log.to(dt)
+        vc = v_view(rows, cap)
+        if vc is None:
+            vc = v_log.to(dt)
+        else:
+            vc.view(torch.uint8 if fp8 else torch.int16)[:] = v_log.to(dt).view(torch.uint8 if fp8 else torch.int16)
+    assert (vc.stride() != kc.stride()) is own_v_strides
+    q = rnd(B, Sq, Hq, D, dtype=torch.float16, gen=gen)
+    descale = dict(k_descale=torch.rand(B, Hkv, generator=gen) + 0.5, v_descale=torch.rand(B, Hkv, generator=gen) + 0.5)
+    if not fp8:
+        descale = dict(k_descale=None, v_descale=None)
+    opt = dict(page_table=table, cache_batch_idx=lengths(1, 2, 3) if layout == "rows" else None,
+               cache_leftpad=lengths(10, 40, 0) if layout == "leftpad" else None)
+    a = C.check_kvcache(q, kc, vc, cache_seqlens=L, k=None, v=None, **opt, cu_seqlens_q=None, max_seqlen_q=None,
+                        **descale, causal=True, scale=None, num_splits=0, return_lse=True, out=None, secure=True,
+                        backend="triton")
+    tensors = dict({n: x for n, x in opt.items() if x is not None}, **{n: x for n, x in descale.items() if x is not None})
+    for block_n, splits in ((16, 1), (32, 2)):
+        res = {}
+        for hoisted in (False, True):
+            for by_load in (False, True):
+                plan = plan_kvcache(a, q, kc, vc, None, None, table, opt["cache_batch_idx"], opt["cache_leftpad"],
+                                    nan_like(q), config=DecodeConfig(16, block_n, 4, 2, splits, seen_by_load=by_load,
+                                                                    hoisted=hoisted))
+                ce = plan.split.constexprs
+                assert ce["HOISTED"] is hoisted and ce["SAME_KV"] is not own_v_strides
+                assert ce["WHOLE_TILES"] is (hoisted and cap % block_n == 0)
+                for Lx in (L, lengths(cap + 40, -5, 1 << 30)):
+                    res[hoisted, by_load, tuple(Lx.tolist())] = plan(q, kc, vc, dict(tensors, cache_seqlens=Lx),
+                                                                     nan_like(q))
+        for (hoisted, by_load, Lx), (o, lse) in res.items():
+            o0, l0 = res[False, False, Lx]
+            what = f"hoisted={hoisted} seen_by_load={by_load} L={Lx} block_n={block_n} seed {gen.initial_seed()}"
+            assert torch.equal(o.view(torch.int16), o0.view(torch.int16)), what
+            assert torch.equal(lse.view(torch.int32), l0.view(torch.int32)), what
+        o, _ = res[True, True, tuple(L.tolist())]
+        assert not torch.isnan(o).any() and not torch.isinf(o).any()  # no stale slot reached the output
+
+
 def test_secure_decode_takes_the_select_from_loaded_tensors_only_in_the_audited_forms(monkeypatch):
     """The planner gives V's select from loaded tensors (``launch.triton_decode.seen_by_load``) to secure decode at one
     split with 16-row query tiles and D 128 (a 16-bit cache, or a contiguous FP8 one), and to no other form: outside

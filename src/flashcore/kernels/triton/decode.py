@@ -147,7 +147,7 @@ def _tile_base(b, n0, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, stride_p, str
                PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, ASM: tl.constexpr, REG_PAGES: tl.constexpr):
     """The element offset of the first key row of the tile at ``n0`` (a tile inside one page, or a contiguous
     cache): the tile's rows are this plus ``j * stride_t``, a per-key term the same for every tile
-    (:func:`_hoisted_rows`)."""
+    (``k_rows``/``v_rows`` in the secure loop of :func:`decode_split_kernel`)."""
     if PAGED:
         if REG_PAGES:
             page = _load_public_i32(PAGE_TABLE + b * stride_pt + n0 // PAGE_SIZE, ASM).to(tl.int64)
@@ -186,8 +186,9 @@ def _keep_rows(t, seen, ASM: tl.constexpr):
     """A 16-bit tile's rows where ``seen``, zero (+0.0) elsewhere. ``ASM`` (a GPU): the bits ANDed with 0xFFFF or 0,
     two values per 32-bit instruction; ptxas makes of the same ``tl.where`` on 16-bit values a split of each
     register's halves, a select per half and a permute to pack them again, with the mask converted through shared
-    memory (docs/perf-notes.md v48). Without ``ASM`` (the CPU interpreter) that select."""
-    if ASM:
+    memory (docs/perf-notes.md v48). Without ``ASM`` (the CPU interpreter), or for a tile of other than 16 bits, that
+    select."""
+    if ASM and t.dtype.primitive_bitwidth == 16:
         keep = tl.where(seen, 0xFFFF, 0).to(tl.uint16)
         u = tl.inline_asm_elementwise("and.b32 $0, $1, $2;", "=r,r,r",
                                       [t.to(tl.uint16, bitcast=True), tl.broadcast_to(keep[:, None], t.shape)],
@@ -385,7 +386,7 @@ def decode_split_kernel(
         acc_hi = tl.zeros([1, 1], dtype=tl.float32)  # unused
     offs_n0 = tl.arange(0, BLOCK_N)
     see_to = L - n_q + tok  # causal: the last key each row sees
-    if SECURE:  # the form the SASS gate has passed (machine code pinned), kept as it was
+    if SECURE:  # the form the SASS gate has passed (machine code pinned); HOISTED: v48's arithmetic, same tiles
         if HOISTED:  # each key's row within its tile, and its head and columns: the same for every tile
             if FP8:
                 k_rows = offs_n0.to(tl.int64)[:, None] * (stride_kt // 2) + hkv * (stride_kh // 2) + tl.arange(0, BLOCK_D // 2)[None, :]
