@@ -4,6 +4,10 @@ layout) against the select on a range and scalars (V's tile written back to shar
 per tile), beside the fast path, at every sequence's full length (docs/perf-notes.md v47): the planner's secure form,
 its configuration with the other select, and extra configurations of either (``CASES``' last field).
 
+v48: the form ``secure:hoisted`` (the planner's secure configuration with the key loop hoisted,
+``launch.triton_decode.hoisted``) and a fifth field of the extra configurations (True: hoisted); the checks also
+compare the planner's secure form hoisted and not, bit for bit (docs/perf-notes.md v48).
+
 Each case is first checked at two sequences and at most 4096 keys, with random lengths and NaN in every stale slot:
 the fast path and both secure selects against the float64 reference (outputs poisoned with NaN first), the two secure
 selects bit for bit. Then timed as the decode bench times (cold L2, ``bench.timing.Timer``), the forms interleaved over
