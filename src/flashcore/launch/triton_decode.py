@@ -154,8 +154,8 @@ def seen_by_load(shape: DecodeShape, cfg: DecodeConfig) -> bool:
     0.78 -> 0.72 at best, page 32 0.81 -> 0.78), nor with splits (B1 64k contiguous 0.98 -> 0.95, page 16 FP8 0.83
     either way): they keep the select on scalars. (With splits and the hoisted loop, v48, this select measured B1 64k
     contiguous FP8 0.80 -> 1.01, bf16 0.99 -> 1.01, but the counters gate found a class effect in that FP8 form's L2
-    read sectors that its control does not show: not shipped, docs/security.md §5.15.) Only in the measured regime
-    (16-row query tiles, D 128).
+    read sectors, twice the size of its control's (which stays under the gate's line): not shipped, docs/security.md
+    §5.15.) Only in the measured regime (16-row query tiles, D 128).
     ``FLASHCORE_SECURE_V_SEEN=scalars`` (``plan.knobs``; an audit knob) keeps the select on scalars at the same
     tiles. Outside the policy's forms the new select is not offered: the static gate found ptxas folding it into the
     predicate of V's loads where V is not copied by cp.async (a head dim of 72, whose rows are read element by element),
@@ -186,8 +186,9 @@ def hoisted(shape: DecodeShape, cfg: DecodeConfig) -> bool:
     16k 0.97 -> 1.00, pages 32/64 0.98-0.99 -> 0.99-1.00, pages 128/256 0.97-0.99 -> 1.01. Measured and not shipped:
     with splits (B1 64k contiguous FP8 0.80 -> 1.01 with V's select from loaded tensors, 0.89 with the select on
     scalars; bf16 0.99 -> 1.01), because the counters gate found the FP8 form's L2 read sectors from the SMs higher
-    for one padding class (+0.15%, two runs) where the control without it shows none, and the other forms' gate 2
-    did not run (docs/security.md §5.15); and an FP8 cache at one split (B64 16k 0.86 -> 0.87-0.88: what is left
+    for one padding class (+0.15%, two runs, p <= 4e-6) where the control without it shows the same sign at half the
+    size, under the gate's line (p = 0.0067), and the other forms' gate 2 had no control run (docs/security.md
+    §5.15); and an FP8 cache at one split (B64 16k 0.86 -> 0.87-0.88: what is left
     there is not the loop's instruction count). ``FLASHCORE_SECURE_HOISTED=off`` (``plan.knobs``; an audit knob) keeps
     the loop as before at the same tiles. ``DecodeConfig.hoisted`` forces it either way, for measurements."""
     one_page = not shape.paged or shape.page_size % cfg.block_n == 0
