@@ -856,33 +856,38 @@ def test_secure_hoisted_loop_gives_the_earlier_loop_bit_for_bit(layout, fp8, own
     for block_n, splits in ((16, 1), (32, 2)):
         res = {}
         for hoisted in (False, True):
-            for by_load in (False, True):
+            for by_load, per_key in ((False, False), (True, False), (True, True)):
                 plan = plan_kvcache(a, q, kc, vc, None, None, table, opt["cache_batch_idx"], opt["cache_leftpad"],
                                     nan_like(q), config=DecodeConfig(16, block_n, 4, 2, splits, seen_by_load=by_load,
-                                                                    hoisted=hoisted))
+                                                                    hoisted=hoisted, seen_per_key=per_key))
                 ce = plan.split.constexprs
                 assert ce["HOISTED"] is hoisted and ce["SAME_KV"] is not own_v_strides
                 assert ce["WHOLE_TILES"] is (hoisted and cap % block_n == 0)
+                assert ce["SEEN_PER_KEY"] is per_key  # v49: each key's position read every tile
                 for Lx in (L, lengths(cap + 40, -5, 1 << 30)):
-                    res[hoisted, by_load, tuple(Lx.tolist())] = plan(q, kc, vc, dict(tensors, cache_seqlens=Lx),
-                                                                     nan_like(q))
-        for (hoisted, by_load, Lx), (o, lse) in res.items():
-            o0, l0 = res[False, False, Lx]
-            what = f"hoisted={hoisted} seen_by_load={by_load} L={Lx} block_n={block_n} seed {gen.initial_seed()}"
+                    res[hoisted, by_load, per_key, tuple(Lx.tolist())] = plan(
+                        q, kc, vc, dict(tensors, cache_seqlens=Lx), nan_like(q))
+        for (hoisted, by_load, per_key, Lx), (o, lse) in res.items():
+            o0, l0 = res[False, False, False, Lx]
+            what = (f"hoisted={hoisted} seen_by_load={by_load} seen_per_key={per_key} L={Lx} block_n={block_n} "
+                    f"seed {gen.initial_seed()}")
             assert torch.equal(o.view(torch.int16), o0.view(torch.int16)), what
             assert torch.equal(lse.view(torch.int32), l0.view(torch.int32)), what
-        o, _ = res[True, True, tuple(L.tolist())]
-        assert not torch.isnan(o).any() and not torch.isinf(o).any()  # no stale slot reached the output
+        for per_key in (False, True):
+            o, _ = res[True, True, per_key, tuple(L.tolist())]
+            assert not torch.isnan(o).any() and not torch.isinf(o).any()  # no stale slot reached the output
 
 
 def test_secure_decode_takes_the_select_from_loaded_tensors_only_in_the_audited_forms(monkeypatch):
-    """The planner gives V's select from loaded tensors (``launch.triton_decode.seen_by_load``) to secure decode at one
-    split with 16-row query tiles and D 128 (a 16-bit cache, or a contiguous FP8 one), and to no other form: outside
-    them the static gate found ptxas folding that select into the predicate of V's element-wise loads (D 72, 64-row
-    tiles: docs/security.md §5.14). The audit list holds exactly the planner's forms of it, each beside its control
-    (the select on scalars at the same tiles, ``FLASHCORE_SECURE_V_SEEN=scalars``)."""
+    """The planner gives V's select from loaded tensors (``launch.triton_decode.seen_by_load``) to secure decode with
+    16-row query tiles and D 128: at one split (a 16-bit cache, or a contiguous FP8 one) and, since v49, with splits
+    where the key loop is hoisted (each tile in one page; a 16-bit cache reading each key's position every tile,
+    ``seen_per_key``); to no other form: outside them the static gate found ptxas folding that select into the
+    predicate of V's element-wise loads (D 72, 64-row tiles: docs/security.md §5.14). The audit list holds exactly the
+    planner's forms of it, each beside its controls (``FLASHCORE_SECURE_V_SEEN=scalars``,
+    ``FLASHCORE_SECURE_HOISTED=off``)."""
     from flashcore.audit.specs import decode_specs
-    from flashcore.launch.triton_decode import DecodeConfig, DecodeShape, seen_by_load
+    from flashcore.launch.triton_decode import DecodeConfig, DecodeShape, hoisted, seen_by_load, seen_per_key
 
     def shape(**kw):
         base = dict(batch=64, seqlen_q=1, num_heads_q=32, num_heads_kv=8, head_dim=128, page_size=16, capacity=8192,
@@ -890,45 +895,60 @@ def test_secure_decode_takes_the_select_from_loaded_tensors_only_in_the_audited_
                     has_leftpad=False, causal=True, secure=True, fp8=False, return_lse=False, fp32=False, scale=0.1)
         return DecodeShape(**dict(base, **kw))
 
-    from flashcore.launch.triton_decode import hoisted
-
     one = DecodeConfig(16, 32, 4, 4, 1)
     contiguous = dict(paged=False, page_size=8192)
     assert seen_by_load(shape(), one) and seen_by_load(shape(**contiguous), one)
     assert seen_by_load(shape(fp8=True, **contiguous), one)
-    # v48's hoisted loop: a 16-bit cache at one split, each tile in one page; not with splits, not FP8 (measured
-    # and not shipped: docs/security.md §5.15)
-    for s, c in [(shape(**contiguous), DecodeConfig(16, 128, 4, 3, 1)), (shape(page_size=128), DecodeConfig(16, 128, 4, 3, 1)),
-                 (shape(page_size=32), DecodeConfig(16, 32, 4, 4, 1)), (shape(page_size=64), DecodeConfig(16, 64, 4, 4, 1))]:
-        assert hoisted(s, c) and seen_by_load(s, c), (s, c)
+    # the hoisted loop: each tile in one page; a 16-bit cache at one split (v48), any cache with splits (v49)
     split = DecodeConfig(16, 128, 4, 3, 7)
-    for s, c in [(shape(**contiguous), split), (shape(page_size=128), split), (shape(fp8=True, **contiguous), one),
-                 (shape(), one), (shape(head_dim=72), one), (shape(), DecodeConfig(64, 32, 4, 4, 1)),
-                 (shape(fp32=True), one), (shape(secure=False, **contiguous), DecodeConfig(16, 128, 4, 3, 1))]:
+    for s, c in [(shape(**contiguous), DecodeConfig(16, 128, 4, 3, 1)), (shape(page_size=128), DecodeConfig(16, 128, 4, 3, 1)),
+                 (shape(page_size=32), DecodeConfig(16, 32, 4, 4, 1)), (shape(page_size=64), DecodeConfig(16, 64, 4, 4, 1)),
+                 (shape(**contiguous), split), (shape(page_size=128), split), (shape(fp8=True, **contiguous), split),
+                 (shape(fp8=True, page_size=256), split)]:
+        assert hoisted(s, c) and seen_by_load(s, c), (s, c)
+        # each key's position per tile: with splits, a 16-bit cache (FP8 reads the tile's start: perf-notes v49)
+        assert seen_per_key(s, c) is (c.num_splits > 1 and not s.fp8), (s, c)
+    for s, c in [(shape(fp8=True, **contiguous), one), (shape(), one), (shape(head_dim=72), one),
+                 (shape(), DecodeConfig(64, 32, 4, 4, 1)), (shape(fp32=True), one),
+                 (shape(secure=False, **contiguous), DecodeConfig(16, 128, 4, 3, 1)), (shape(page_size=64), split),
+                 (shape(head_dim=64, **contiguous), split), (shape(fp32=True, **contiguous), split)]:
         assert not hoisted(s, c), (s, c)
     for s, c in [(shape(secure=False), one), (shape(fp8=True), one), (shape(head_dim=72), one),
                  (shape(), DecodeConfig(64, 32, 4, 4, 1)), (shape(), DecodeConfig(16, 32, 4, 4, 7)),
-                 (shape(**contiguous), split), (shape(fp32=True), one)]:
-        assert not seen_by_load(s, c), (s, c)
-    monkeypatch.setenv("FLASHCORE_SECURE_HOISTED", "off")
-    assert not hoisted(shape(**contiguous), DecodeConfig(16, 128, 4, 3, 1))
+                 (shape(page_size=64), split), (shape(fp32=True), one), (shape(head_dim=72, **contiguous), split)]:
+        assert not seen_by_load(s, c) and not seen_per_key(s, c), (s, c)
+    assert not seen_per_key(shape(**contiguous), DecodeConfig(16, 128, 4, 3, 1))
+    monkeypatch.setenv("FLASHCORE_SECURE_HOISTED", "off")  # the control: the loop before v48, and with splits the
+    assert not hoisted(shape(**contiguous), DecodeConfig(16, 128, 4, 3, 1))  # select on scalars (before v49)
+    assert not hoisted(shape(**contiguous), split) and not seen_by_load(shape(**contiguous), split)
     monkeypatch.delenv("FLASHCORE_SECURE_HOISTED")
     monkeypatch.setenv("FLASHCORE_SECURE_V_SEEN", "scalars")
-    assert not seen_by_load(shape(), one)
+    assert not seen_by_load(shape(), one) and not seen_by_load(shape(**contiguous), split)
+    assert hoisted(shape(**contiguous), split) and not seen_per_key(shape(**contiguous), split)
     monkeypatch.delenv("FLASHCORE_SECURE_V_SEEN")
     specs = {s["name"]: s["constexprs"] for s in decode_specs(True) if "combine" not in s["name"]}
     by_load = sorted(n for n, ce in specs.items() if ce["SEEN_BY_LOAD"])
-    assert by_load and all("_d128_" in n and "_16x" in n and not ("_fp8_" in n and "paged" in n)
-                           for n in by_load), by_load
-    assert all("_splits1_" in n for n in by_load), by_load
-    # the hoisted loop: in the list at one split, with and without whole tiles, each beside its control
+    assert by_load and all("_d128_" in n and "_16x" in n for n in by_load), by_load
+    assert not any("_fp8_" in n and "paged" in n and "_splits1_" in n for n in by_load), by_load
+    # with splits: only hoisted, each key's position read per tile for a 16-bit cache; at one split and for FP8 the
+    # tile's start read per tile
+    assert any("_splits1_" not in n for n in by_load), by_load
+    for n in by_load:
+        assert specs[n]["SEEN_PER_KEY"] is ("_splits1_" not in n and not n.startswith("secure_decode_fp8_")), n
+        assert "_splits1_" in n or specs[n]["HOISTED"], n
+    assert any(specs[n]["SEEN_PER_KEY"] for n in by_load), by_load
+    # the hoisted loop: in the list at one split (16-bit caches) and with splits (FP8 too), with and without whole
+    # tiles, each beside its control
     on = sorted(n for n, ce in specs.items() if ce["HOISTED"])
     assert on and {specs[n]["WHOLE_TILES"] for n in on} == {False, True}
-    assert all(n.startswith("secure_decode_bf16_") or n.startswith("secure_decode_fp16_") for n in on), on
-    assert all("_d128_" in n and "_splits1_16x" in n for n in on), on
+    assert all(n.startswith("secure_decode_bf16_") or n.startswith("secure_decode_fp16_") or "_splits1_" not in n
+               for n in on), on
+    assert any(n.startswith("secure_decode_fp8_") for n in on), on
+    assert all("_d128_" in n and "_16x" in n for n in on), on
     controls = sorted(n for n in specs if n.endswith("_unhoisted"))
     assert controls == sorted(n + "_unhoisted" for n in on if not n.endswith("_vscalars"))
     assert not any(specs[n]["HOISTED"] for n in controls)
+    assert not any(specs[n]["SEEN_BY_LOAD"] for n in controls if "_splits1_" not in n)
     assert sorted(n for n in specs if n.endswith("_vscalars")) == sorted(n + "_vscalars" for n in by_load)
     assert not any(specs[n + "_vscalars"]["SEEN_BY_LOAD"] for n in by_load)
 

@@ -160,6 +160,54 @@ def test_secure_v_select_from_loaded_tensors_gives_the_scalar_select_bit_for_bit
     assert not torch.isnan(o1).any() and rel_err(o1, ro) < 1e-2
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "contiguous1000", "paged128", "fp8", "fp8_1000", "fp8_paged256"])
+def test_secure_split_forms_give_the_same_bits(layout):
+    """Secure decode with splits (B1-like) at the planner's tiles and split count since v49 (the hoisted loop, V's
+    select from loaded tensors: a 16-bit cache reading each key's position every tile, ``DecodeConfig.seen_per_key``,
+    FP8 the tile's start), against the other read, the select on scalars, and the loop before v48 (the form before
+    v49; ``FLASHCORE_SECURE_HOISTED=off``), compiled for this GPU: every output and lse bit equal, NaN/Inf in every
+    slot past each length, and against the float64 reference."""
+    from dataclasses import replace
+
+    from flashcore import _checks as C
+    from flashcore.launch.triton_decode import hoisted, seen_by_load, seen_per_key
+    from flashcore.plan.decode import plan_kvcache
+
+    page = {"paged128": 128, "fp8_paged256": 256}.get(layout, 0)
+    fp8 = layout.startswith("fp8")
+    cap = 1000 if layout.endswith("1000") else 4096
+    q, kc, vc, table, lens, descale = _case(2, 32, 8, 128, cap, page, fp8=fp8, seed=53)
+    lens[0] = 1  # a single visible key beside a full sequence
+    for cache in (kc, vc):
+        _stale(cache.view(torch.uint8) if fp8 else cache, table, lens, page,
+               [0x7F] if fp8 else [float("nan"), float("inf")])
+    a = C.check_kvcache(q, kc, vc, cache_seqlens=lens, k=None, v=None, page_table=table, cache_batch_idx=None,
+                        cache_leftpad=None, cu_seqlens_q=None, max_seqlen_q=None, causal=True, scale=None,
+                        num_splits=0, return_lse=True, out=None, secure=True, backend="auto",
+                        **(descale or dict(k_descale=None, v_descale=None)))
+    plan = plan_kvcache(a, q, kc, vc, None, None, table, None, None, torch.empty_like(q))
+    cfg = plan.config
+    assert cfg.num_splits > 1 and (cfg.block_n, cfg.num_warps, cfg.num_stages) == (128, 4, 3), cfg
+    assert hoisted(plan.shape, cfg) and seen_by_load(plan.shape, cfg), cfg
+    assert seen_per_key(plan.shape, cfg) is not fp8, cfg
+    tensors = dict(cache_seqlens=lens, **descale, **({"page_table": table} if page else {}))
+    res = []
+    for form in (dict(seen_per_key=True), dict(seen_per_key=False), dict(seen_by_load=False),
+                 dict(hoisted=False, seen_by_load=False)):
+        p = plan_kvcache(a, q, kc, vc, None, None, table, None, None, torch.empty_like(q), config=replace(cfg, **form))
+        ce = p.split.constexprs
+        assert (ce["HOISTED"], ce["SEEN_BY_LOAD"], ce["SEEN_PER_KEY"]) == (
+            form.get("hoisted", True), form.get("seen_by_load", True), form.get("seen_per_key", False)), form
+        assert ce["WHOLE_TILES"] is (ce["HOISTED"] and cap % cfg.block_n == 0)
+        res.append(p(q, kc, vc, tensors, torch.full_like(q, float("nan"))))
+        torch.cuda.synchronize()
+    o0, l0 = res[0]
+    for (o, lse), form in zip(res[1:], ("the tile's start", "scalars", "before v48")):
+        assert torch.equal(o0.view(torch.int16), o.view(torch.int16)) and torch.equal(l0, lse), form
+    ro = R.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table, **descale)
+    assert not torch.isnan(o0).any() and rel_err(o0, ro) < 1e-2
+
+
 @pytest.mark.parametrize("D,heads", [(64, (32, 32)), (256, (16, 2)), (96, (8, 8))])
 def test_kvcache_head_dims(D, heads):
     q, kc, vc, table, lens, _ = _case(2, heads[0], heads[1], D, 700, 16, Sq=2)

@@ -395,15 +395,20 @@ def decode_specs(secure: bool, full: bool = False) -> list[dict]:
 # strides, bf16 q), each of the others the planner gives it: no lse (the API's default), non-causal, 2 and 4 query
 # tokens, 1 and 8 query heads per K/V head, an fp16 q and cache, V with strides of its own
 # (v48, the hoisted loop: every layout it runs on, pages 32-256 and rows included; 2 and 16 query heads per K/V head;
-# a capacity that is not whole tiles (masked copies), and the same with splits (the loop before v48 there, a capacity
-# the launcher does not mark divisible by 16))
+# a capacity that is not whole tiles (masked copies), and the same with splits (a capacity the launcher does not mark
+# divisible by 16); v49: with splits, where the loop is hoisted and V's select is from loaded tensors, each key's
+# position read every tile for a 16-bit cache, the constexprs varied one at a time)
 _SEEN_BY_LOAD_CACHES = (("contiguous", 0, torch.bfloat16), ("paged", 16, torch.bfloat16), ("paged", 32, torch.bfloat16),
                         ("paged", 64, torch.bfloat16), ("paged", 128, torch.bfloat16), ("paged", 256, torch.bfloat16),
                         ("rows", 0, torch.bfloat16), ("leftpad", 0, torch.bfloat16),
                         ("contiguous", 0, torch.float8_e4m3fn))
 _SEEN_BY_LOAD_VARIANTS = (dict(return_lse=False), dict(causal=False), dict(Sq=2), dict(Sq=4, causal=False),
                           dict(Hq=2), dict(Hq=4), dict(Hq=16), dict(Hq=32), dict(q_dtype=torch.float16),
-                          dict(same_kv=False), dict(capacity=1000), dict(capacity=1000, splits=7))
+                          dict(same_kv=False), dict(capacity=1000), dict(capacity=1000, splits=7),
+                          # v49: the hoisted split forms (V's select from loaded tensors with splits), the same way
+                          dict(splits=7), dict(splits=7, return_lse=False), dict(splits=7, causal=False),
+                          dict(splits=7, Sq=2), dict(splits=7, Hq=2), dict(splits=7, Hq=32),
+                          dict(splits=7, q_dtype=torch.float16), dict(splits=7, same_kv=False))
 
 
 def _seen_by_load_variant_specs() -> list[dict]:

@@ -41,6 +41,7 @@ class DecodeConfig:
     reg_pages: bool | None = None  # page indices by register loads (_load_public_i32); None: the policy (reg_pages)
     seen_by_load: bool | None = None  # secure: V's select from loaded tensors (seen_by_load); None: the policy
     hoisted: bool | None = None  # secure: per-key offsets out of the key loop (hoisted); None: the policy
+    seen_per_key: bool | None = None  # secure: V's select reads each key's position every tile (seen_per_key)
 
 
 @dataclass(frozen=True)
@@ -152,10 +153,10 @@ def seen_by_load(shape: DecodeShape, cfg: DecodeConfig) -> bool:
     ``plan.decode.choose_config``'s tiles for it) contiguous 8k 0.93 -> 0.98, 16k 0.92 -> 0.97, page 16 0.89 -> 0.99,
     page 32 0.92 -> 0.98, page 64 0.93 -> 0.98; a contiguous FP8 cache 0.76 -> 0.86. Not the FP8 page gathers (page 16
     0.78 -> 0.72 at best, page 32 0.81 -> 0.78), nor with splits (B1 64k contiguous 0.98 -> 0.95, page 16 FP8 0.83
-    either way): they keep the select on scalars. (With splits and the hoisted loop, v48, this select measured B1 64k
-    contiguous FP8 0.80 -> 1.01, bf16 0.99 -> 1.01, but the counters gate found a class effect in that FP8 form's L2
-    read sectors, twice the size of its control's (which stays under the gate's line): not shipped, docs/security.md
-    §5.15.) Only in the measured regime (16-row query tiles, D 128).
+    either way): they keep the select on scalars. With splits, since v49, where the key loop is hoisted
+    (:func:`hoisted`, each tile in one page): B1 64k contiguous FP8 0.80 -> 0.99, bf16 0.98 -> 1.01
+    (docs/perf-notes.md v48-v49, docs/security.md §5.15-§5.16). Only in the measured regime (16-row query tiles,
+    D 128).
     ``FLASHCORE_SECURE_V_SEEN=scalars`` (``plan.knobs``; an audit knob) keeps the select on scalars at the same
     tiles. Outside the policy's forms the new select is not offered: the static gate found ptxas folding it into the
     predicate of V's loads where V is not copied by cp.async (a head dim of 72, whose rows are read element by element),
@@ -165,8 +166,29 @@ def seen_by_load(shape: DecodeShape, cfg: DecodeConfig) -> bool:
         return cfg.seen_by_load and shape.secure and not shape.appended
     if env_choice(SECURE_V_SEEN_ENV, SECURE_V_SEEN_MODES) == "scalars":  # the audit's control: same tiles
         return False
-    return (shape.secure and not shape.appended and not shape.fp32 and cfg.num_splits == 1 and cfg.block_m == 16
-            and shape.head_dim == 128 and not (shape.fp8 and shape.paged))
+    if not (shape.secure and not shape.appended and not shape.fp32 and cfg.block_m == 16 and shape.head_dim == 128):
+        return False
+    if cfg.num_splits > 1:  # v49: with splits, where the loop is hoisted, reading each key's position (seen_per_key)
+        return hoisted(shape, cfg)
+    return not (shape.fp8 and shape.paged)
+
+
+def seen_per_key(shape: DecodeShape, cfg: DecodeConfig) -> bool:
+    """Whether V's select from loaded tensors (:func:`seen_by_load`) reads each key's position from the public table
+    every tile (``KEY_POS[n0 + j]``: one word per lane, no word read by two warps) instead of the tile's positions
+    once and the tile's start every tile (``KEY_POS[n0]``, one word that every warp of the program reads through
+    the L1). The policy: a 16-bit cache with splits (where the loop is hoisted), the form the counters gate ran
+    clean twice at its tiles (docs/security.md §5.16); the two reads measured the same there (B1 64k 1.007 against
+    1.008 of fast, H200, docs/perf-notes.md v49). Not FP8, which reads the tile's start: the per-key read was built
+    to take the shared word out of the L1, after v48's FP8 split form showed a class effect in the L2 sectors the SMs
+    request, but that effect followed the stage count instead (4 stages over the gate's line with either read, 3
+    stages under it with either), and the per-key read costs FP8 about 5% (0.937-0.939 against 0.99-1.00 of fast).
+    ``DecodeConfig.seen_per_key`` forces it either way, for measurements."""
+    if not seen_by_load(shape, cfg):
+        return False
+    if cfg.seen_per_key is not None:
+        return cfg.seen_per_key
+    return cfg.num_splits > 1 and hoisted(shape, cfg) and not shape.fp8
 
 
 def hoisted(shape: DecodeShape, cfg: DecodeConfig) -> bool:
@@ -180,17 +202,18 @@ def hoisted(shape: DecodeShape, cfg: DecodeConfig) -> bool:
     copy against the capacity, and a split, select and pack per pair of V values: 1,013 instructions per 128-key
     FP8 tile against 773 (sm_90a, CPU compile), the fast path's unmasked loop 764.
 
-    The policy: a 16-bit cache at one split, 16-row query tiles, D 128, each tile in one page (contiguous, pages
-    of 32 keys or more); ``plan.decode.choose_config`` gives them their tiles. Same-run A/Bs on one H200
-    (2026-11-29, docs/perf-notes.md v48, every sequence full, secure / fast): B64 8k contiguous 0.98-0.99 -> 1.00,
-    16k 0.97 -> 1.00, pages 32/64 0.98-0.99 -> 0.99-1.00, pages 128/256 0.97-0.99 -> 1.01. Measured and not shipped:
-    with splits (B1 64k contiguous FP8 0.80 -> 1.01 with V's select from loaded tensors, 0.89 with the select on
-    scalars; bf16 0.99 -> 1.01), because the counters gate found the FP8 form's L2 read sectors from the SMs higher
-    for one padding class (+0.15%, two runs, p <= 4e-6) where the control without it shows the same sign at half the
-    size, under the gate's line (p = 0.0067), and the other forms' gate 2 had no control run (docs/security.md
-    §5.15); and an FP8 cache at one split (B64 16k 0.86 -> 0.87-0.88: what is left
-    there is not the loop's instruction count). ``FLASHCORE_SECURE_HOISTED=off`` (``plan.knobs``; an audit knob) keeps
-    the loop as before at the same tiles. ``DecodeConfig.hoisted`` forces it either way, for measurements."""
+    The policy: 16-row query tiles, D 128, each tile in one page (contiguous, pages of 32 keys or more), a 16-bit
+    cache at one split (v48) and any cache with splits (v49); ``plan.decode.choose_config`` gives them their tiles.
+    Same-run A/Bs on one H200 (2026-11-29, every sequence full, secure / fast): at one split (docs/perf-notes.md
+    v48) B64 8k contiguous 0.98-0.99 -> 1.00, 16k 0.97 -> 1.00, pages 32/64 0.98-0.99 -> 0.99-1.00, pages 128/256
+    0.97-0.99 -> 1.01; with splits (v49, 128-key tiles, 4 warps, 3 stages, V's select from loaded tensors) B1 64k
+    contiguous FP8 0.80 -> 0.99, page 128 0.85 -> 0.98 (read per key), bf16 0.98 -> 1.01, 4k 0.97 -> 1.04 (FP8),
+    1.01 -> 1.04 (bf16). The counters gate (docs/security.md §5.15-§5.16) found the FP8 split form's L2 read sectors from the SMs
+    higher for one padding class at 4 stages (three runs, two reads of the key positions), under its line at 3
+    stages (three runs), as the form before shows it (p = 0.0067): so 3 stages. Not an FP8 cache at one split (B64
+    16k 0.86 -> 0.87-0.88: what is left there is not the loop's instruction count). ``FLASHCORE_SECURE_HOISTED=off``
+    (``plan.knobs``; an audit knob) keeps the loop as before at the same tiles (with splits, V's select on scalars
+    too: the form before v49). ``DecodeConfig.hoisted`` forces it either way, for measurements."""
     one_page = not shape.paged or shape.page_size % cfg.block_n == 0
     if not (shape.secure and one_page):
         return False
@@ -198,8 +221,8 @@ def hoisted(shape: DecodeShape, cfg: DecodeConfig) -> bool:
         return cfg.hoisted
     if env_choice(SECURE_HOISTED_ENV, SECURE_HOISTED_MODES) == "off":  # the audit's control: same tiles
         return False
-    return (not shape.appended and not (shape.fp32 or shape.fp8) and cfg.num_splits == 1 and cfg.block_m == 16
-            and shape.head_dim == 128)
+    return (not shape.appended and not shape.fp32 and cfg.block_m == 16 and shape.head_dim == 128
+            and (cfg.num_splits > 1 or not shape.fp8))
 
 
 def whole_tiles(shape: DecodeShape, cfg: DecodeConfig) -> bool:
@@ -232,7 +255,8 @@ def build_split(shape: DecodeShape, cfg: DecodeConfig, q, k_cache, v_cache, out,
         SPLIT=cfg.num_splits > 1, FULL_TILES=full_tiles(shape, cfg), REG_PAGES=reg_pages(shape, cfg),
         ASM=True, SAME_KV=k_cache.stride()[:3] == v_cache.stride()[:3], RETURN_LSE=shape.return_lse,
         PRECISION="ieee" if shape.fp32 else "tf32", PDL_TRIGGER=triggers_combine(shape, cfg),
-        SEEN_BY_LOAD=seen_by_load(shape, cfg), HOISTED=hoisted(shape, cfg), WHOLE_TILES=whole_tiles(shape, cfg))
+        SEEN_BY_LOAD=seen_by_load(shape, cfg), HOISTED=hoisted(shape, cfg), WHOLE_TILES=whole_tiles(shape, cfg),
+        SEEN_PER_KEY=seen_per_key(shape, cfg))
     grid = (cfg.num_splits * query_tiles(shape, cfg), shape.batch * shape.num_heads_kv)
     return decode_split_kernel, grid, args, constexprs
 

@@ -121,6 +121,17 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
         # (64-key tiles 0.986/0.980; not hoisted 0.977-0.987), 16k 0.999 (64-key 0.974), page 128 1.010 (64-key
         # 0.989), page 256 1.010 (64-key 0.988)
         block_n, num_warps, num_stages = 128, 4, 3
+    if (shape.secure and num_splits > 1 and not shape.fp32 and block_m == 16 and d == 128 and not shape.appended
+            and (not shape.paged or shape.page_size % 128 == 0)):
+        # With splits (B1-like), the hoisted loop with V's select from loaded tensors (launch.triton_decode.hoisted,
+        # seen_per_key) on 128-key tiles, 4 warps, 3 stages. Same-run A/Bs on one H200 (2026-11-29, docs/perf-notes.md
+        # v48-v49, 1x32/8, every sequence full, secure / fast): FP8 64k contiguous 0.990 (4 stages 1.012; before
+        # 0.80), 4k 1.043 (before 0.97), page 128 0.978 reading each key's position (before 0.85); bf16
+        # 64k 1.007 (8 warps 0.969; before 0.98), 4k 1.040 (before 1.01). Not FP8's 4 stages: the counters gate found
+        # its L2 read sectors from the SMs higher for the inf_pad class (p <= 4e-6, three runs), an effect every FP8
+        # split form shows (the one before v49 too, p = 0.0067) that stayed under the gate's line at 3 stages
+        # (docs/security.md §5.16)
+        block_n, num_warps, num_stages = 128, 4, 3
     return DecodeConfig(block_m, block_n, num_warps, num_stages, num_splits)
 
 

@@ -8,7 +8,8 @@
   ``FLASHCORE_SECURE_V_SEEN`` (``scalars``) secure decode's select of V's rows on a range and scalars where the
   policy takes the one from loaded tensors (``launch.triton_decode.seen_by_load``; the audit's control);
   ``FLASHCORE_SECURE_HOISTED`` (``off``) secure decode's key loop as before v48 where the policy hoists it
-  (``launch.triton_decode.hoisted``; the audit's control, the same tiles).
+  (``launch.triton_decode.hoisted``; the audit's control, the same tiles; with splits, V's select on scalars as
+  well, the form before v49).
 * Switches of the sm_90 Gluon kernel (:class:`GluonSwitches`), for A/B measurements and the debug
   timeline: set them for a block of code with :func:`override`.
 

@@ -6,7 +6,9 @@ its configuration with the other select, and extra configurations of either (``C
 
 v48: the form ``secure:hoisted`` (the planner's secure configuration with the key loop hoisted,
 ``launch.triton_decode.hoisted``) and a fifth field of the extra configurations (True: hoisted); the checks also
-compare the planner's secure form hoisted and not, bit for bit (docs/perf-notes.md v48).
+compare the planner's secure form hoisted and not, bit for bit (docs/perf-notes.md v48). v49: a sixth field (True:
+``seen_per_key``, each key's position read every tile); the checks also run the planner's secure form hoisted with
+V's select from loaded tensors reading each key's position, bit for bit against the others.
 
 Each case is first checked at two sequences and at most 4096 keys, with random lengths and NaN in every stale slot:
 the fast path and both secure selects against the float64 reference (outputs poisoned with NaN first), the two secure
@@ -21,7 +23,7 @@ import dataclasses
 
 import torch
 
-from ...launch.triton_decode import hoisted as hoisted_flag, seen_by_load
+from ...launch.triton_decode import hoisted as hoisted_flag, seen_by_load, seen_per_key
 from . import add_ab_arguments, cold_l2_rounds, parser, picked, write_rows
 from .kv_configs import _make, _planned
 
@@ -73,6 +75,18 @@ CASES = (
     (64, 32, 8, 128, 8192, 1, 64, False, (("load", 64, 4, 4, False),)),
     (64, 32, 8, 128, 8192, 1, 0, False, (("load", 128, 4, 3, False), ("load", 64, 4, 4, False))),
     (1, 32, 8, 128, 65536, 1, 0, True, (("load", 128, 4, 4, False), ("scalars", 128, 4, 3, False))),
+    # v49 (indices 39-44): with splits, V's select reading each key's position every tile (a sixth field True:
+    # seen_per_key) beside the v48 select (the tile's start read per tile) and the select on scalars, hoisted
+    (1, 32, 8, 128, 65536, 1, 0, True, (("load", 128, 4, 4, True, True), ("load", 128, 4, 4, True),
+                                        ("scalars", 128, 4, 3, True))),
+    (1, 32, 8, 128, 65536, 1, 0, False, (("load", 128, 8, 3, True, True), ("load", 128, 4, 3, True, True),
+                                         ("load", 128, 4, 3, True))),
+    (1, 32, 8, 128, 4096, 1, 0, True, (("load", 128, 4, 4, True, True), ("load", 128, 4, 4, True))),
+    (1, 32, 8, 128, 4096, 1, 0, False, (("load", 128, 8, 3, True, True), ("load", 128, 4, 3, True, True),
+                                        ("load", 128, 4, 3, True))),
+    (1, 32, 8, 128, 65536, 1, 128, True, (("load", 128, 4, 3, True, True), ("load", 128, 4, 4, True, True))),
+    (1, 32, 8, 128, 65536, 1, 0, True, (("load", 128, 4, 3, True, True), ("load", 128, 4, 4, True, True),
+                                        ("load", 128, 8, 3, True, True))),
 )
 # the planner's fast and secure forms; its secure config with the other select; with the addressing hoisted (v48)
 FORMS = ("fast", "secure", "secure:other", "secure:hoisted")
@@ -131,6 +145,10 @@ def check(case, seed: int) -> dict:
         plan, _ = _call_of("secure", q, kc, vc, kw)
         plan, _ = _planned(q, kc, vc, kw, dataclasses.replace(plan.config, hoisted=hoisted), secure=True)
         run(plan, f"{_name(plan)}:hoisted={hoisted_flag(plan.shape, plan.config)}")
+    plan, _ = _call_of("secure", q, kc, vc, kw)  # v49: hoisted, V's select reading each key's position every tile
+    plan, _ = _planned(q, kc, vc, kw, dataclasses.replace(plan.config, hoisted=True, seen_by_load=True,
+                                                          seen_per_key=True), secure=True)
+    run(plan, f"{_name(plan)}:keys={seen_per_key(plan.shape, plan.config)}")
     return dict(rel_err=errs, secure_bit_identical=bool(all(torch.equal(o, outs["scalars"])
                                                             for n, o in outs.items() if n != "fast")),
                 finite=bool(all(torch.isfinite(o).all() for o in outs.values())))
@@ -157,9 +175,10 @@ def main(argv=None):
             if form == "secure":
                 planner = plan.config
         for select, bn, w, st, *h in extra:
+            per_key = len(h) > 1 and h[1]
             cfg = dataclasses.replace(planner, block_n=bn, num_warps=w, num_stages=st, seen_by_load=select == "load",
-                                      hoisted=bool(h and h[0]))
-            name = f"{select}:{bn}w{w}s{st}{':hoisted' if h and h[0] else ''}"
+                                      hoisted=bool(h and h[0]), seen_per_key=per_key)
+            name = f"{select}:{bn}w{w}s{st}{':hoisted' if h and h[0] else ''}{':keys' if per_key else ''}"
             plan, fns[name] = _call_of("secure", q, kc, vc, kw, cfg)
             cfgs[name] = repr(plan.config)
         for fn in fns.values():

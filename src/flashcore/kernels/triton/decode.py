@@ -164,7 +164,7 @@ def _tile_base(b, n0, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, stride_p, str
 
 
 @triton.jit
-def _v_rows_seen(KEY_POS, CACHE_SEQLENS, LEFTPAD, b, n0, offs_n0, HAS_LEFTPAD: tl.constexpr):
+def _v_rows_seen(KEY_POS, CACHE_SEQLENS, LEFTPAD, b, n0, offs_n0, HAS_LEFTPAD: tl.constexpr, PER_KEY: tl.constexpr):
     """Secure mode: which keys of the tile at ``n0`` the sequence's secret range ``[leftpad, length)`` holds, as the
     select that zeroes V's other rows takes it. Computed from loaded tensors only: each key's position read from the
     public table ``KEY_POS`` (``KEY_POS[j] = j``) and the raw lengths read as tensors (no clamp: a length past the
@@ -172,9 +172,17 @@ def _v_rows_seen(KEY_POS, CACHE_SEQLENS, LEFTPAD, b, n0, offs_n0, HAS_LEFTPAD: t
     input comes from a load Triton moves into the MMA operand's own layout, next to V's load from shared memory
     (``hoistConvertDotOperand`` accepts only loads and constants as the leaves of what it moves); the same select
     on ``offs_n``/``L`` (a range and scalars) leaves V's tile in a blocked layout, to be written back to shared
-    memory and read again as the operand, a round trip per tile (docs/perf-notes.md v47)."""
+    memory and read again as the operand, a round trip per tile (docs/perf-notes.md v47).
+
+    ``PER_KEY``: each key's position read from the table every tile (``KEY_POS[n0 + j]``, one word per lane, each
+    warp its own words), instead of the tile's positions once and the tile's start per tile (``KEY_POS[n0]``, a word
+    that every warp of the program reads, through the L1: a 4-byte ``cp.async`` allocates there). The same bits;
+    which one a form takes is ``launch.triton_decode.seen_per_key``'s (docs/perf-notes.md v49)."""
     one = tl.zeros([1], tl.int32)
-    pos = tl.load(KEY_POS + offs_n0) + tl.load(KEY_POS + n0 + one)
+    if PER_KEY:  # every lane its own key's word, every tile: no word that two warps read
+        pos = tl.load(KEY_POS + n0 + offs_n0)
+    else:  # the tile's keys' positions once, plus the tile's start read per tile (one word every warp reads)
+        pos = tl.load(KEY_POS + offs_n0) + tl.load(KEY_POS + n0 + one)
     seen = pos < tl.load(CACHE_SEQLENS + b + one)
     if HAS_LEFTPAD:
         seen = seen & (pos >= tl.load(LEFTPAD + b + one))
@@ -303,6 +311,7 @@ def decode_split_kernel(
     SEEN_BY_LOAD: tl.constexpr = False,
     HOISTED: tl.constexpr = False,
     WHOLE_TILES: tl.constexpr = False,
+    SEEN_PER_KEY: tl.constexpr = False,
 ):
     if PDL_TRIGGER and SPLIT and ASM:
         # the combine step, a programmatic dependent of this one, may launch now: its programs start and wait
@@ -465,12 +474,12 @@ def decode_split_kernel(
                 # zeroed by visibility before the widening (stale slots may hold NaN); this select keeps the tile out
                 # of the MMA's register layout (a shared-memory round trip per tile), but zeroing NaNs by value and
                 # counting the visible ones in a second product ran slower still (docs/perf-notes.md v24.4)
+                if SEEN_BY_LOAD:
+                    seen_v = _v_rows_seen(KEY_POS, CACHE_SEQLENS, LEFTPAD, b, n0, offs_n0, HAS_LEFTPAD, SEEN_PER_KEY)
                 if SEEN_BY_LOAD and HOISTED:
-                    vt = _keep_rows(vt, _v_rows_seen(KEY_POS, CACHE_SEQLENS, LEFTPAD, b, n0, offs_n0, HAS_LEFTPAD),
-                                    ASM)
+                    vt = _keep_rows(vt, seen_v, ASM)
                 elif SEEN_BY_LOAD:
-                    vt = tl.where(_v_rows_seen(KEY_POS, CACHE_SEQLENS, LEFTPAD, b, n0, offs_n0, HAS_LEFTPAD)[:, None],
-                                  vt, 0)
+                    vt = tl.where(seen_v[:, None], vt, 0)
                 else:
                     vt = tl.where(key_ok[:, None], vt, 0)
                 v_lo, v_hi = _widen_fp8_pairs(vt, ASM)
@@ -492,12 +501,12 @@ def decode_split_kernel(
                     vt = tl.load(vp)
                 else:
                     vt = tl.load(vp, mask=load_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+                if SEEN_BY_LOAD:
+                    seen_v = _v_rows_seen(KEY_POS, CACHE_SEQLENS, LEFTPAD, b, n0, offs_n0, HAS_LEFTPAD, SEEN_PER_KEY)
                 if SEEN_BY_LOAD and HOISTED:
-                    vt = _keep_rows(vt, _v_rows_seen(KEY_POS, CACHE_SEQLENS, LEFTPAD, b, n0, offs_n0, HAS_LEFTPAD),
-                                    ASM)
+                    vt = _keep_rows(vt, seen_v, ASM)
                 elif SEEN_BY_LOAD:
-                    vt = tl.where(_v_rows_seen(KEY_POS, CACHE_SEQLENS, LEFTPAD, b, n0, offs_n0, HAS_LEFTPAD)[:, None],
-                                  vt, 0.0)
+                    vt = tl.where(seen_v[:, None], vt, 0.0)
                 else:
                     vt = tl.where(key_ok[:, None], vt, 0.0)
                 acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PRECISION)
