@@ -206,3 +206,28 @@ def test_every_secure_dense_selection_runs_a_form_the_gate_lists(dtype_name):
                         assert any(n.startswith(form) and n.endswith(wg) for n in listed), what
                     else:
                         assert sel.config == triton_config(p), what
+
+
+def test_the_committed_report_for_this_triton_covers_the_gates_list_with_analysis_keys():
+    """CI runs gate 1 with ``--reuse`` on the committed report of its Triton version (``.ci/run``): that report must
+    list exactly the configurations ``audit_specs(secure=True)`` lists, each clean and with its analysis key, or CI
+    analyses the rest itself (correct, but the time that made stop 57's CI miss its 90 minutes). Re-run
+    ``flashcore audit sass --json audit/results/<file>`` after a change to the list, a kernel or the analyser."""
+    import triton
+
+    from flashcore.audit.specs import audit_specs
+
+    files = {"3.6.0": "sass.json", "3.9.0": "sass-triton-3.9.0.json"}
+    if triton.__version__ not in files:
+        pytest.skip(f"no committed gate-1 report for triton {triton.__version__}")
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "audit", "results",
+                        files[triton.__version__])
+    with open(path) as f:
+        doc = json.load(f)
+    listed = sorted(s["name"] for s in audit_specs(secure=True))
+    reported = sorted(r["name"] for r in doc["secure"])
+    assert reported == listed, (f"{path}: configurations not in the report {sorted(set(listed) - set(reported))[:10]}, "
+                                f"no longer listed {sorted(set(reported) - set(listed))[:10]}")
+    assert doc["ok"] is True and all(r["ok"] for r in doc["secure"])
+    unkeyed = [r["name"] for r in doc["secure"] if not r.get("analysis_key")]
+    assert not unkeyed, f"{path}: {len(unkeyed)} reports without an analysis key (written before --reuse): {unkeyed[:5]}"

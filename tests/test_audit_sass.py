@@ -573,6 +573,119 @@ def test_cli_wiring_as_subcommand(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
+# --reuse REPORT: a committed clean analysis taken for byte-identical machine code (memo.py)
+
+
+GATHER_SIG = {"IDX": "*i32", "T": "*fp32", "Y": "*fp32", "BLOCK": "constexpr"}
+
+
+def _first_run(monkeypatch, tmp_path):
+    """A report with one clean secure kernel and one fast kernel with findings, written with analysis keys."""
+    _fake_kernels(monkeypatch, [_spec("secure_select", k_select, SEL_SIG, {"BLOCK": 128}, {"X"})],
+                  [_spec("fast_gather", k_gather, GATHER_SIG, {"BLOCK": 128}, {"IDX"})])
+    path = tmp_path / "first.json"
+    assert sass.main(["--json", str(path), "--include-fast", "--jobs", "1", "--no-progress"]) == 0
+    return path
+
+
+def _count_disassembly(monkeypatch):
+    from flashcore.audit.sass import analyze
+
+    listed = []
+    real = analyze.disassemble
+
+    def counted(cubin):
+        listed.append(len(cubin))
+        return real(cubin)
+
+    monkeypatch.setattr(analyze, "disassemble", counted)
+    return listed
+
+
+def test_reuse_takes_the_clean_analysis_and_analyses_the_rest(monkeypatch, tmp_path, capsys):
+    first = _first_run(monkeypatch, tmp_path)
+    doc = json.loads(first.read_text())
+    assert doc["secure"][0]["analysis_key"] and doc["fast"][0]["analysis_key"]
+    listed = _count_disassembly(monkeypatch)
+    again = tmp_path / "again.json"
+    assert sass.main(["--json", str(again), "--include-fast", "--jobs", "1", "--no-progress",
+                      "--reuse", str(first)]) == 0
+    new = json.loads(again.read_text())
+    assert new["secure"][0]["reused"] is True and new["fast"][0]["reused"] is False
+    assert len(listed) == 1  # only the kernel with findings was disassembled and analysed again
+    for field in ("ok", "n_instructions", "n_blocks", "tainted_registers", "tainted_memory", "params", "notes",
+                  "analysis_key", "secret"):
+        assert new["secure"][0][field] == doc["secure"][0][field], field
+    assert new["fast"][0]["violation_counts"] == doc["fast"][0]["violation_counts"]
+    assert "1 analyses reused" in capsys.readouterr().out
+
+
+def test_reuse_misses_when_an_input_of_the_analysis_changes(monkeypatch, tmp_path):
+    from flashcore.audit.sass import memo
+
+    first = _first_run(monkeypatch, tmp_path)
+    key = json.loads(first.read_text())["secure"][0]["analysis_key"]
+    listed = _count_disassembly(monkeypatch)
+    # another secret set: the same bytes, a different question
+    _fake_kernels(monkeypatch, [_spec("secure_select", k_select, SEL_SIG, {"BLOCK": 128}, {"X", "Y"})], [])
+    assert sass.main(["--jobs", "1", "--no-progress", "--reuse", str(first)]) == 0
+    assert len(listed) == 1
+    # another analyser (its sources or nvdisasm): nothing is taken
+    _fake_kernels(monkeypatch, [_spec("secure_select", k_select, SEL_SIG, {"BLOCK": 128}, {"X"})], [])
+    monkeypatch.setattr(memo, "_FINGERPRINT", "0" * 64)
+    assert sass.main(["--jobs", "1", "--no-progress", "--reuse", str(first)]) == 0
+    assert len(listed) == 2
+    monkeypatch.setattr(memo, "_FINGERPRINT", None)
+    # other machine code, parameters or shared-memory split: other keys
+    cubin = b"\x7fELF" + bytes(64)
+    params = [("X", "pointer", "X"), ("Y", "pointer", "Y")]
+    keys = {memo.analysis_key(cubin, "k", params, {"X"}, None),
+            memo.analysis_key(cubin[:-1] + b"\x01", "k", params, {"X"}, None),
+            memo.analysis_key(cubin, "k", params[::-1], {"X"}, None),
+            memo.analysis_key(cubin, "k", params, {"X"}, 0x400),
+            memo.analysis_key(cubin, "k2", params, {"X"}, None)}
+    assert len(keys) == 5 and key not in keys
+
+
+def test_reuse_never_takes_a_report_with_findings(monkeypatch, tmp_path):
+    from flashcore.audit.sass import memo
+
+    _fake_kernels(monkeypatch, [_spec("secure_gather", k_gather, GATHER_SIG, {"BLOCK": 128}, {"IDX"})], [])
+    first = tmp_path / "first.json"
+    assert sass.main(["--json", str(first), "--jobs", "1", "--no-progress"]) == 1
+    doc = json.loads(first.read_text())
+    assert doc["secure"][0]["analysis_key"] and memo.load(str(first)) == {}
+    # even a report edited to say "ok" is not taken while it lists violations
+    doc["secure"][0]["ok"] = True
+    first.write_text(json.dumps(doc))
+    assert memo.load(str(first)) == {}
+    assert sass.main(["--jobs", "1", "--no-progress", "--reuse", str(first)]) == 1
+
+
+def test_verify_fails_the_gate_when_a_taken_analysis_differs(monkeypatch, tmp_path, capsys):
+    first = _first_run(monkeypatch, tmp_path)
+    doc = json.loads(first.read_text())
+    doc["secure"][0]["tainted_registers"] = []  # a stored result that is not what the analysis gives
+    first.write_text(json.dumps(doc))
+    _fake_kernels(monkeypatch, [_spec("secure_select", k_select, SEL_SIG, {"BLOCK": 128}, {"X"})], [])
+    out = tmp_path / "again.json"
+    assert sass.main(["--json", str(out), "--jobs", "1", "--no-progress", "--reuse", str(first)]) == 0
+    assert sass.main(["--json", str(out), "--jobs", "1", "--no-progress", "--reuse", str(first),
+                      "--verify", "1"]) == 1
+    res = capsys.readouterr()
+    assert "tainted_registers" in res.err and "FAIL" in res.out
+    assert json.loads(out.read_text())["verify_failures"] == ["secure_select: tainted_registers"]
+
+
+def test_reuse_and_verify_arguments_are_checked(monkeypatch, tmp_path, capsys):
+    _fake_kernels(monkeypatch, [_spec("secure_select", k_select, SEL_SIG, {"BLOCK": 128}, {"X"})], [])
+    assert sass.main(["--no-progress", "--verify", "3"]) == 2
+    assert "--verify" in capsys.readouterr().err
+    assert sass.main(["--no-progress", "--reuse", str(tmp_path / "none.json")]) == 2
+    assert "none.json: no such file" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
 # progress on stderr: plain lines when not a terminal (CI logs), a rich bar on one, none with --no-progress
 
 

@@ -17,7 +17,8 @@ Options every gate takes:
                 table; <out>/<gate>.json is written either way
     sass:       --json PATH writes the JSON report to the file PATH instead of <out>/sass.json; the table
                 is printed either way (under ``all --json`` the sass step writes <out>/sass.json)
-sass also takes --include-fast, --jobs N, --show N, --no-progress, --progress-every N: see
+sass also takes --include-fast, --jobs N, --show N, --no-progress, --progress-every N, --reuse REPORT,
+--verify N: see
 ``flashcore audit sass --help``. Exit codes: 0 pass, 1 a gate failed, 2 a gate could not run (no CUDA
 GPU, no ncu, module missing). GPU gates on a machine without CUDA print why and exit 2.
 """

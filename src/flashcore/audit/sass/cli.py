@@ -1,6 +1,11 @@
-"""``flashcore audit sass [--out DIR] [--json PATH] [--include-fast] [--jobs N] [--show N] [--no-progress]``:
-audit every configuration that ``flashcore.audit.specs.audit_specs`` lists and print the results (the
-secure configurations gate, the fast ones, with ``--include-fast``, are information).
+"""``flashcore audit sass [--out DIR] [--json PATH] [--include-fast] [--jobs N] [--show N] [--no-progress]
+[--reuse REPORT [--verify N]]``: audit every configuration that ``flashcore.audit.specs.audit_specs`` lists and
+print the results (the secure configurations gate, the fast ones, with ``--include-fast``, are information).
+
+``--reuse REPORT`` takes the clean analyses of an earlier JSON report for kernels whose machine code, inputs and
+analyser are byte-identical to the ones it analysed (:mod:`.memo`); every kernel is still compiled and its launch
+checked. ``--verify N`` then analyses N of the reused kernels again, picked at random, and fails the gate if any
+result differs.
 
 The table goes to stdout; the JSON report to ``--json PATH`` (``flashcore audit sass`` defaults it to
 ``<out>/sass.json``; ``python -m flashcore.audit.sass`` writes none without it). Progress goes to stderr:
@@ -14,6 +19,7 @@ import os
 import sys
 import time
 
+from . import memo
 from .analyze import audit_kernels
 from .report import Report
 
@@ -32,6 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              "--progress-every kernels)")
     parser.add_argument("--progress-every", type=_positive_int, default=PROGRESS_EVERY, metavar="N",
                         help=f"not on a terminal: print a progress line every N kernels (default {PROGRESS_EVERY})")
+    parser.add_argument("--reuse", metavar="REPORT", default=None,
+                        help="take the clean analyses of this earlier JSON report for byte-identical machine code "
+                             "under the same analyser (its analysis keys); everything else is analysed")
+    parser.add_argument("--verify", type=int, default=0, metavar="N",
+                        help="with --reuse: analyse N reused kernels again, picked at random, and fail on any "
+                             "difference (default 0)")
     return parser
 
 
@@ -141,6 +153,29 @@ def _details(reports: list[Report], show: int, out) -> None:
             print(f"    ... {len(r.violations) - show} more (see --json)", file=out)
 
 
+def _verify(specs: list[dict], reports: list[Report], n: int, jobs: int) -> list[str]:
+    """Analyse ``n`` of the reused reports again (fresh, no memo), picked at random; the names whose analysis
+    differs from the one taken, each with the fields that differ."""
+    import random
+
+    reused = [i for i, r in enumerate(reports) if r.reused]
+    if n <= 0 or not reused:
+        return []
+    seed = random.SystemRandom().randrange(1 << 32)
+    picked = sorted(random.Random(seed).sample(reused, min(n, len(reused))))
+    print(f"flashcore audit sass: --verify: analysing {len(picked)} reused kernels again (seed {seed})",
+          file=sys.stderr)
+    fresh = audit_kernels([specs[i] for i in picked], jobs=jobs)
+    failures = []
+    for i, rep in zip(picked, fresh):
+        diff = memo.differences(reports[i], rep)
+        if diff:
+            failures.append(f"{reports[i].name}: {', '.join(diff)}")
+            print(f"flashcore audit sass: --verify: {reports[i].name}: the reused analysis differs from a fresh one "
+                  f"in {diff}", file=sys.stderr)
+    return failures
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         from flashcore.audit.specs import audit_specs  # lazy: imports the kernels
@@ -155,6 +190,14 @@ def run(args: argparse.Namespace) -> int:
             console = Console(width=200)
     except Exception:  # pragma: no cover
         console = None
+    verify, reuse = int(getattr(args, "verify", 0) or 0), getattr(args, "reuse", None)
+    if verify < 0 or (verify and not reuse):
+        print(f"flashcore audit sass: --verify must be a count >= 0 and needs --reuse REPORT (got --verify {verify}"
+              f"{'' if reuse else ' without --reuse'})", file=sys.stderr)
+        return 2
+    if reuse and not os.path.isfile(reuse):
+        print(f"flashcore audit sass: --reuse {reuse}: no such file", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     try:
         secure_specs = list(audit_specs(secure=True))
@@ -165,30 +208,44 @@ def run(args: argparse.Namespace) -> int:
     jobs = max(1, int(getattr(args, "jobs", 1) or 1))
     show_progress = not getattr(args, "no_progress", False)
     every = getattr(args, "progress_every", PROGRESS_EVERY)
-    with _Progress("secure", len(secure_specs), every, show_progress) as prog:
-        secure = audit_kernels(secure_specs, jobs=jobs, progress=prog.update)
-    fast: list[Report] = []
-    if fast_specs:
-        with _Progress("fast", len(fast_specs), every, show_progress) as prog:
-            fast = audit_kernels(fast_specs, jobs=jobs, progress=prog.update)
+    reuse_path = getattr(args, "reuse", None)
+    taken = memo.load(reuse_path) if reuse_path else {}
+    if reuse_path:
+        print(f"flashcore audit sass: --reuse {reuse_path}: {len(taken)} clean analyses with keys", file=sys.stderr)
+    memo.activate(taken)
+    try:
+        with _Progress("secure", len(secure_specs), every, show_progress) as prog:
+            secure = audit_kernels(secure_specs, jobs=jobs, progress=prog.update)
+        fast: list[Report] = []
+        if fast_specs:
+            with _Progress("fast", len(fast_specs), every, show_progress) as prog:
+                fast = audit_kernels(fast_specs, jobs=jobs, progress=prog.update)
+    finally:
+        memo.activate(None)
+    verify_failures = _verify(secure_specs + fast_specs, secure + fast, int(getattr(args, "verify", 0) or 0), jobs)
     show = getattr(args, "show", 8)
     _table("DHP-safe (secure) kernels - must be violation-free", secure, console)
     _details(secure, show, sys.stdout)
     if fast:
         _table("fast kernels - informational (secret-dependent behaviour expected)", fast, console, informational=True)
         _details(fast, min(show, 3), sys.stdout)
-    gate_ok = bool(secure) and all(r.ok for r in secure)
+    gate_ok = bool(secure) and all(r.ok for r in secure) and not verify_failures
     if not secure:
         print("flashcore audit sass: audit_specs(secure=True) returned no kernels - refusing to pass an empty gate",
               file=sys.stderr)
     elapsed = time.perf_counter() - t0
+    n_reused = sum(r.reused for r in secure + fast)
     summary = (f"secure: {sum(r.ok for r in secure)}/{len(secure)} clean"
                + (f"; fast: {sum(not r.ok for r in fast)}/{len(fast)} with findings" if fast else "")
+               + (f"; {n_reused} analyses reused from {reuse_path}" if reuse_path else "")
+               + (f", {int(args.verify)} re-analysed: {len(verify_failures)} differ" if reuse_path and args.verify
+                  else "")
                + f" ({elapsed:.1f}s)")
     print(("PASS " if gate_ok else "FAIL ") + summary)
     if getattr(args, "json", None):
         doc = {"ok": gate_ok, "secure": [r.to_dict() for r in secure], "fast": [r.to_dict() for r in fast],
-               "elapsed_s": round(elapsed, 3)}
+               "elapsed_s": round(elapsed, 3), "reused_from": reuse_path, "reused": n_reused,
+               "verify_failures": verify_failures}
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=2)
     return 0 if gate_ok else 1

@@ -62,6 +62,12 @@ class Report:
     num_stages: int | None = None
     timings: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    #: the content key of the machine-code analysis behind this report (:func:`.memo.analysis_key`), and how many
+    #: of ``notes`` that analysis wrote (the rest are the launch checks' and the shared-memory split's)
+    analysis_key: str | None = None
+    analysis_notes: int = 0
+    #: the analysis was not run here but taken from a committed report for the same key (``audit sass --reuse``)
+    reused: bool = False
 
     @property
     def ok(self) -> bool:
@@ -93,6 +99,9 @@ class Report:
             "params": [p.to_dict() for p in self.params],
             "notes": list(self.notes),
             "timings": dict(self.timings),
+            "analysis_key": self.analysis_key,
+            "analysis_notes": self.analysis_notes,
+            "reused": self.reused,
         }
 
     def __str__(self) -> str:

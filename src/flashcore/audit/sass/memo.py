@@ -1,0 +1,117 @@
+"""Reuse of a committed analysis for byte-identical machine code (``flashcore audit sass --reuse REPORT``).
+
+The machine-code analysis (:func:`.analyze.analyze_cubin`) is a pure function of its inputs: the cubin's bytes,
+the kernel's name, the parameter table it is read with, the secret set, the shared-memory split, this package's
+source and the ``nvdisasm`` binary that lists the code. :func:`analysis_key` hashes all of them. A report written
+by ``audit sass --json`` carries each kernel's key, so a later run that compiles the same configuration to the
+same bytes, under the same analyser, can take the earlier result instead of disassembling and analysing again
+(about 1.5 s of CPU per kernel, 1,278 kernels per Triton version: most of CI's time).
+
+Only clean results are taken (no violation, no error): a kernel with findings is always analysed again, so its
+report is current. The launch-level checks (:func:`.analyze.launcher_choice_violations`,
+:func:`.analyze.specialisation_violations`) and the compile are never reused; they run every time.
+
+Why a key match is enough: every input of the analysis is in it, including the analyser's own code, so a change
+to the analyser, the disassembler, a kernel, its parameters or its secret set misses and is analysed. What the
+key cannot see is nondeterminism in the analysis itself; ``--verify N`` re-analyses N reused kernels, picked at
+random, and fails the gate if any result differs from the one taken."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+from .report import ParamInfo, Report
+
+_FINGERPRINT: str | None = None
+#: the active memo: analysis key -> the stored report's dict (set by :func:`activate`; inherited by forked workers)
+_MEMO: dict[str, dict] = {}
+
+
+def analyser_fingerprint() -> str:
+    """sha256 over this package's Python sources (every module of ``flashcore.audit.sass``) and the ``nvdisasm``
+    binary the listing comes from; computed once per process."""
+    global _FINGERPRINT
+    if _FINGERPRINT is None:
+        from .compile import _tool
+
+        h = hashlib.sha256()
+        here = os.path.dirname(os.path.abspath(__file__))
+        for name in sorted(os.listdir(here)):
+            if name.endswith(".py"):
+                h.update(name.encode())
+                with open(os.path.join(here, name), "rb") as f:
+                    h.update(hashlib.sha256(f.read()).digest())
+        with open(_tool("nvdisasm"), "rb") as f:
+            h.update(b"nvdisasm")
+            h.update(hashlib.sha256(f.read()).digest())
+        _FINGERPRINT = h.hexdigest()
+    return _FINGERPRINT
+
+
+def analysis_key(cubin: bytes, kernel: str | None, expected_params, secret, smem_control_from) -> str:
+    """The content key of one machine-code analysis: every input of :func:`.analyze.analyze_cubin` and the
+    analyser's fingerprint."""
+    h = hashlib.sha256()
+    h.update(analyser_fingerprint().encode())
+    h.update(hashlib.sha256(cubin).digest())
+    rest = {"kernel": kernel, "params": [list(p) for p in expected_params] if expected_params is not None else None,
+            "secret": sorted(secret), "smem": repr(smem_control_from)}
+    h.update(json.dumps(rest, sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def reusable(entry: dict) -> bool:
+    """A stored report whose analysis may be taken: it has a key, and it is clean."""
+    return bool(entry.get("analysis_key")) and entry.get("ok") is True and not entry.get("error") \
+        and not entry.get("violations")
+
+
+def load(path: str) -> dict[str, dict]:
+    """The reusable analyses of a report written by ``audit sass --json`` (secure and fast lists): key -> entry.
+    A missing file or one without keys gives an empty memo (everything is analysed)."""
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        return {}
+    out = {}
+    for entry in list(doc.get("secure") or []) + list(doc.get("fast") or []):
+        if reusable(entry):
+            out[entry["analysis_key"]] = entry
+    return out
+
+
+def activate(memo: dict[str, dict] | None) -> None:
+    """Use ``memo`` for the analyses that follow in this process (and in workers forked after this); None or {}
+    turns reuse off."""
+    _MEMO.clear()
+    if memo:
+        _MEMO.update(memo)
+
+
+def lookup(key: str) -> Report | None:
+    """The analysis stored under ``key`` as a :class:`Report` with the fields :func:`.analyze.analyze_cubin` sets
+    (``reused`` True), or None."""
+    entry = _MEMO.get(key)
+    if entry is None:
+        return None
+    n = int(entry.get("analysis_notes", 0))
+    return Report(kernel=entry["kernel"], violations=[], n_instructions=entry["n_instructions"],
+                  n_blocks=entry["n_blocks"], total_instructions=entry["total_instructions"],
+                  iterations=entry["iterations"], tainted_registers=list(entry["tainted_registers"]),
+                  tainted_memory=list(entry["tainted_memory"]), unknown_opcodes=dict(entry["unknown_opcodes"]),
+                  params=[ParamInfo(**{k: p[k] for k in ("ordinal", "name", "cbank_offset", "size", "role", "secret")})
+                          for p in entry["params"]],
+                  notes=list(entry["notes"][:n]), analysis_key=key, analysis_notes=n, reused=True)
+
+
+#: the fields of a report that the machine-code analysis determines (what ``--verify`` compares)
+ANALYSIS_FIELDS = ("kernel", "ok", "violations", "n_instructions", "n_blocks", "total_instructions", "iterations",
+                   "tainted_registers", "tainted_memory", "unknown_opcodes", "params", "notes", "analysis_key")
+
+
+def differences(taken: Report, fresh: Report) -> list[str]:
+    """The analysis fields in which a reused report and a fresh analysis of the same kernel differ."""
+    a, b = taken.to_dict(), fresh.to_dict()
+    return [k for k in ANALYSIS_FIELDS if a.get(k) != b.get(k)]
