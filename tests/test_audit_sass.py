@@ -677,6 +677,60 @@ def test_verify_fails_the_gate_when_a_taken_analysis_differs(monkeypatch, tmp_pa
     assert json.loads(out.read_text())["verify_failures"] == ["secure_select: tainted_registers"]
 
 
+def test_a_gzip_report_is_written_and_taken(monkeypatch, tmp_path):
+    """The committed reports are gzip (``--json PATH.gz``; ~15 MB each as plain JSON, over the device tool's
+    64 MiB for the whole tree): the same report, compressed, byte for byte the same each time, and taken by
+    ``--reuse``."""
+    import gzip
+
+    from flashcore.audit.sass import memo
+
+    _fake_kernels(monkeypatch, [_spec("secure_select", k_select, SEL_SIG, {"BLOCK": 128}, {"X"})], [])
+    plain, packed = tmp_path / "r.json", tmp_path / "r.json.gz"
+    assert sass.main(["--json", str(plain), "--jobs", "1", "--no-progress"]) == 0
+    assert sass.main(["--json", str(packed), "--jobs", "1", "--no-progress"]) == 0
+    doc, zdoc = json.loads(plain.read_text()), json.loads(gzip.decompress(packed.read_bytes()))
+    assert zdoc["secure"][0]["analysis_key"] == doc["secure"][0]["analysis_key"]
+    assert zdoc["analyser"] == memo.analyser_fingerprint()
+    again = tmp_path / "again.json.gz"
+    memo.write_report(str(again), zdoc)
+    assert memo.read_report(str(again)) == zdoc
+    memo.write_report(str(tmp_path / "twice.json.gz"), zdoc)
+    assert (tmp_path / "twice.json.gz").read_bytes() == again.read_bytes()  # no timestamp in the header
+    listed = _count_disassembly(monkeypatch)
+    assert sass.main(["--jobs", "1", "--no-progress", "--reuse", str(packed)]) == 0
+    assert listed == []  # taken from the gzip report, nothing disassembled
+
+
+def test_the_fingerprint_covers_the_analysers_modules_and_not_the_command_line():
+    """What decides an analysis is in the key (memo.ANALYSER_MODULES: every module of the package that the analysis
+    imports), and the command line and the reuse layer are not, so an edit to ``cli.py`` does not send CI through
+    every kernel again."""
+    import ast
+    import pathlib
+
+    from flashcore.audit.sass import memo
+
+    here = pathlib.Path(memo.__file__).parent
+
+    def imports(name):
+        tree = ast.parse((here / f"{name}.py").read_text())
+        out = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                out |= {node.module} if node.module else {a.name for a in node.names}
+        return out
+
+    closure, todo = set(), ["analyze"]
+    while todo:
+        name = todo.pop()
+        if name not in closure:
+            closure.add(name)
+            todo += sorted(imports(name) - {"memo"})
+    assert closure == set(memo.ANALYSER_MODULES), closure ^ set(memo.ANALYSER_MODULES)
+    assert not {"cli", "memo", "__init__", "__main__"} & set(memo.ANALYSER_MODULES)
+
+
 def test_reuse_and_verify_arguments_are_checked(monkeypatch, tmp_path, capsys):
     _fake_kernels(monkeypatch, [_spec("secure_select", k_select, SEL_SIG, {"BLOCK": 128}, {"X"})], [])
     assert sass.main(["--no-progress", "--verify", "3"]) == 2

@@ -953,6 +953,36 @@ def test_secure_decode_takes_the_select_from_loaded_tensors_only_in_the_audited_
     assert not any(specs[n + "_vscalars"]["SEEN_BY_LOAD"] for n in by_load)
 
 
+def test_secure_16_bit_page_gathers_with_splits_take_64_key_tiles_and_the_gate_lists_them(monkeypatch):
+    """Secure decode with splits over pages of fewer than 64 keys (each tile spans pages: the per-key gather, no
+    hoisted loop) takes 64-key tiles on 4 warps and 3 stages for a 16-bit cache, its split count as chosen for
+    128-key tiles: B1 64k page 16 at 1.02 of fast against 0.93, page 32 1.03 against 0.94, 4k page 16 1.09 against
+    0.95 (H200, same-run A/Bs, docs/perf-notes.md v50). FP8 keeps 128-key tiles (64 measured slower), and so do
+    pages of 64 keys and up; and each form the planner gives is in the static gate's list."""
+    import flashcore.plan.decode as plan_decode
+    from flashcore.audit.specs import decode_specs
+    from flashcore.launch.triton_decode import DecodeShape
+
+    monkeypatch.setattr(plan_decode, "sm_count", lambda device: 132)
+
+    def config(page, fp8=False, batch=1, capacity=65536, dtype_fp32=False, head_dim=128):
+        shape = DecodeShape(batch=batch, seqlen_q=1, num_heads_q=32, num_heads_kv=8, head_dim=head_dim,
+                            page_size=page, capacity=capacity, num_pages=batch * capacity // page, paged=True,
+                            packed=False, appended=False, has_batch_idx=False, has_leftpad=False, causal=True,
+                            secure=True, fp8=fp8, return_lse=False, fp32=dtype_fp32, scale=0.1)
+        c = plan_decode.choose_config(shape, 0, torch.device("cpu"))
+        return c.block_n, c.num_warps, c.num_stages, c.num_splits
+
+    assert config(16) == (64, 4, 3, 33) and config(32) == (64, 4, 3, 33)
+    assert config(16, capacity=4096)[:3] == (64, 4, 3)
+    assert config(16, fp8=True)[:3] == (128, 4, 3) and config(64)[:3] == (128, 4, 2)
+    assert config(16, batch=64, capacity=8192)[3] == 1  # one split: the tiles of its own rule
+    names = [s["name"] for s in decode_specs(True)]
+    for page in (16, 32):
+        assert any(n.startswith("secure_decode_bf16_qbf16_d128_paged%d_" % page) and "_splits7_16x64w4s3" in n
+                   for n in names), page
+
+
 @pytest.fixture
 def launches(monkeypatch):
     """Every KV-cache plan run during the test: (the DecodePlan object, [(kernel, grid, scalar args, constexprs)

@@ -16,7 +16,30 @@ EXPERIMENTS = sorted(m.name for m in pkgutil.iter_modules(experiments.__path__))
 
 
 def test_scripts_holds_only_what_is_not_part_of_the_library():
-    assert sorted(os.listdir(os.path.join(ROOT, "scripts"))) == ["demo.sh", "l2_control.py"]
+    assert sorted(os.listdir(os.path.join(ROOT, "scripts"))) == ["demo.sh", "l2_control.py", "l2_control_fp8.py"]
+
+
+def test_the_fp8_l2_control_summary_groups_launches_by_class_in_launch_order(tmp_path, capsys):
+    """scripts/l2_control_fp8.py's per-class table (docs/security.md §5.17): ncu numbers its launches in the order the
+    script makes them (classes interleaved, repetition by repetition), and each launch goes to its class."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("l2_control_fp8", os.path.join(ROOT, "scripts", "l2_control_fp8.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    header = ["ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Metric Name", "Metric Unit",
+              "Metric Value"]
+    rows = [header]
+    n = len(mod.CLASSES)
+    for launch in range(2 * n):  # two repetitions; the value says which class the script launched
+        rows.append([str(launch), "1", "python", "h", "stream_kernel", "lts__t_sectors.sum", "sector",
+                     f"{1000 * (launch % n) + launch // n:,}"])
+    path = tmp_path / "log.csv"
+    path.write_text("\n".join(",".join(f'"{c}"' for c in r) for r in rows))
+    mod.summarize(str(path))
+    cells = dict(re.findall(r"(\w+) ([\d,]+±[\d,]+)", capsys.readouterr().out))
+    # each class: the mean of 1000*i and 1000*i + 1 (as printed, rounded), spread 1
+    assert cells == {name: f"{1000 * i + 0.5:,.0f}±1" for i, name in enumerate(mod.CLASSES)}, cells
 
 
 def test_the_experiments_docstring_lists_every_experiment():

@@ -14,7 +14,6 @@ logs); ``--no-progress`` turns it off."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -26,7 +25,8 @@ from .report import Report
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--json", metavar="PATH", default=None,
-                        help="write the full JSON report to the file PATH (the table is printed either way)")
+                        help="write the full JSON report to the file PATH, gzip-compressed where PATH ends in .gz (the "
+                             "table is printed either way)")
     parser.add_argument("--include-fast", action="store_true",
                         help="also audit the fast (non-DHP) kernels; their findings are reported, never fatal")
     parser.add_argument("--jobs", "-j", type=int, default=min(8, os.cpu_count() or 1), metavar="N",
@@ -39,8 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--progress-every", type=_positive_int, default=PROGRESS_EVERY, metavar="N",
                         help=f"not on a terminal: print a progress line every N kernels (default {PROGRESS_EVERY})")
     parser.add_argument("--reuse", metavar="REPORT", default=None,
-                        help="take the clean analyses of this earlier JSON report for byte-identical machine code "
-                             "under the same analyser (its analysis keys); everything else is analysed")
+                        help="take the clean analyses of this earlier JSON report (gzip where its name ends in .gz) for "
+                             "byte-identical machine code under the same analyser (its analysis keys); everything "
+                             "else is analysed")
     parser.add_argument("--verify", type=int, default=0, metavar="N",
                         help="with --reuse: analyse N reused kernels again, picked at random, and fail on any "
                              "difference (default 0)")
@@ -208,10 +209,9 @@ def run(args: argparse.Namespace) -> int:
     jobs = max(1, int(getattr(args, "jobs", 1) or 1))
     show_progress = not getattr(args, "no_progress", False)
     every = getattr(args, "progress_every", PROGRESS_EVERY)
-    reuse_path = getattr(args, "reuse", None)
-    taken = memo.load(reuse_path) if reuse_path else {}
-    if reuse_path:
-        print(f"flashcore audit sass: --reuse {reuse_path}: {len(taken)} clean analyses with keys", file=sys.stderr)
+    taken = memo.load(reuse) if reuse else {}
+    if reuse:
+        print(f"flashcore audit sass: --reuse {reuse}: {len(taken)} clean analyses with keys", file=sys.stderr)
     memo.activate(taken)
     try:
         with _Progress("secure", len(secure_specs), every, show_progress) as prog:
@@ -222,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
                 fast = audit_kernels(fast_specs, jobs=jobs, progress=prog.update)
     finally:
         memo.activate(None)
-    verify_failures = _verify(secure_specs + fast_specs, secure + fast, int(getattr(args, "verify", 0) or 0), jobs)
+    verify_failures = _verify(secure_specs + fast_specs, secure + fast, verify, jobs)
     show = getattr(args, "show", 8)
     _table("DHP-safe (secure) kernels - must be violation-free", secure, console)
     _details(secure, show, sys.stdout)
@@ -237,17 +237,15 @@ def run(args: argparse.Namespace) -> int:
     n_reused = sum(r.reused for r in secure + fast)
     summary = (f"secure: {sum(r.ok for r in secure)}/{len(secure)} clean"
                + (f"; fast: {sum(not r.ok for r in fast)}/{len(fast)} with findings" if fast else "")
-               + (f"; {n_reused} analyses reused from {reuse_path}" if reuse_path else "")
-               + (f", {int(args.verify)} re-analysed: {len(verify_failures)} differ" if reuse_path and args.verify
-                  else "")
+               + (f"; {n_reused} analyses reused from {reuse}" if reuse else "")
+               + (f", {verify} re-analysed: {len(verify_failures)} differ" if reuse and verify else "")
                + f" ({elapsed:.1f}s)")
     print(("PASS " if gate_ok else "FAIL ") + summary)
     if getattr(args, "json", None):
         doc = {"ok": gate_ok, "secure": [r.to_dict() for r in secure], "fast": [r.to_dict() for r in fast],
-               "elapsed_s": round(elapsed, 3), "reused_from": reuse_path, "reused": n_reused,
-               "verify_failures": verify_failures}
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=2)
+               "elapsed_s": round(elapsed, 3), "reused_from": reuse, "reused": n_reused,
+               "verify_failures": verify_failures, "analyser": memo.analyser_fingerprint()}
+        memo.write_report(args.json, doc)
     return 0 if gate_ok else 1
 
 

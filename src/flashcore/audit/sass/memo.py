@@ -2,7 +2,7 @@
 
 The machine-code analysis (:func:`.analyze.analyze_cubin`) is a pure function of its inputs: the cubin's bytes,
 the kernel's name, the parameter table it is read with, the secret set, the shared-memory split, this package's
-source and the ``nvdisasm`` binary that lists the code. :func:`analysis_key` hashes all of them. A report written
+analyser's source (:data:`ANALYSER_MODULES`) and the ``nvdisasm`` binary that lists the code. :func:`analysis_key` hashes all of them. A report written
 by ``audit sass --json`` carries each kernel's key, so a later run that compiles the same configuration to the
 same bytes, under the same analyser, can take the earlier result instead of disassembling and analysing again
 (about 1.5 s of CPU per kernel, 1,278 kernels per Triton version: most of CI's time).
@@ -17,6 +17,7 @@ key cannot see is nondeterminism in the analysis itself; ``--verify N`` re-analy
 random, and fails the gate if any result differs from the one taken."""
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -28,20 +29,25 @@ _FINGERPRINT: str | None = None
 _MEMO: dict[str, dict] = {}
 
 
+#: the modules whose code decides an analysis (:func:`.analyze.analyze_cubin` and what it imports from this package).
+#: Not the command line, the package's front module or this reuse layer: edits there change no analysis, and a
+#: change to the fingerprint sends CI through every kernel again until the committed reports are re-run.
+ANALYSER_MODULES = ("analyze", "cfg", "compile", "elf", "isa", "params", "report", "taint")
+
+
 def analyser_fingerprint() -> str:
-    """sha256 over this package's Python sources (every module of ``flashcore.audit.sass``) and the ``nvdisasm``
-    binary the listing comes from; computed once per process."""
+    """sha256 over the analyser's Python sources (:data:`ANALYSER_MODULES`) and the ``nvdisasm`` binary the listing
+    comes from; computed once per process."""
     global _FINGERPRINT
     if _FINGERPRINT is None:
         from .compile import _tool
 
         h = hashlib.sha256()
         here = os.path.dirname(os.path.abspath(__file__))
-        for name in sorted(os.listdir(here)):
-            if name.endswith(".py"):
-                h.update(name.encode())
-                with open(os.path.join(here, name), "rb") as f:
-                    h.update(hashlib.sha256(f.read()).digest())
+        for name in ANALYSER_MODULES:
+            h.update(name.encode())
+            with open(os.path.join(here, name + ".py"), "rb") as f:
+                h.update(hashlib.sha256(f.read()).digest())
         with open(_tool("nvdisasm"), "rb") as f:
             h.update(b"nvdisasm")
             h.update(hashlib.sha256(f.read()).digest())
@@ -67,14 +73,30 @@ def reusable(entry: dict) -> bool:
         and not entry.get("violations")
 
 
+def read_report(path: str) -> dict:
+    """A report written by ``audit sass --json``: plain JSON, or gzip-compressed where ``path`` ends in ``.gz`` (the
+    committed reports are, at ~15 MB each as plain JSON)."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+def write_report(path: str, doc: dict) -> None:
+    """Write ``doc`` as :func:`read_report` reads it (gzip where ``path`` ends in ``.gz``, with no timestamp in the
+    gzip header, so the same report gives the same bytes)."""
+    text = json.dumps(doc, indent=2)
+    if path.endswith(".gz"):
+        with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as f:
+            f.write(text.encode())
+    else:
+        with open(path, "w") as f:
+            f.write(text)
+
+
 def load(path: str) -> dict[str, dict]:
     """The reusable analyses of a report written by ``audit sass --json`` (secure and fast lists): key -> entry.
-    A missing file or one without keys gives an empty memo (everything is analysed)."""
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-    except FileNotFoundError:
-        return {}
+    A report without keys gives an empty memo (everything is analysed)."""
+    doc = read_report(path)
     out = {}
     for entry in list(doc.get("secure") or []) + list(doc.get("fast") or []):
         if reusable(entry):
