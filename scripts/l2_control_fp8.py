@@ -103,7 +103,8 @@ def summarize(path: str) -> None:
     values = {}
     for r in rows[1:]:
         if r[idx["ID"]].isdigit():
-            values.setdefault(r[idx["Metric Name"]], {})[int(r[idx["ID"]])] = float(r[idx["Metric Value"]].replace(",", ""))
+            value = float(r[idx["Metric Value"]].replace(",", ""))
+            values.setdefault(r[idx["Metric Name"]], {})[int(r[idx["ID"]])] = value
     for metric, by_id in sorted(values.items()):
         ids = sorted(by_id)
         per = {c: [by_id[i] for n, i in enumerate(ids) if CLASSES[n % len(CLASSES)] == c] for c in CLASSES}

@@ -39,9 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--progress-every", type=_positive_int, default=PROGRESS_EVERY, metavar="N",
                         help=f"not on a terminal: print a progress line every N kernels (default {PROGRESS_EVERY})")
     parser.add_argument("--reuse", metavar="REPORT", default=None,
-                        help="take the clean analyses of this earlier JSON report (gzip where its name ends in .gz) for "
-                             "byte-identical machine code under the same analyser (its analysis keys); everything "
-                             "else is analysed")
+                        help="take the clean analyses of this earlier JSON report (gzip where its name ends in "
+                             ".gz) for byte-identical machine code under the same analyser (its analysis keys); "
+                             "everything else is analysed")
     parser.add_argument("--verify", type=int, default=0, metavar="N",
                         help="with --reuse: analyse N reused kernels again, picked at random, and fail on any "
                              "difference (default 0)")

@@ -1,11 +1,11 @@
 """Reuse of a committed analysis for byte-identical machine code (``flashcore audit sass --reuse REPORT``).
 
 The machine-code analysis (:func:`.analyze.analyze_cubin`) is a pure function of its inputs: the cubin's bytes,
-the kernel's name, the parameter table it is read with, the secret set, the shared-memory split, this package's
-analyser's source (:data:`ANALYSER_MODULES`) and the ``nvdisasm`` binary that lists the code. :func:`analysis_key` hashes all of them. A report written
-by ``audit sass --json`` carries each kernel's key, so a later run that compiles the same configuration to the
-same bytes, under the same analyser, can take the earlier result instead of disassembling and analysing again
-(about 1.5 s of CPU per kernel, 1,278 kernels per Triton version: most of CI's time).
+the kernel's name, the parameter table it is read with, the secret set, the shared-memory split, the analyser's
+source (:data:`ANALYSER_MODULES`) and the ``nvdisasm`` binary that lists the code. :func:`analysis_key` hashes all
+of them. A report written by ``audit sass --json`` carries each kernel's key, so a later run that compiles the same
+configuration to the same bytes, under the same analyser, can take the earlier result instead of disassembling and
+analysing again (about 1.5 s of CPU per kernel, 1,278 kernels per Triton version: most of CI's time).
 
 Only clean results are taken (no violation, no error): a kernel with findings is always analysed again, so its
 report is current. The launch-level checks (:func:`.analyze.launcher_choice_violations`,
@@ -75,7 +75,7 @@ def reusable(entry: dict) -> bool:
 
 def read_report(path: str) -> dict:
     """A report written by ``audit sass --json``: plain JSON, or gzip-compressed where ``path`` ends in ``.gz`` (the
-    committed reports are, at ~15 MB each as plain JSON)."""
+    committed reports are gzip: ~15 MB each as plain JSON)."""
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt") as f:
         return json.load(f)
