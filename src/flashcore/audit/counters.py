@@ -109,11 +109,11 @@ INFO_METRICS = [
     "lts__t_sector_hit_rate.pct",
     # Where the SMs' L2 requests come from (attribution, docs/security.md §5.17): cp.async copies that look up the L1
     # (4- and 8-byte ones, which cannot bypass it) hit or miss there by when the other warps' copies land, so their
-    # L2 requests may follow timing; 16-byte copies bypass the L1 (`cp.async.cg`)
+    # L2 requests may follow timing; 16-byte copies bypass the L1 (`cp.async.cg`; ncu has no request counter of
+    # those on gh100: `l1tex__t_requests_pipe_lsu_mem_global_op_ldgsts_cache_bypass` went unreported)
     "l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts_cache_access_lookup_hit.sum",
     "l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts_cache_access_lookup_miss.sum",
     "l1tex__t_requests_pipe_lsu_mem_global_op_ldgsts_cache_access.sum",
-    "l1tex__t_requests_pipe_lsu_mem_global_op_ldgsts_cache_bypass.sum",
     "l1tex__t_sectors_pipe_lsu_mem_global_op_ld_lookup_hit.sum",
 ]
 GROUPS = {
