@@ -215,9 +215,8 @@ def test_the_committed_report_for_this_triton_covers_the_gates_list_with_analysi
     ``flashcore audit sass --json audit/results/<file>`` after a change to the list, a kernel or the analyser."""
     import triton
 
-    from flashcore.audit.specs import audit_specs
-
     from flashcore.audit.sass import memo
+    from flashcore.audit.specs import audit_specs
 
     files = {"3.6.0": "sass.json.gz", "3.9.0": "sass-triton-3.9.0.json.gz"}
     if triton.__version__ not in files:
