@@ -628,6 +628,28 @@ def test_cross_lens_mode_times_and_reproduces_the_secret_diagonal_call():
     assert torch.allclose(out.double(), ref, atol=1e-5)
 
 
+def test_repro_paged_decode_modes_read_the_same_cache_as_the_contiguous_ones():
+    """Gate 3's paged decode modes (a 16-bit cache through 16-position pages, FP8 through 16- and 128-position
+    pages) are the contiguous modes' calls on the same cache, shuffled into pages: the same output on the CPU
+    reference, bit for bit."""
+    import warnings
+
+    from flashcore.audit import _inputs as I
+    from flashcore.audit import repro
+
+    case = I.build_case("len_half", B=2, H=4, Hkv=2, S=256, D=16, dtype=torch.float16, seed=11)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = {m: repro._mode_call(m, case, "reference")() for m in
+               ("secure_decode", "secure_decode_page16", "secure_decode_fp8", "secure_decode_fp8_page16",
+                "secure_decode_fp8_page128")}
+    assert torch.isfinite(out["secure_decode"]).all() and torch.isfinite(out["secure_decode_fp8"]).all()
+    assert torch.equal(out["secure_decode_page16"], out["secure_decode"])
+    assert torch.equal(out["secure_decode_fp8_page16"], out["secure_decode_fp8"])
+    assert torch.equal(out["secure_decode_fp8_page128"], out["secure_decode_fp8"])
+    assert not torch.equal(out["secure_decode_fp8"], out["secure_decode"])  # the FP8 modes read the FP8 cache
+
+
 def test_fp8_decode_input_descales_from_the_valid_rows_only():
     """kv_dtype="fp8": the gates' FP8 caches (float8_e4m3fn, descales per (sequence, K/V head)) take their descales
     from the true lengths' rows only, so NaN/Inf padding changes neither a descale nor a valid byte, and the padding

@@ -5,8 +5,9 @@ Modes: ``secure`` (attention(..., secure=True), query lengths = key lengths), ``
 ``secure_cross`` (explicit seqlens_q), ``secure_cross_causal`` (the same, causal: the secret diagonal),
 ``secure_decode`` (attention_with_kvcache(..., secure=True): one query
 token per sequence against the key lengths' cache), ``secure_prefill`` (the same with 128 query tokens: chunked
-prefill), ``secure_decode_fp8`` and ``secure_decode_fp8_page16`` (secure decode from a float8_e4m3fn cache,
-contiguous and as shuffled 16-position pages), ``fast_dense`` (secure=False on the padded tensors) and
+prefill), ``secure_decode_page16`` (the same from shuffled 16-position pages: the per-key page gather),
+``secure_decode_fp8``, ``secure_decode_fp8_page16`` and ``secure_decode_fp8_page128`` (secure decode from a
+float8_e4m3fn cache, contiguous and as shuffled 16- and 128-position pages), ``fast_dense`` (secure=False on the padded tensors) and
 ``fast_varlen`` (attention_varlen on the packed true lengths). Each output is compared bitwise on the
 GPU with the first one (integer views, so NaN payloads and signed zeros count) and hashed with
 sha256 on the host. Exit code: 0 identical everywhere, 1 a difference (or a mode that raised), 2 no GPU.
@@ -22,8 +23,11 @@ import time
 from . import _inputs as I
 
 MODES = ("secure", "secure_causal", "secure_cross", "secure_cross_causal", "secure_decode", "secure_prefill",
-         "secure_decode_fp8", "secure_decode_fp8_page16", "fast_dense", "fast_varlen")
-# (the FP8 decode modes: a float8_e4m3fn cache, contiguous and as shuffled 16-position pages: the per-key page gather)
+         "secure_decode_page16", "secure_decode_fp8", "secure_decode_fp8_page16", "secure_decode_fp8_page128",
+         "fast_dense", "fast_varlen")
+# the paged decode modes: shuffled pages of 16 positions (the per-key page gather) or 128 (a page per 128-key tile)
+_DECODE_PAGES = {"secure_decode_page16": ("same", 16), "secure_decode_fp8": ("fp8", 0),
+                 "secure_decode_fp8_page16": ("fp8", 16), "secure_decode_fp8_page128": ("fp8", 128)}
 _MARK = "FLASHCORE_REPRO_RESULT "
 
 
@@ -48,10 +52,9 @@ def _mode_call(mode: str, case, backend: str):
         return I.make_call("secure", case, causal=True, lens_mode="cross", backend=backend)
     if mode in I.KV_KINDS:
         return I.make_call(mode, case, causal=True, backend=backend)
-    if mode == "secure_decode_fp8":
-        return I.make_call("secure_decode", case, causal=True, backend=backend, kv_dtype="fp8")
-    if mode == "secure_decode_fp8_page16":
-        return I.make_call("secure_decode", case, causal=True, backend=backend, kv_dtype="fp8", page_size=16)
+    if mode in _DECODE_PAGES:
+        kv_dtype, page = _DECODE_PAGES[mode]
+        return I.make_call("secure_decode", case, causal=True, backend=backend, kv_dtype=kv_dtype, page_size=page)
     if mode == "fast_dense":
         return I.make_call("fast_dense", case, causal=False, backend=backend)
     if mode == "fast_varlen":
