@@ -965,11 +965,11 @@ def test_secure_16_bit_page_gathers_with_splits_take_64_key_tiles_and_the_gate_l
 
     monkeypatch.setattr(plan_decode, "sm_count", lambda device: 132)
 
-    def config(page, fp8=False, batch=1, capacity=65536, dtype_fp32=False, head_dim=128):
-        shape = DecodeShape(batch=batch, seqlen_q=1, num_heads_q=32, num_heads_kv=8, head_dim=head_dim,
+    def config(page, fp8=False, batch=1, capacity=65536):
+        shape = DecodeShape(batch=batch, seqlen_q=1, num_heads_q=32, num_heads_kv=8, head_dim=128,
                             page_size=page, capacity=capacity, num_pages=batch * capacity // page, paged=True,
                             packed=False, appended=False, has_batch_idx=False, has_leftpad=False, causal=True,
-                            secure=True, fp8=fp8, return_lse=False, fp32=dtype_fp32, scale=0.1)
+                            secure=True, fp8=fp8, return_lse=False, fp32=False, scale=0.1)
         c = plan_decode.choose_config(shape, 0, torch.device("cpu"))
         return c.block_n, c.num_warps, c.num_stages, c.num_splits
 

@@ -7,9 +7,9 @@ Modes: ``secure`` (attention(..., secure=True), query lengths = key lengths), ``
 token per sequence against the key lengths' cache), ``secure_prefill`` (the same with 128 query tokens: chunked
 prefill), ``secure_decode_page16`` (the same from shuffled 16-position pages: the per-key page gather),
 ``secure_decode_fp8``, ``secure_decode_fp8_page16`` and ``secure_decode_fp8_page128`` (secure decode from a
-float8_e4m3fn cache, contiguous and as shuffled 16- and 128-position pages), ``fast_dense`` (secure=False on the padded tensors) and
-``fast_varlen`` (attention_varlen on the packed true lengths). Each output is compared bitwise on the
-GPU with the first one (integer views, so NaN payloads and signed zeros count) and hashed with
+float8_e4m3fn cache, contiguous and as shuffled 16- and 128-position pages), ``fast_dense`` (secure=False on the
+padded tensors) and ``fast_varlen`` (attention_varlen on the packed true lengths). Each output is compared bitwise
+on the GPU with the first one (integer views, so NaN payloads and signed zeros count) and hashed with
 sha256 on the host. Exit code: 0 identical everywhere, 1 a difference (or a mode that raised), 2 no GPU.
 """
 from __future__ import annotations
