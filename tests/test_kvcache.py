@@ -983,6 +983,47 @@ def test_secure_16_bit_page_gathers_with_splits_take_64_key_tiles_and_the_gate_l
                    for n in names), page
 
 
+def test_fast_16_bit_page_gathers_with_splits_take_64_key_tiles_and_register_page_loads(monkeypatch):
+    """The fast path with splits over pages of 16 to 127 keys (a 16-bit cache, D 128, 16-row query tiles) takes
+    64-key tiles on 4 warps and 3 stages with register page loads, two programs per SM (its split count counted in
+    64-key tiles): B1 64k page 16 70.1 us against 75.2-75.4 for the one-wave form, 4k page 16 8.8-8.9 against
+    10.0-10.2 (H200 graph replays, contiguous 66.9 and 8.6-8.7, docs/perf-notes.md v51). At one split, gathers over
+    pages below 64 keys take 32-key tiles on 4 warps and 3 stages with register page loads (B64 8k page 16 1.0%
+    behind contiguous instead of 4.0%). Page 1 with splits, FP8, secure mode and D 64 keep their own forms; page 64
+    with splits (a page per 64-key tile) runs its whole tiles unmasked; the gate's list has the new forms."""
+    import flashcore.plan.decode as plan_decode
+    from flashcore.audit.specs import decode_specs
+    from flashcore.launch.triton_decode import DecodeShape, full_tiles, reg_pages
+
+    monkeypatch.setattr(plan_decode, "sm_count", lambda device: 132)
+
+    def config(page, fp8=False, batch=1, capacity=65536, secure=False, d=128, splits=0):
+        shape = DecodeShape(batch=batch, seqlen_q=1, num_heads_q=32, num_heads_kv=8, head_dim=d,
+                            page_size=page, capacity=capacity, num_pages=batch * capacity // page, paged=True,
+                            packed=False, appended=False, has_batch_idx=False, has_leftpad=False, causal=True,
+                            secure=secure, fp8=fp8, return_lse=False, fp32=False, scale=0.1)
+        c = plan_decode.choose_config(shape, splits, torch.device("cpu"))
+        return c.block_n, c.num_warps, c.num_stages, c.num_splits, reg_pages(shape, c), full_tiles(shape, c)
+
+    assert config(16) == (64, 4, 3, 33, True, False) and config(32) == (64, 4, 3, 33, True, False)
+    assert config(64) == (64, 4, 3, 33, True, True)
+    assert config(16, capacity=4096) == (64, 4, 3, 32, True, False)
+    assert config(16, splits=4) == (64, 4, 3, 4, True, False)
+    assert config(1) == (128, 8, 5, 16, False, False)  # page 1: the one-wave form (measured faster there)
+    assert config(16, d=64)[:4] == (128, 8, 5, 16)
+    assert config(16, fp8=True)[:3] == (128, 4, 5)
+    # one split (B64-like): 32-key tiles, 4 warps, 3 stages, register page loads, pages below 64 (page 1 too)
+    assert config(16, batch=64, capacity=8192) == (32, 4, 3, 1, True, False)
+    assert config(16, splits=1) == config(1, splits=1) == (32, 4, 3, 1, True, False)
+    assert config(32, splits=1) == (32, 4, 3, 1, True, True)  # a page per 32-key tile: whole tiles unmasked
+    assert config(64, batch=64, capacity=8192)[:4] == (128, 8, 3, 1)  # page 64: measured a tie, kept
+    assert config(16, batch=64, capacity=8192, fp8=True)[:3] == (128, 4, 5)
+    assert config(16, secure=True)[:4] == (64, 4, 3, 33)  # v50's secure form, its split count as before
+    names = [s["name"] for s in decode_specs(False)]
+    assert any(n.startswith("fast_decode_bf16_qbf16_d128_paged16_") and "_splits7_16x64w4s3" in n for n in names)
+    assert any(n.startswith("fast_decode_bf16_qbf16_d128_paged16_") and "_splits1_16x32w4s3" in n for n in names)
+
+
 @pytest.fixture
 def launches(monkeypatch):
     """Every KV-cache plan run during the test: (the DecodePlan object, [(kernel, grid, scalar args, constexprs)
