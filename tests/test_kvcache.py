@@ -957,8 +957,9 @@ def test_secure_16_bit_page_gathers_with_splits_take_64_key_tiles_and_the_gate_l
     """Secure decode with splits over pages of fewer than 64 keys (each tile spans pages: the per-key gather, no
     hoisted loop) takes 64-key tiles on 4 warps and 3 stages for a 16-bit cache, its split count as chosen for
     128-key tiles: B1 64k page 16 at 1.02 of fast against 0.93, page 32 1.03 against 0.94, 4k page 16 1.09 against
-    0.95 (H200, same-run A/Bs, docs/perf-notes.md v50). FP8 keeps 128-key tiles (64 measured slower), and so do
-    pages of 64 keys and up; and each form the planner gives is in the static gate's list."""
+    0.95 (H200, same-run A/Bs, docs/perf-notes.md v50). Since v51 page 64 too (a page per tile there: the hoisted
+    loop; B1 64k 70.4 us against 79.0, fast 70.5). FP8 keeps 128-key tiles (64 measured slower), and so do pages of
+    128 keys and up; and each form the planner gives is in the static gate's list."""
     import flashcore.plan.decode as plan_decode
     from flashcore.audit.specs import decode_specs
     from flashcore.launch.triton_decode import DecodeShape
@@ -975,10 +976,12 @@ def test_secure_16_bit_page_gathers_with_splits_take_64_key_tiles_and_the_gate_l
 
     assert config(16) == (64, 4, 3, 33) and config(32) == (64, 4, 3, 33)
     assert config(16, capacity=4096)[:3] == (64, 4, 3)
-    assert config(16, fp8=True)[:3] == (128, 4, 3) and config(64)[:3] == (128, 4, 2)
+    assert config(16, fp8=True)[:3] == (128, 4, 3) and config(128)[:3] == (128, 4, 3)
+    # page 64 (v51): the same tiles, where each tile is one page (the hoisted loop, V's select from loaded tensors)
+    assert config(64) == (64, 4, 3, 33)
     assert config(16, batch=64, capacity=8192)[3] == 1  # one split: the tiles of its own rule
     names = [s["name"] for s in decode_specs(True)]
-    for page in (16, 32):
+    for page in (16, 32, 64):
         assert any(n.startswith("secure_decode_bf16_qbf16_d128_paged%d_" % page) and "_splits7_16x64w4s3" in n
                    for n in names), page
 

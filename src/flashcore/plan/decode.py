@@ -89,12 +89,15 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
         # (2 stages), 87.0 (4), 90.0 (5); fast FP8 60.5
         num_stages = 3
     if (gather and num_splits > 1 and shape.secure and not (shape.fp8 or shape.fp32) and block_m == 16 and d == 128
-            and shape.page_size < 64):
+            and shape.page_size <= 64):
         # Secure 16-bit gathers with splits (B1-like, pages below 64 keys: each tile spans pages, so no hoisted loop):
         # 64-key tiles on 4 warps, 3 stages, the split count kept. Same-run A/B on one H200 (2026-11-29, session 35,
         # bench.experiments.secure_v_seen case 46, B1 32/8 D128 64k page 16, every sequence full, secure / fast):
         # 82.3 us (1.02) against 89.8 (0.935; 128-key tiles, 4 warps, 2 stages) and 98.6 (128 keys, 3 stages); 128
-        # keys at 4 stages do not fit the shared memory. FP8 did not gain from the same (case 45: 0.80 at 64 keys)
+        # keys at 4 stages do not fit the shared memory. FP8 did not gain from the same (case 45: 0.80 at 64 keys).
+        # Page 64 since v51: there each 64-key tile is one page, so the hoisted loop (launch.triton_decode.hoisted);
+        # B1 64k, CUDA-graph replays on one H200 (2026-11-30, kv_configs v51e): 70.4 us against 79.0 (128-key tiles,
+        # 4 warps, 2 stages), fast 70.5; gate 2 as page 16's (docs/security.md §5.18)
         block_n, num_warps, num_stages = 64, 4, 3
     if shape.fp8 and block_m == 16 and d <= 128 and not (shape.secure and shape.paged):
         # An FP8 tile is half the bytes for the same widening and MMA work, so more programs per SM pay (H200,

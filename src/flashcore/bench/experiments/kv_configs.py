@@ -410,6 +410,18 @@ CONFIG_CASES = {
     "v51d_b64_8k_p32": ((64, 32, 8, 128, 8192, 1, 32, False),
                         [CFG(16, 32, 4, 3, 1, reg_pages=True), CFG(16, 128, 8, 3, 1), CFG(16, 32, 4, 3, 1, reg_pages=True)]),
     "v51d_b64_8k_p1": ((64, 32, 8, 128, 8192, 1, 1, False), [CFG(16, 32, 4, 3, 1, reg_pages=True)]),
+    # v51.5: B1 64k pages 16 and 64 after v51 (3.6% and 4.5% behind contiguous in the suite): page-per-tile 16-key
+    # tiles (unmasked), more programs per SM; secure page 64 with splits on v50's 64-key tiles (the hoisted loop)
+    "v51e_b1_64k_contig": ((1, 32, 8, 128, 65536, 1, 0, False), []),
+    "v51e_b1_64k_p16": ((1, 32, 8, 128, 65536, 1, 16, False),
+                        [CFG(16, 16, 4, 4, 33, reg_pages=True), CFG(16, 16, 4, 4, 66, reg_pages=True),
+                         CFG(16, 16, 2, 4, 66, reg_pages=True), CFG(16, 16, 2, 6, 66, reg_pages=True),
+                         CFG(16, 32, 4, 3, 33, reg_pages=True), CFG(16, 64, 4, 3, 33, reg_pages=True)]),
+    "v51e_b1_64k_p64": ((1, 32, 8, 128, 65536, 1, 64, False),
+                        [CFG(16, 64, 4, 4, 33, reg_pages=True), CFG(16, 64, 8, 3, 16, reg_pages=True),
+                         CFG(16, 64, 8, 4, 16, reg_pages=True), CFG(16, 64, 4, 3, 33, reg_pages=True)]),
+    "v51e_secure_b1_64k_p64": ((1, 32, 8, 128, 65536, 1, 64, False, True), [CFG(16, 128, 4, 2, 33)]),
+    "v51e_b1_64k_contig2": ((1, 32, 8, 128, 65536, 1, 0, False), []),
     "b1_4k": ((1, 32, 8, 128, 4096, 1, 0, False),
               [CFG(16, 128, 8, 3, 8), CFG(16, 64, 4, 3, 16), CFG(16, 64, 4, 2, 32), CFG(16, 128, 4, 2, 16),
                CFG(16, 32, 4, 2, 32), CFG(16, 64, 8, 3, 16), CFG(16, 128, 8, 3, 4)]),
