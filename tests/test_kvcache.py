@@ -880,7 +880,8 @@ def test_secure_hoisted_loop_gives_the_earlier_loop_bit_for_bit(layout, fp8, own
 
 def test_secure_decode_takes_the_select_from_loaded_tensors_only_in_the_audited_forms(monkeypatch):
     """The planner gives V's select from loaded tensors (``launch.triton_decode.seen_by_load``) to secure decode with
-    16-row query tiles and D 128: at one split (a 16-bit cache, or a contiguous FP8 one) and, since v49, with splits
+    16-row query tiles and D 128: at one split (a 16-bit cache, or an FP8 one not paged; since v51 hoisted there, on
+    128-key tiles, 4 warps, 4 stages) and, since v49, with splits
     where the key loop is hoisted (each tile in one page; a 16-bit cache reading each key's position every tile,
     ``seen_per_key``); to no other form: outside them the static gate found ptxas folding that select into the
     predicate of V's element-wise loads (D 72, 64-row tiles: docs/security.md §5.14). The audit list holds exactly the
@@ -899,16 +900,18 @@ def test_secure_decode_takes_the_select_from_loaded_tensors_only_in_the_audited_
     contiguous = dict(paged=False, page_size=8192)
     assert seen_by_load(shape(), one) and seen_by_load(shape(**contiguous), one)
     assert seen_by_load(shape(fp8=True, **contiguous), one)
-    # the hoisted loop: each tile in one page; a 16-bit cache at one split (v48), any cache with splits (v49)
+    # the hoisted loop: each tile in one page; a 16-bit cache at one split (v48), any cache with splits (v49), an FP8
+    # cache at one split where it is not paged (v51)
     split = DecodeConfig(16, 128, 4, 3, 7)
     for s, c in [(shape(**contiguous), DecodeConfig(16, 128, 4, 3, 1)), (shape(page_size=128), DecodeConfig(16, 128, 4, 3, 1)),
+                 (shape(fp8=True, **contiguous), one), (shape(fp8=True, has_batch_idx=True, **contiguous), one),
                  (shape(page_size=32), DecodeConfig(16, 32, 4, 4, 1)), (shape(page_size=64), DecodeConfig(16, 64, 4, 4, 1)),
                  (shape(**contiguous), split), (shape(page_size=128), split), (shape(fp8=True, **contiguous), split),
                  (shape(fp8=True, page_size=256), split)]:
         assert hoisted(s, c) and seen_by_load(s, c), (s, c)
         # each key's position per tile: with splits, a 16-bit cache (FP8 reads the tile's start: perf-notes v49)
         assert seen_per_key(s, c) is (c.num_splits > 1 and not s.fp8), (s, c)
-    for s, c in [(shape(fp8=True, **contiguous), one), (shape(), one), (shape(head_dim=72), one),
+    for s, c in [(shape(fp8=True, page_size=128), DecodeConfig(16, 64, 8, 3, 1)), (shape(), one), (shape(head_dim=72), one),
                  (shape(), DecodeConfig(64, 32, 4, 4, 1)), (shape(fp32=True), one),
                  (shape(secure=False, **contiguous), DecodeConfig(16, 128, 4, 3, 1)), (shape(page_size=64), split),
                  (shape(head_dim=64, **contiguous), split), (shape(fp32=True, **contiguous), split)]:
@@ -942,7 +945,8 @@ def test_secure_decode_takes_the_select_from_loaded_tensors_only_in_the_audited_
     on = sorted(n for n, ce in specs.items() if ce["HOISTED"])
     assert on and {specs[n]["WHOLE_TILES"] for n in on} == {False, True}
     assert all(n.startswith("secure_decode_bf16_") or n.startswith("secure_decode_fp16_") or "_splits1_" not in n
-               for n in on), on
+               or "_paged" not in n for n in on), on
+    assert any(n.startswith("secure_decode_fp8_") and "_splits1_16x128w4s4" in n for n in on), on  # v51
     assert any(n.startswith("secure_decode_fp8_") for n in on), on
     assert all("_d128_" in n and "_16x" in n for n in on), on
     controls = sorted(n for n in specs if n.endswith("_unhoisted"))

@@ -203,15 +203,19 @@ def hoisted(shape: DecodeShape, cfg: DecodeConfig) -> bool:
     FP8 tile against 773 (sm_90a, CPU compile), the fast path's unmasked loop 764.
 
     The policy: 16-row query tiles, D 128, each tile in one page (contiguous, pages of 32 keys or more), a 16-bit
-    cache at one split (v48) and any cache with splits (v49); ``plan.decode.choose_config`` gives them their tiles.
+    cache at one split (v48), any cache with splits (v49), an FP8 cache at one split when not paged (v51);
+    ``plan.decode.choose_config`` gives them their tiles.
     Same-run A/Bs on one H200 (2026-11-29, every sequence full, secure / fast): at one split (docs/perf-notes.md
     v48) B64 8k contiguous 0.98-0.99 -> 1.00, 16k 0.97 -> 1.00, pages 32/64 0.98-0.99 -> 0.99-1.00, pages 128/256
     0.97-0.99 -> 1.01; with splits (v49, 128-key tiles, 4 warps, 3 stages, V's select from loaded tensors) B1 64k
     contiguous FP8 0.80 -> 0.99, page 128 0.85 -> 0.98 (read per key), bf16 0.98 -> 1.01, 4k 0.97 -> 1.04 (FP8),
     1.01 -> 1.04 (bf16). The counters gate (docs/security.md §5.15-§5.16) found the FP8 split form's L2 read sectors from the SMs
     higher for one padding class at 4 stages (three runs, two reads of the key positions), under its line at 3
-    stages (three runs), as the form before shows it (p = 0.0067): so 3 stages. Not an FP8 cache at one split (B64
-    16k 0.86 -> 0.87-0.88: what is left there is not the loop's instruction count). ``FLASHCORE_SECURE_HOISTED=off``
+    stages (three runs), as the form before shows it (p = 0.0067): so 3 stages. An FP8 cache at one split: at the
+    planner's old tiles (64 keys, 4 warps, 3 stages) B64 16k 0.86 -> 0.87-0.88 (v48), but on 128-key tiles with 4
+    stages 0.92-0.93 of fast against 0.80-0.86 for the form before (v51, H200, interleaved with the fast form), gate 2
+    passing outright (docs/security.md §5.18); so since v51 where the FP8 cache is not paged (a paged FP8 cache at one
+    split keeps its page-per-tile or gather forms). ``FLASHCORE_SECURE_HOISTED=off``
     (``plan.knobs``; an audit knob) keeps the loop as before at the same tiles (with splits, V's select on scalars
     too: the form before v49). ``DecodeConfig.hoisted`` forces it either way, for measurements."""
     one_page = not shape.paged or shape.page_size % cfg.block_n == 0
@@ -222,7 +226,7 @@ def hoisted(shape: DecodeShape, cfg: DecodeConfig) -> bool:
     if env_choice(SECURE_HOISTED_ENV, SECURE_HOISTED_MODES) == "off":  # the audit's control: same tiles
         return False
     return (not shape.appended and not shape.fp32 and cfg.block_m == 16 and shape.head_dim == 128
-            and (cfg.num_splits > 1 or not shape.fp8))
+            and (cfg.num_splits > 1 or not shape.fp8 or not shape.paged))
 
 
 def whole_tiles(shape: DecodeShape, cfg: DecodeConfig) -> bool:

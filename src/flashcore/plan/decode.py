@@ -107,7 +107,14 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
         # 4 warps, 3 stages, 672/669 us against 707/701 (its 4-stage form ran 895). The per-key page gather (page 16,
         # one split) too: 64-key tiles on 4 warps 620 us against 682 (128 keys, 8 warps); pages 1 and 32 follow
         # unmeasured (v24.5)
-        if shape.secure:
+        if shape.secure and num_splits == 1 and not shape.paged and d == 128 and not shape.appended:
+            # v51: the hoisted loop (launch.triton_decode.hoisted) on 128-key tiles, 4 warps, 4 stages. CUDA-graph
+            # replays on one H200 (2026-11-30, docs/perf-notes.md v51, kv_configs v51f, 64x32/8 D128 16k, every
+            # sequence full): 558.6 us against 612.7 for the form before (128-key tiles, 3 stages, not hoisted), the
+            # fast form 524.3 and 571.7 in the same run; hoisted at 3 stages 603.9, at 64 keys 612-615, on 8 warps
+            # 809-839
+            block_n, num_warps, num_stages = 128, 4, 4
+        elif shape.secure:
             num_warps, num_stages = 4, 3
         elif shape.paged and (shape.page_size % 64 != 0 or gather and num_splits > 1):
             # A per-key page gather at any tile size: its loop holds one K/V slot below 5 stages (the page index is

@@ -422,6 +422,23 @@ CONFIG_CASES = {
                          CFG(16, 64, 8, 4, 16, reg_pages=True), CFG(16, 64, 4, 3, 33, reg_pages=True)]),
     "v51e_secure_b1_64k_p64": ((1, 32, 8, 128, 65536, 1, 64, False, True), [CFG(16, 128, 4, 2, 33)]),
     "v51e_b1_64k_contig2": ((1, 32, 8, 128, 65536, 1, 0, False), []),
+    # v51.6: secure FP8 decode at one split, contiguous (0.86-0.89 of fast in the suites at 0f7910b/08e3043; bar 0.9):
+    # the hoisted loop (v48 measured it at the planner's tiles only, 0.87-0.88) at wider tiles, more stages and warps
+    "v51f_fp8_b64_16k": ((64, 32, 8, 128, 16384, 1, 0, True), []),
+    "v51f_secure_fp8_b64_16k": ((64, 32, 8, 128, 16384, 1, 0, True, True),
+                                [CFG(16, 64, 4, 3, 1, hoisted=True), CFG(16, 64, 4, 4, 1, hoisted=True),
+                                 CFG(16, 128, 4, 3, 1, hoisted=True), CFG(16, 128, 8, 3, 1, hoisted=True),
+                                 CFG(16, 64, 8, 3, 1, hoisted=True), CFG(16, 64, 4, 3, 1),
+                                 CFG(16, 128, 4, 4, 1, hoisted=True)]),
+    "v51f_fp8_b64_16k_2": ((64, 32, 8, 128, 16384, 1, 0, True), []),
+    # v51.7: the planner's new secure FP8 one-split form (hoisted, 128-key tiles, 4 warps, 4 stages) against the form
+    # before it (128 keys, 3 stages, not hoisted), interleaved with the fast form (whose time swung 524-572 in v51.6)
+    "v51g_fp8_b64_16k": ((64, 32, 8, 128, 16384, 1, 0, True), []),
+    "v51g_secure_fp8_b64_16k": ((64, 32, 8, 128, 16384, 1, 0, True, True),
+                                [CFG(16, 128, 4, 3, 1, hoisted=False), CFG(16, 128, 4, 4, 1)]),
+    "v51g_fp8_b64_16k_2": ((64, 32, 8, 128, 16384, 1, 0, True), []),
+    "v51g_secure_fp8_b64_16k_2": ((64, 32, 8, 128, 16384, 1, 0, True, True), [CFG(16, 128, 4, 3, 1, hoisted=False)]),
+    "v51g_fp8_b64_16k_3": ((64, 32, 8, 128, 16384, 1, 0, True), []),
     "b1_4k": ((1, 32, 8, 128, 4096, 1, 0, False),
               [CFG(16, 128, 8, 3, 8), CFG(16, 64, 4, 3, 16), CFG(16, 64, 4, 2, 32), CFG(16, 128, 4, 2, 16),
                CFG(16, 32, 4, 2, 32), CFG(16, 64, 8, 3, 16), CFG(16, 128, 8, 3, 4)]),
