@@ -126,8 +126,12 @@ def reg_pages(shape: DecodeShape, cfg: DecodeConfig) -> bool:
     gather = shape.paged and shape.page_size % cfg.block_n != 0
     # measured on H200 (2026-11-26, docs/perf-notes.md v22.4): a page per tile, B1 64k page 128 103 -> 72 us,
     # B64 8k page 128 639 -> 490 us (with full_tiles), Sq 512 page 128 781 -> 623 us; a per-key gather slower
-    # (B64 8k page 16 497 -> 784 us)
-    return shape.secure or (shape.paged and not gather)
+    # (B64 8k page 16 497 -> 784 us, 128-key tiles on 8 warps). But a 16-bit gather on the 32- and 64-key tiles on 4
+    # warps that plan.decode.choose_config gives it at D 128 since v51 is faster with them (H200, 2026-11-30, graph
+    # replays): B1 64k page 16 70.1 us against 85.1 at the same tiles without them
+    small_gather = (gather and not (shape.fp8 or shape.fp32) and cfg.block_m == 16 and shape.head_dim == 128
+                    and cfg.block_n <= 64)
+    return shape.secure or (shape.paged and not gather) or small_gather
 
 
 def triggers_combine(shape: DecodeShape, cfg: DecodeConfig) -> bool:

@@ -46,7 +46,8 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
     # B1 64k page 16 80.0/79.6 us against 81.9/82.0, page 64 76.3/75.8 against 81.0/81.1.
     one_wave_gather = gather and not (shape.secure or shape.fp32 or shape.fp8) and block_m == 16 and d <= 128
     # v51: at D 128 and pages of 16 to 127 keys, the same gather with splits on 64-key tiles, 4 warps, 3 stages and
-    # register page loads (two programs per SM, the tiles that made the secure gather faster than it in v50) ran
+    # register page loads (launch.triton_decode.reg_pages; two programs per SM, the tiles that made the secure gather
+    # faster than it in v50) ran
     # faster still. CUDA-graph replays on one H200 (2026-11-30, docs/perf-notes.md v51, B1 32/8, every sequence
     # full, `bench.experiments.kv_configs` v51/v51b, contiguous 66.9 us at 64k and 8.6-8.7 at 4k in the same runs):
     # 64k page 16 70.1/70.1 us against 75.4/75.2 (without register page loads 85.1; 4 stages 71.7; 49 splits on 2
@@ -68,19 +69,19 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
     num_warps, num_stages = (4, 2) if shape.fp32 or gather and num_splits > 1 else (8, 3)
     if one_wave_gather and num_splits > 1:
         num_warps, num_stages = 8, 5
-    reg = None
     if two_wave_gather and num_splits > 1:
-        num_warps, num_stages, reg = 4, 3, True
+        num_warps, num_stages = 4, 3
     elif two_wave_gather:  # one split after all (a short cache): the gather's one-split tiles below
         block_n = 128
     if (gather and num_splits == 1 and not (shape.secure or shape.fp32 or shape.fp8) and block_m == 16 and d == 128
             and shape.page_size < 64):
-        # v51: the fast one-split gather (B64-like) on 32-key tiles, 4 warps, 3 stages, register page loads. CUDA-graph
+        # v51: the fast one-split gather (B64-like) on 32-key tiles, 4 warps, 3 stages (register page loads:
+        # launch.triton_decode.reg_pages). CUDA-graph
         # replays on one H200 (2026-11-30, docs/perf-notes.md v51, 64x32/8 D128, every sequence full, interleaved):
         # 8k page 16 473.6-473.8 us (three runs) against 487.3-488.2 for 128-key tiles on 8 warps (contiguous
         # 468.4/469.6: 1.0% behind instead of 4.0%), 16k page 16 946-948 against 968-972 (contiguous 928.6), page 32
         # 475.7-475.9 against 482.3-483.2, page 1 485.1 against 496.0; 64-key tiles 484-485 (4 stages), 576 (3)
-        block_n, num_warps, num_stages, reg = 32, 4, 3, True
+        block_n, num_warps, num_stages = 32, 4, 3
     if gather and num_splits > 1 and shape.secure and shape.fp8 and block_m == 16 and d <= 128:
         # Secure FP8 gathers with splits (B1-like): its page indices are register loads (reg_pages), not a pipeline
         # stage, so a third stage keeps the next tile's copies in flight (the key loop's cp.async wait: 0 outstanding
@@ -175,7 +176,7 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
         # split form shows (the one before v49 too, p = 0.0067) that stayed under the gate's line at 3 stages
         # (docs/security.md §5.16)
         block_n, num_warps, num_stages = 128, 4, 3
-    return DecodeConfig(block_m, block_n, num_warps, num_stages, num_splits, reg_pages=reg)
+    return DecodeConfig(block_m, block_n, num_warps, num_stages, num_splits)
 
 
 def combine_pdl(device: torch.device) -> bool:
