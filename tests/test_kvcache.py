@@ -1018,17 +1018,85 @@ def test_fast_16_bit_page_gathers_with_splits_take_64_key_tiles_and_register_pag
     assert config(16, splits=4) == (64, 4, 3, 4, True, False)
     assert config(1) == (128, 8, 5, 16, False, False)  # page 1: the one-wave form (measured faster there)
     assert config(16, d=64)[:4] == (128, 8, 5, 16)
-    assert config(16, fp8=True)[:3] == (128, 4, 5)
+    assert config(16, fp8=True)[:3] == (128, 4, 3)  # v52's FP8 form (test_fast_fp8_decode_at_d128_takes_...)
     # one split (B64-like): 32-key tiles, 4 warps, 3 stages, register page loads, pages below 64 (page 1 too)
     assert config(16, batch=64, capacity=8192) == (32, 4, 3, 1, True, False)
     assert config(16, splits=1) == config(1, splits=1) == (32, 4, 3, 1, True, False)
     assert config(32, splits=1) == (32, 4, 3, 1, True, True)  # a page per 32-key tile: whole tiles unmasked
     assert config(64, batch=64, capacity=8192)[:4] == (128, 8, 3, 1)  # page 64: measured a tie, kept
-    assert config(16, batch=64, capacity=8192, fp8=True)[:3] == (128, 4, 5)
+    assert config(16, batch=64, capacity=8192, fp8=True)[:3] == (64, 4, 4)  # v52
     assert config(16, secure=True)[:4] == (64, 4, 3, 33)  # v50's secure form, its split count as before
     names = [s["name"] for s in decode_specs(False)]
     assert any(n.startswith("fast_decode_bf16_qbf16_d128_paged16_") and "_splits7_16x64w4s3" in n for n in names)
     assert any(n.startswith("fast_decode_bf16_qbf16_d128_paged16_") and "_splits1_16x32w4s3" in n for n in names)
+
+
+def test_fast_fp8_decode_at_d128_takes_v52_tiles_and_runs_its_page_gathers_without_masks(monkeypatch):
+    """A fast FP8 cache at D 128 (16-row query tiles): with splits (B1-like), every layout on 128-key tiles, 4 warps,
+    3 stages, two programs per SM (B1 64k contiguous 40.4 us against 48.4 for 8 warps at one program per SM, H200
+    graph replays interleaved, docs/perf-notes.md v52); a page gather (a page index per key) there runs its whole
+    tiles without masks on register page loads (page 16 39.9 against 43.8), except where a split has fewer than 4
+    tiles (B1 4k page 16 keeps the masked 5-stage gather: 8.4 against 9.1). At one split (B64-like) a gather takes
+    64-key tiles, 4 warps, 4 stages, the same unmasked form (page 16 506.5 against 554.3, contiguous 496.7). Secure
+    mode, 16-bit caches and D 64 keep their forms."""
+    import flashcore.plan.decode as plan_decode
+    from flashcore.launch.triton_decode import DecodeShape, full_tiles, reg_pages
+
+    monkeypatch.setattr(plan_decode, "sm_count", lambda device: 132)
+
+    def config(page, batch=1, capacity=65536, secure=False, d=128, splits=0, fp8=True):
+        shape = DecodeShape(batch=batch, seqlen_q=1, num_heads_q=32, num_heads_kv=8, head_dim=d,
+                            page_size=page or capacity, capacity=capacity,
+                            num_pages=batch * capacity // max(page, 1), paged=page > 0, packed=False, appended=False,
+                            has_batch_idx=False, has_leftpad=False, causal=True, secure=secure, fp8=fp8,
+                            return_lse=False, fp32=False, scale=0.1)
+        c = plan_decode.choose_config(shape, splits, torch.device("cpu"))
+        return c.block_n, c.num_warps, c.num_stages, c.num_splits, reg_pages(shape, c), full_tiles(shape, c)
+
+    # with splits: 128-key tiles, 4 warps, 3 stages, 33 splits (two programs per SM); gathers unmasked
+    assert config(0) == (128, 4, 3, 33, False, True)
+    assert config(0, capacity=4096) == (128, 4, 3, 16, False, True)
+    for page in (1, 16, 32, 64):  # page 64: a 128-key tile spans two pages, a gather too
+        assert config(page) == (128, 4, 3, 33, True, True), page
+    assert config(128) == config(256) == (128, 4, 3, 33, True, True)  # a page per tile
+    assert config(16, capacity=4096) == (128, 4, 5, 16, False, False)  # two tiles per split: the masked gather
+    assert config(16, capacity=8192, splits=16) == (128, 4, 3, 16, True, True)  # four tiles per split
+    # one split: gathers on 64-key tiles, 4 warps, 4 stages, unmasked; pages of 64+ as before (a page per tile)
+    for page in (1, 16, 32):
+        assert config(page, batch=64, capacity=16384) == (64, 4, 4, 1, True, True), page
+        assert config(page, splits=1) == (64, 4, 4, 1, True, True), page
+    assert config(64, batch=64, capacity=16384) == (64, 4, 4, 1, True, True)
+    assert config(0, batch=64, capacity=16384) == (64, 4, 4, 1, False, True)
+    assert config(16, batch=64, capacity=128, splits=1) == (64, 4, 4, 1, False, False)  # 2 tiles: masked
+    # not: secure mode, 16-bit caches, D 64
+    assert config(16, secure=True)[:3] == (128, 4, 3) and config(16, secure=True)[5] is False
+    assert config(16, batch=64, capacity=16384, secure=True)[:3] == (64, 4, 3)
+    assert config(0, fp8=False)[:4] == (128, 8, 3, 16)
+    assert config(16, d=64)[:4] == (128, 4, 5, 33) and config(16, d=64)[4:] == (False, False)
+
+
+@kernel
+@pytest.mark.parametrize("page,splits,cap", [(16, 1, 256), (1, 1, 256), (32, 1, 320), (16, 2, 1024), (1, 2, 1024)])
+def test_fast_fp8_page_gather_without_masks_matches_the_reference(page, splits, cap, launches, gen):
+    """v52's FP8 page gathers (D 128, 32/8 heads; the planner's tiles: 64 keys at one split, 128 with splits) run the
+    tiles every row sees whole in a loop without masks, page indices by register loads, and the rest (the tail at
+    each length) in the masked loop: lengths 0, full and between (not whole tiles), NaN in the stale slots behind each length (which no unmasked tile may reach), against the float64 reference."""
+    B, Hq, Hkv, D = 4, 32, 8, 128
+    q = rnd(B, 1, Hq, D, dtype=torch.float16, gen=gen)
+    kc, vc = (rnd(B, cap, Hkv, D, gen=gen).to(torch.float8_e4m3fn) for _ in range(2))
+    L = lengths(0, cap, cap - 37, 131)
+    for b in range(B):  # stale slots behind each length: e4m3fn's NaN
+        kc.view(torch.uint8)[b, int(L[b]):] = 0x7F
+        vc.view(torch.uint8)[b, int(L[b]):] = 0xFF
+    kc, table = to_paged(kc, page, gen)
+    vc, _ = to_paged(vc, page, gen, pages=rnd(*kc.shape, gen=gen).to(torch.float8_e4m3fn), table=table)
+    kw = dict(cache_seqlens=L, page_table=table, num_splits=splits,
+              k_descale=torch.rand(B, Hkv, generator=gen) + 0.5, v_descale=torch.rand(B, Hkv, generator=gen) + 0.5)
+    (out, lse, _, _), (ref, ref_lse, _, _) = run_both(q, kc, vc, **kw)
+    check(out, lse, ref, ref_lse, torch.float16, what=f"page {page} splits {splits}")
+    split = [dict(cx) for name, _, _, cx in launches[-1][1] if name == "decode_split_kernel"]
+    assert len(split) == 1 and split[0]["FULL_TILES"] and split[0]["REG_PAGES"], split
+    assert split[0]["BLOCK_N"] == (64 if splits == 1 else 128) and split[0]["PAGE_SIZE"] == page
 
 
 @pytest.fixture

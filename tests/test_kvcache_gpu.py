@@ -704,3 +704,38 @@ def test_chunked_prefill_with_three_consumer_warpgroups():
     assert plan.prefill is not None and plan.prefill.step.constexprs["NUM_WG"] == 3
     ro, rl = R.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=False, return_lse=True)
     assert rel_err(o, ro) < 1e-2 and rel_err(lse, rl) < 1e-4
+
+
+@pytest.mark.parametrize("page,B,cap,splits", [(16, 24, 2048, 1), (1, 24, 1024, 1), (32, 24, 2048, 1),
+                                               (16, 2, 16384, 0), (64, 2, 16384, 0), (0, 2, 16384, 0)])
+def test_fast_fp8_decode_v52_forms_match_the_reference_and_ignore_stale_slots(page, B, cap, splits):
+    """v52's fast FP8 forms at D 128 (docs/perf-notes.md v52): page gathers at one split on 64-key tiles and with
+    splits on 128-key tiles, their whole tiles without masks on register page loads, and the contiguous cache with
+    splits on 4 warps, two programs per SM. Random lengths (0 and full among them), e4m3fn's NaN in every slot past
+    each length, output poisoned first, against the float64 reference of the dequantised cache."""
+    from flashcore.launch.triton_decode import full_tiles, reg_pages
+    from flashcore.plan.decode import DecodePlan
+
+    q, kc, vc, table, lens, descale = _case(B, 32, 8, 128, cap, page, fp8=True, seed=61 + page)
+    for cache in (kc, vc):
+        _stale(cache.view(torch.uint8), table, lens, page, [0x7F, 0xFF])
+    out = torch.full_like(q, float("nan"))
+    seen, real = [], DecodePlan.__call__
+
+    def spy(self, *a, **k):
+        seen.append(self)
+        return real(self, *a, **k)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(DecodePlan, "__call__", spy)
+        o, lse = flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table, num_splits=splits,
+                                                  return_lse=True, out=out, **descale)
+    ro, rl = R.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table, return_lse=True, **descale)
+    assert not torch.isnan(o).any()
+    assert rel_err(o, ro) < 1e-2
+    fin = torch.isfinite(rl)
+    assert torch.equal(torch.isinf(lse), torch.isinf(rl)) and rel_err(lse[fin], rl[fin]) < 1e-4
+    plan = seen[-1]
+    c = plan.config
+    assert (c.block_n, c.num_warps) == ((64, 4) if splits == 1 else (128, 4)), c
+    assert full_tiles(plan.shape, c) and reg_pages(plan.shape, c) == bool(page), c

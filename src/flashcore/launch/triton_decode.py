@@ -114,7 +114,35 @@ def full_tiles(shape: DecodeShape, cfg: DecodeConfig) -> bool:
     if cfg.full_tiles is not None:
         return cfg.full_tiles and not shape.secure
     gather = shape.paged and shape.page_size % cfg.block_n != 0
+    if unmasked_fp8_gather(shape, cfg):  # v52: with register page loads, the gather keeps its pipeline
+        return True
     return not shape.secure and not gather and (cfg.block_m >= 64 or shape.fp8 or shape.paged)
+
+
+FP8_GATHER_MIN_TILES = 4  # key tiles per split below which the fast FP8 gather keeps its masked loop (v52)
+
+
+def fp8_gather_few_tiles(shape: DecodeShape, block_n: int, num_splits: int) -> bool:
+    """Whether each split of a fast FP8 page gather has too few key tiles for :func:`unmasked_fp8_gather`'s form: with
+    two tiles per split (B1 4k page 16, 16 splits) it ran 9.1 us against the masked 5-stage gather's 8.4 (CUDA-graph
+    replays interleaved, H200, 2026-11-30, docs/perf-notes.md v52): the loop without masks and the masked loop after
+    it each fill and drain their pipeline."""
+    return cdiv(cdiv(shape.capacity, block_n), max(num_splits, 1)) < FP8_GATHER_MIN_TILES
+
+
+def unmasked_fp8_gather(shape: DecodeShape, cfg: DecodeConfig) -> bool:
+    """Whether a fast FP8 page gather (a page index per key) runs the tiles every row sees whole without masks
+    (:func:`full_tiles`) and takes its page indices by register loads (:func:`reg_pages`): D 128, 16-row query tiles,
+    4 warps, with enough tiles per split (:func:`fp8_gather_few_tiles`). Together they took the gather's loop from 932
+    to 798 instructions per 128-key tile (sm_90a, CPU compile; either alone: 776 with masks off and page indices through
+    shared memory, which lost pipelining: 676.8 us; register loads in the masked loop 46.7 against 43.8 us at B1).
+    CUDA-graph replays interleaved on one H200 (2026-11-30, docs/perf-notes.md v52, every sequence full), with
+    ``plan.decode.choose_config``'s tiles: B64 16k page 16 506.5 us against 554.3 (contiguous 496.7), page 1 507.3
+    against 578.7, page 32 508.2 against 560.1; B1 64k page 16 39.9 against 43.8 (contiguous 40.4)."""
+    gather = shape.paged and shape.page_size % cfg.block_n != 0
+    return (gather and shape.fp8 and not shape.secure and not shape.fp32 and cfg.block_m == 16
+            and shape.head_dim == 128 and cfg.num_warps == 4
+            and not fp8_gather_few_tiles(shape, cfg.block_n, cfg.num_splits))
 
 
 def reg_pages(shape: DecodeShape, cfg: DecodeConfig) -> bool:
@@ -131,7 +159,7 @@ def reg_pages(shape: DecodeShape, cfg: DecodeConfig) -> bool:
     # replays): B1 64k page 16 70.1 us against 85.1 at the same tiles without them
     small_gather = (gather and not (shape.fp8 or shape.fp32) and cfg.block_m == 16 and shape.head_dim == 128
                     and cfg.block_n <= 64)
-    return shape.secure or (shape.paged and not gather) or small_gather
+    return shape.secure or (shape.paged and not gather) or small_gather or unmasked_fp8_gather(shape, cfg)
 
 
 def triggers_combine(shape: DecodeShape, cfg: DecodeConfig) -> bool:

@@ -12,8 +12,8 @@ import threading
 import torch
 
 from ..launch.triton_decode import (COMBINE_STAGES, COMBINE_WARPS, DecodeConfig, DecodeShape, build_append,
-                                    build_combine, build_split, key_positions_needed, query_tiles,
-                                    workspace_shapes)
+                                    build_combine, build_split, fp8_gather_few_tiles, key_positions_needed,
+                                    query_tiles, workspace_shapes)
 from ..runtime import KernelStep, capturing, cdiv, current_stream, device_arch, interpreting, sm_count
 from .build import clear_unowned_rows
 from .cache import PlanCache
@@ -58,12 +58,18 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
     if two_wave_gather:
         one_wave_gather = False
         block_n = 64
+    # v52: a fast FP8 cache at D 128 with splits (B1-like), any layout, on 128-key tiles, 4 warps, 3 stages, two
+    # programs per SM. CUDA-graph replays interleaved replay by replay on one H200 (2026-11-30, docs/perf-notes.md
+    # v52, kv_configs v52c, B1 32/8, every sequence full): 64k contiguous 40.4 us against 48.4 (128 keys, 8 warps, 3
+    # stages, one program per SM; 64-key tiles at 49 splits 40.9), 4k 8.0 against 8.3; the page gathers below
+    fp8_two_per_sm = (shape.fp8 and not shape.secure and block_m == 16 and d == 128
+                      and (num_splits == 0 or num_splits > 1))
     if num_splits == 0:
         # One wave: as many splits as fit beside the other programs on the SMs (measured on H100, 2026-11-25:
         # filling each SM once beat two programs per SM for a contiguous cache); per-key page gathers (secure, FP8)
         # hide their extra latency better with two programs per SM.
         programs = shape.batch * shape.num_heads_kv * cdiv(shape.rows, block_m)
-        target = sm_count(device) * (2 if gather and not one_wave_gather else 1)
+        target = sm_count(device) * (2 if gather and not one_wave_gather or fp8_two_per_sm else 1)
         tiles = cdiv(shape.capacity, block_n)
         num_splits = max(1, min(target // programs, tiles // MIN_TILES_PER_SPLIT, 128))
     num_warps, num_stages = (4, 2) if shape.fp32 or gather and num_splits > 1 else (8, 3)
@@ -100,6 +106,7 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
         # B1 64k, CUDA-graph replays on one H200 (2026-11-30, kv_configs v51e): 70.4 us against 79.0 (128-key tiles,
         # 4 warps, 2 stages), fast 70.5; gate 2 as page 16's (docs/security.md §5.18)
         block_n, num_warps, num_stages = 64, 4, 3
+    gather_at_64 = shape.paged and shape.page_size % 64 != 0
     if shape.fp8 and block_m == 16 and d <= 128 and not (shape.secure and shape.paged):
         # An FP8 tile is half the bytes for the same widening and MMA work, so more programs per SM pay (H200,
         # 2026-11-26, 64x32/8 D128 16k, two runs, docs/perf-notes.md v24): fast at one split 64-key tiles, 4 warps, 4
@@ -117,6 +124,22 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
             block_n, num_warps, num_stages = 128, 4, 4
         elif shape.secure:
             num_warps, num_stages = 4, 3
+        elif fp8_two_per_sm and num_splits > 1 and not (gather and fp8_gather_few_tiles(shape, 128, num_splits)):
+            # v52 (above): with splits 128-key tiles, 4 warps, 3 stages; a page gather then runs its whole tiles
+            # without masks, on register page loads (launch.triton_decode.unmasked_fp8_gather): B1 64k page 16
+            # 39.9 us against 43.8 for the 5-stage masked gather below (contiguous 40.4), pages 1/32/64 43.2-43.6
+            # against 45.2-46.4 (kv_configs v52b, not interleaved). Not where a split has few tiles (B1 4k page 16:
+            # 9.1 us against 8.4, v52c), which keeps that gather
+            block_n, num_warps, num_stages = 128, 4, 3
+        elif shape.paged and not shape.secure and d == 128 and num_splits == 1 and gather_at_64:
+            # v52: the fast FP8 page gather at one split (B64-like) on 64-key tiles, 4 warps, 4 stages, its whole
+            # tiles without masks, on register page loads (launch.triton_decode.unmasked_fp8_gather): the form a page
+            # of 64 keys runs as a page per tile. CUDA-graph replays interleaved on one H200 (2026-11-30,
+            # docs/perf-notes.md v52, kv_configs v52c, 64x32/8 D128 16k, every sequence full): page 16 506.5 us
+            # against 554.3 (128-key tiles, 4 warps, 5 stages, masked; 128-key tiles unmasked 527.4, 64-key at 3
+            # stages 520.5), page 1 507.3 against 578.7, page 32 508.2 against 560.1; contiguous 496.7, the bf16
+            # cache at page 16 952.4 (1.88x)
+            block_n, num_warps, num_stages = 64, 4, 4
         elif shape.paged and (shape.page_size % 64 != 0 or gather and num_splits > 1):
             # A per-key page gather at any tile size: its loop holds one K/V slot below 5 stages (the page index is
             # a load stage of its own ahead of K/V: TTGIR, one buffer and async_wait 0), so each tile waited for its

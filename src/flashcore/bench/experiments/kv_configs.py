@@ -16,6 +16,8 @@ Three questions, one device call:
   address arithmetic, interleaved, per shape. Config cases whose tuple ends in ``True`` after the secure flag lay
   each sequence's pages out in order (the control of v25.1).
 
+* ``interleaved`` (v52.3): the candidates of ``--cases`` as CUDA graphs replayed in a random order each round, every
+  case's inputs kept, so clock drift falls on all alike (``--rounds``).
 * ``combine`` (v27): the combine step launched as a programmatic dependent of the split step against a plain
   launch, per shape, cold L2 (as the bench harness times) and as a CUDA-graph replay, with SDPA beside it.
 
@@ -446,6 +448,135 @@ CONFIG_CASES = {
     "v51g_fp8_b64_16k_2": ((64, 32, 8, 128, 16384, 1, 0, True), []),
     "v51g_secure_fp8_b64_16k_2": ((64, 32, 8, 128, 16384, 1, 0, True, True), [CFG(16, 128, 4, 3, 1, hoisted=False)]),
     "v51g_fp8_b64_16k_3": ((64, 32, 8, 128, 16384, 1, 0, True), []),
+    # v52: the fast FP8 page gathers (B64 16k page 16 1.69x the bf16 cache against a 1.8x bar, 11% behind the FP8
+    # contiguous cache) in the loop without masks (FULL_TILES) with register page loads: 932 -> 798 instructions per
+    # 128-key tile (sm_90a, CPU compile; contiguous 2 x 382 per 64 keys), interleaved with the contiguous cache
+    "v52_fp8_b64_16k_contig": ((64, 32, 8, 128, 16384, 1, 0, True), []),
+    "v52_fp8_b64_16k_p16": ((64, 32, 8, 128, 16384, 1, 16, True),
+                            [CFG(16, 128, 4, 5, 1, full_tiles=True, reg_pages=True),
+                             CFG(16, 128, 4, 4, 1, full_tiles=True, reg_pages=True),
+                             CFG(16, 128, 4, 3, 1, full_tiles=True, reg_pages=True),
+                             CFG(16, 64, 4, 4, 1, full_tiles=True, reg_pages=True),
+                             CFG(16, 128, 4, 5, 1, full_tiles=True, reg_pages=False),
+                             CFG(16, 128, 8, 3, 1, full_tiles=True, reg_pages=True),
+                             CFG(16, 128, 4, 5, 1)]),
+    "v52_fp8_b64_16k_contig2": ((64, 32, 8, 128, 16384, 1, 0, True), []),
+    "v52_secure_fp8_b64_16k_p16": ((64, 32, 8, 128, 16384, 1, 16, True, True), []),
+    "v52_b64_16k_p16": ((64, 32, 8, 128, 16384, 1, 16, False),
+                        [CFG(16, 32, 4, 3, 1, full_tiles=True, reg_pages=True)]),
+    "v52_b64_16k_contig": ((64, 32, 8, 128, 16384, 1, 0, False), []),
+    "v52_fp8_b1_64k_contig": ((1, 32, 8, 128, 65536, 1, 0, True), []),
+    "v52_fp8_b1_64k_p16": ((1, 32, 8, 128, 65536, 1, 16, True),
+                           [CFG(16, 128, 4, 5, 33, full_tiles=True, reg_pages=True),
+                            CFG(16, 128, 4, 4, 33, full_tiles=True, reg_pages=True),
+                            CFG(16, 128, 4, 3, 33, full_tiles=True, reg_pages=True),
+                            CFG(16, 64, 4, 4, 33, full_tiles=True, reg_pages=True),
+                            CFG(16, 128, 8, 3, 16, full_tiles=True, reg_pages=True)]),
+    "v52_fp8_b1_64k_contig_w4": ((1, 32, 8, 128, 65536, 1, 0, True),
+                                 [CFG(16, 128, 4, 4, 33), CFG(16, 128, 4, 3, 33), CFG(16, 64, 4, 4, 33),
+                                  CFG(16, 128, 8, 4, 16), CFG(16, 256, 8, 3, 16)]),
+    "v52_b1_64k_contig": ((1, 32, 8, 128, 65536, 1, 0, False), []),
+    "v52_b1_64k_p16": ((1, 32, 8, 128, 65536, 1, 16, False),
+                       [CFG(16, 64, 4, 3, 33, full_tiles=True, reg_pages=True)]),
+    "v52_fp8_b64_16k_p16_2": ((64, 32, 8, 128, 16384, 1, 16, True),
+                              [CFG(16, 128, 4, 5, 1, full_tiles=True, reg_pages=True),
+                               CFG(16, 128, 4, 4, 1, full_tiles=True, reg_pages=True)]),
+    "v52_fp8_b64_16k_contig3": ((64, 32, 8, 128, 16384, 1, 0, True), []),
+    # v52.2: around v52's winners: FP8 B1 contiguous on 4 warps, 3 stages, two programs per SM (41.0 us against the
+    # planner's 48.3), FP8 gathers without masks on register page loads (B64 page 16 561-576 against 594-626, B1 43.3
+    # against 45.5); pages 1 and 32, 4k, interleaved with the contiguous cache
+    "v52b_fp8_b1_64k_contig": ((1, 32, 8, 128, 65536, 1, 0, True),
+                               [CFG(16, 128, 4, 3, 33), CFG(16, 128, 4, 2, 33), CFG(16, 128, 4, 3, 66),
+                                CFG(16, 64, 4, 3, 49), CFG(16, 64, 4, 4, 66), CFG(16, 128, 2, 3, 33),
+                                CFG(16, 128, 4, 3, 33)]),
+    "v52b_fp8_b1_64k_p16": ((1, 32, 8, 128, 65536, 1, 16, True),
+                            [CFG(16, 128, 4, 3, 33, full_tiles=True, reg_pages=True),
+                             CFG(16, 128, 4, 3, 33, reg_pages=True), CFG(16, 128, 4, 2, 33, full_tiles=True, reg_pages=True),
+                             CFG(16, 64, 4, 3, 49, full_tiles=True, reg_pages=True),
+                             CFG(16, 128, 4, 3, 66, full_tiles=True, reg_pages=True),
+                             CFG(16, 128, 4, 3, 33, full_tiles=True, reg_pages=True)]),
+    "v52b_fp8_b1_64k_p1": ((1, 32, 8, 128, 65536, 1, 1, True),
+                           [CFG(16, 128, 4, 3, 33, full_tiles=True, reg_pages=True)]),
+    "v52b_fp8_b1_64k_p32": ((1, 32, 8, 128, 65536, 1, 32, True),
+                            [CFG(16, 128, 4, 3, 33, full_tiles=True, reg_pages=True)]),
+    "v52b_fp8_b1_64k_p64": ((1, 32, 8, 128, 65536, 1, 64, True),
+                            [CFG(16, 128, 4, 3, 33, full_tiles=True, reg_pages=True),
+                             CFG(16, 64, 4, 3, 33, reg_pages=True)]),
+    "v52b_fp8_b1_4k_contig": ((1, 32, 8, 128, 4096, 1, 0, True),
+                              [CFG(16, 128, 4, 3, 16), CFG(16, 64, 4, 3, 32), CFG(16, 128, 4, 3, 32)]),
+    "v52b_fp8_b1_4k_p16": ((1, 32, 8, 128, 4096, 1, 16, True),
+                           [CFG(16, 128, 4, 3, 16, full_tiles=True, reg_pages=True),
+                            CFG(16, 64, 4, 3, 32, full_tiles=True, reg_pages=True)]),
+    "v52b_fp8_b64_16k_contig": ((64, 32, 8, 128, 16384, 1, 0, True), []),
+    "v52b_fp8_b64_16k_p16": ((64, 32, 8, 128, 16384, 1, 16, True),
+                             [CFG(16, 128, 4, 4, 1, full_tiles=True, reg_pages=True),
+                              CFG(16, 64, 4, 4, 1, full_tiles=True, reg_pages=True),
+                              CFG(16, 64, 4, 3, 1, full_tiles=True, reg_pages=True),
+                              CFG(16, 64, 4, 5, 1, full_tiles=True, reg_pages=True),
+                              CFG(16, 32, 4, 4, 1, full_tiles=True, reg_pages=True)]),
+    "v52b_fp8_b64_16k_contig2": ((64, 32, 8, 128, 16384, 1, 0, True), []),
+    "v52b_fp8_b64_16k_p16_2": ((64, 32, 8, 128, 16384, 1, 16, True),
+                               [CFG(16, 128, 4, 4, 1, full_tiles=True, reg_pages=True),
+                                CFG(16, 64, 4, 4, 1, full_tiles=True, reg_pages=True)]),
+    "v52b_fp8_b64_16k_contig3": ((64, 32, 8, 128, 16384, 1, 0, True), []),
+    "v52b_fp8_b64_16k_p1": ((64, 32, 8, 128, 16384, 1, 1, True),
+                            [CFG(16, 128, 4, 4, 1, full_tiles=True, reg_pages=True),
+                             CFG(16, 64, 4, 4, 1, full_tiles=True, reg_pages=True)]),
+    "v52b_fp8_b64_16k_p32": ((64, 32, 8, 128, 16384, 1, 32, True),
+                             [CFG(16, 128, 4, 4, 1, full_tiles=True, reg_pages=True),
+                              CFG(16, 64, 4, 4, 1, full_tiles=True, reg_pages=True)]),
+    # v52.3: v52.2's candidates interleaved replay by replay (--only interleaved): the B64 rows drifted 520 -> 565 us
+    # within a run, which left the page-16 gain between 1% and 6%
+    "v52c_fp8_b64_16k_contig": ((64, 32, 8, 128, 16384, 1, 0, True), []),
+    "v52c_fp8_b64_16k_p16": ((64, 32, 8, 128, 16384, 1, 16, True),
+                             [CFG(16, 128, 4, 4, 1, full_tiles=True, reg_pages=True),
+                              CFG(16, 64, 4, 4, 1, full_tiles=True, reg_pages=True),
+                              CFG(16, 64, 4, 3, 1, full_tiles=True, reg_pages=True)]),
+    "v52c_fp8_b64_16k_p1": ((64, 32, 8, 128, 16384, 1, 1, True),
+                            [CFG(16, 128, 4, 4, 1, full_tiles=True, reg_pages=True),
+                             CFG(16, 64, 4, 4, 1, full_tiles=True, reg_pages=True)]),
+    "v52c_fp8_b64_16k_p32": ((64, 32, 8, 128, 16384, 1, 32, True),
+                             [CFG(16, 128, 4, 4, 1, full_tiles=True, reg_pages=True),
+                              CFG(16, 64, 4, 4, 1, full_tiles=True, reg_pages=True)]),
+    "v52c_b64_16k_contig": ((64, 32, 8, 128, 16384, 1, 0, False), []),
+    "v52c_b64_16k_p16": ((64, 32, 8, 128, 16384, 1, 16, False), []),
+    "v52c_fp8_b1_64k_contig": ((1, 32, 8, 128, 65536, 1, 0, True),
+                               [CFG(16, 128, 4, 3, 33), CFG(16, 64, 4, 3, 49)]),
+    "v52c_fp8_b1_64k_p16": ((1, 32, 8, 128, 65536, 1, 16, True),
+                            [CFG(16, 128, 4, 3, 33, full_tiles=True, reg_pages=True),
+                             CFG(16, 64, 4, 3, 49, full_tiles=True, reg_pages=True)]),
+    "v52c_b1_64k_contig": ((1, 32, 8, 128, 65536, 1, 0, False), []),
+    "v52c_b1_64k_p16": ((1, 32, 8, 128, 65536, 1, 16, False), []),
+    "v52c_fp8_b1_4k_contig": ((1, 32, 8, 128, 4096, 1, 0, True), [CFG(16, 128, 4, 3, 16)]),
+    "v52c_fp8_b1_4k_p16": ((1, 32, 8, 128, 4096, 1, 16, True),
+                           [CFG(16, 128, 4, 3, 16, full_tiles=True, reg_pages=True),
+                            CFG(16, 128, 4, 5, 16, full_tiles=True, reg_pages=True)]),
+    # v52.4: the planner's v52 forms against the forms before them (given explicitly), interleaved (--only
+    # interleaved), with the bf16 cache beside them; page 128 with splits (a page per tile) not measured before
+    "v52d_fp8_b64_16k_contig": ((64, 32, 8, 128, 16384, 1, 0, True), []),
+    "v52d_fp8_b64_16k_p16": ((64, 32, 8, 128, 16384, 1, 16, True),
+                             [CFG(16, 128, 4, 5, 1, full_tiles=False, reg_pages=False)]),
+    "v52d_fp8_b64_16k_p1": ((64, 32, 8, 128, 16384, 1, 1, True),
+                            [CFG(16, 128, 4, 5, 1, full_tiles=False, reg_pages=False)]),
+    "v52d_fp8_b64_16k_p32": ((64, 32, 8, 128, 16384, 1, 32, True),
+                             [CFG(16, 128, 4, 5, 1, full_tiles=False, reg_pages=False)]),
+    "v52d_b64_16k_contig": ((64, 32, 8, 128, 16384, 1, 0, False), []),
+    "v52d_b64_16k_p16": ((64, 32, 8, 128, 16384, 1, 16, False), []),
+    "v52d_fp8_b1_64k_contig": ((1, 32, 8, 128, 65536, 1, 0, True), [CFG(16, 128, 8, 3, 16)]),
+    "v52d_fp8_b1_64k_p16": ((1, 32, 8, 128, 65536, 1, 16, True),
+                            [CFG(16, 128, 4, 5, 33, full_tiles=False, reg_pages=False)]),
+    "v52d_fp8_b1_64k_p1": ((1, 32, 8, 128, 65536, 1, 1, True),
+                           [CFG(16, 128, 4, 5, 33, full_tiles=False, reg_pages=False)]),
+    "v52d_fp8_b1_64k_p64": ((1, 32, 8, 128, 65536, 1, 64, True),
+                            [CFG(16, 128, 4, 5, 33, full_tiles=False, reg_pages=False)]),
+    "v52d_fp8_b1_64k_p128": ((1, 32, 8, 128, 65536, 1, 128, True), [CFG(16, 128, 8, 3, 16)]),
+    "v52d_b1_64k_contig": ((1, 32, 8, 128, 65536, 1, 0, False), []),
+    "v52d_b1_64k_p16": ((1, 32, 8, 128, 65536, 1, 16, False), []),
+    "v52d_b1_64k_p128": ((1, 32, 8, 128, 65536, 1, 128, False), []),
+    "v52d_fp8_b1_4k_contig": ((1, 32, 8, 128, 4096, 1, 0, True), [CFG(16, 128, 8, 3, 16)]),
+    "v52d_fp8_b8_16k_contig": ((8, 32, 8, 128, 16384, 1, 0, True), [CFG(16, 128, 8, 3, 2)]),
+    "v52d_fp8_b8_16k_p16": ((8, 32, 8, 128, 16384, 1, 16, True),
+                            [CFG(16, 128, 4, 5, 4, full_tiles=False, reg_pages=False)]),
     "b1_4k": ((1, 32, 8, 128, 4096, 1, 0, False),
               [CFG(16, 128, 8, 3, 8), CFG(16, 64, 4, 3, 16), CFG(16, 64, 4, 2, 32), CFG(16, 128, 4, 2, 16),
                CFG(16, 32, 4, 2, 32), CFG(16, 64, 8, 3, 16), CFG(16, 128, 8, 3, 4)]),
@@ -745,10 +876,71 @@ def _uncached_workspace_views():
     return mock.patch.object(PD, "workspace_views", views)
 
 
+def interleaved(dev, names, rounds: int = 60, target_ms: float = 2.0) -> list:
+    """v52.3: every candidate of the cases ``names`` (the planner's first) captured as a CUDA graph of as many calls as
+    take ~``target_ms``, then the graphs replayed one at a time in a fresh random order each round, each replay timed
+    by CUDA events: drift in the GPU's clocks over the run (v52: the same FP8 contiguous row 521 then 550 us a minute
+    later) falls on every candidate alike. Reports each candidate's median microseconds per call."""
+    import random
+    gen = torch.Generator(device=dev).manual_seed(4321)
+    entries, keep = [], []
+    for name in names:
+        shape, cands = CONFIG_CASES[name]
+        B, Hq, Hkv, D, cap, Sq, page, fp8, *rest = shape
+        secure = bool(rest and rest[0])
+        q, kc, vc, kw = _make(B, Hq, Hkv, D, cap, Sq, page, fp8, gen, dev, ordered=len(rest) > 1 and rest[1])
+        keep.append((q, kc, vc, kw))
+        base = None
+        for cfg in [None] + cands:
+            try:
+                plan, fn = _planned(q, kc, vc, kw, cfg, secure)
+                o = fn()[0].float()
+                base = o if base is None else base
+                err = ((o - base).norm() / base.norm()).item()
+                one = _graph_us(fn)
+                reps = max(1, min(200, round(target_ms * 1e3 / one)))
+                g = torch.cuda.CUDAGraph()
+                s = torch.cuda.Stream()
+                s.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(s):
+                    fn()
+                torch.cuda.current_stream().wait_stream(s)
+                with torch.cuda.graph(g):
+                    for _ in range(reps):
+                        fn()
+                label = "gluon prefill route (plan.prefill)" if plan.prefill is not None else str(plan.config)
+                entries.append(dict(case=name, cfg=label, auto=cfg is None, reps=reps, err=err, graph=g, times=[]))
+            except Exception as e:
+                print(json.dumps(dict(case=name, cfg=str(cfg), error=f"{type(e).__name__}: {e}"[:300])), flush=True)
+    torch.cuda.synchronize()
+    rng = random.Random(7)
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in entries]
+    for _ in range(rounds):
+        order = list(range(len(entries)))
+        rng.shuffle(order)
+        for i in order:
+            a, b = ev[i]
+            a.record()
+            entries[i]["graph"].replay()
+            b.record()
+            b.synchronize()
+            entries[i]["times"].append(1e3 * a.elapsed_time(b) / entries[i]["reps"])
+    rows = []
+    for e in entries:
+        t = e.pop("times")
+        e.pop("graph")
+        e.update(us=statistics.median(t), us_p10=sorted(t)[len(t) // 10], us_p90=sorted(t)[(9 * len(t)) // 10],
+                 rounds=len(t))
+        rows.append(e)
+        print(json.dumps(e), flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     ap = parser(__name__, __doc__)
     ap.add_argument("--only", default="correct,configs,host")
     ap.add_argument("--cases", default=",".join(CONFIG_CASES), help="the config cases to time")
+    ap.add_argument("--rounds", type=int, default=60, help="interleaved: rounds of replays")
     a = ap.parse_args(argv)
     dev = torch.device("cuda")
     res = dict(env=collect_environment())
@@ -765,6 +957,8 @@ def main(argv=None) -> int:
         res["hostprof"] = hostprof(dev)
     if "configs" in parts:
         res["configs"] = configs(dev, a.cases.split(","))
+    if "interleaved" in parts:
+        res["interleaved"] = interleaved(dev, a.cases.split(","), rounds=a.rounds)
     if "same_kv" in parts:
         res["same_kv"] = same_kv(dev)
     if "combine" in parts:
@@ -774,6 +968,9 @@ def main(argv=None) -> int:
         json.dump(res, f, indent=1)
     for r in res.get("same_kv", []):
         print(f"{r['case']:18s} {r['variant']:8s} round {r['round']}: {r['us']:8.1f} us  err {r['vs_own_v_err']:.1e}")
+    for r in res.get("interleaved", []):
+        print(f"{r['case']:24s} {'*' if r['auto'] else ' '} {r['us']:9.1f} us [{r['us_p10']:.1f}, {r['us_p90']:.1f}] "
+              f"x{r['reps']}  {r['cfg'][12:120]}")
     for r in res.get("configs", []):
         print(f"{r['case']:24s} {'*' if r['auto'] else ' '} {r.get('us', float('nan')):9.1f} us "
               f"{r.get('tbs', float('nan')):6.2f} TB/s  {r['cfg']}  {r.get('error', '')[:80]}")
