@@ -797,6 +797,51 @@ def test_secure_v_select_from_loaded_tensors_gives_the_scalar_select_bit_for_bit
 
 
 @kernel
+@pytest.mark.parametrize("splits", [1, 2])
+def test_secure_fp8_gather_with_v_by_k_offsets_and_unmasked_copies_gives_the_same_bits(splits, gen):
+    """v52's secure FP8 page gather (``DecodeConfig.gather_kv_offsets``: V's tile addressed by K's per-key offsets;
+    with it by default copies without a mask where the capacity is whole tiles, ``whole_tiles``, and V's select from
+    loaded tensors, ``seen_by_load``) against the form before it, each part alone too: every output and lse bit, page
+    16 under 32-key tiles (a gather), NaN in every slot no sequence sees, and lengths the host never checked (past the
+    capacity, negative)."""
+    from flashcore import _checks as C
+    from flashcore.launch.triton_decode import DecodeConfig
+    from flashcore.plan.decode import plan_kvcache
+
+    B, Hq, Hkv, D, Sq, cap = 3, 4, 2, 32, 1, 128
+    L = lengths(cap - 3, 41, 0)
+    k_log, v_log = rnd(B, cap, Hkv, D, gen=gen), rnd(B, cap, Hkv, D, gen=gen)
+    for b in range(B):
+        k_log[b, int(L[b]):], v_log[b, int(L[b]):] = float("nan"), float("nan")
+    kc, table = to_paged(k_log, 16, gen)
+    vc, _ = to_paged(v_log, 16, gen, pages=rnd(*kc.shape, gen=gen), table=table)
+    kc, vc = kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn)
+    q = rnd(B, Sq, Hq, D, dtype=torch.float16, gen=gen)
+    descale = dict(k_descale=torch.rand(B, Hkv, generator=gen) + 0.5, v_descale=torch.rand(B, Hkv, generator=gen) + 0.5)
+    a = C.check_kvcache(q, kc, vc, cache_seqlens=L, k=None, v=None, page_table=table, cache_batch_idx=None,
+                        cache_leftpad=None, cu_seqlens_q=None, max_seqlen_q=None, **descale, causal=True, scale=None,
+                        num_splits=0, return_lse=True, out=None, secure=True, backend="triton")
+    res = []
+    for kv_off, whole, by_load in ((None, None, None), (True, False, False), (True, True, False), (True, None, True)):
+        plan = plan_kvcache(a, q, kc, vc, None, None, table, None, None, nan_like(q),
+                            config=DecodeConfig(16, 32, 4, 2, splits, gather_kv_offsets=kv_off, whole_tiles=whole,
+                                                seen_by_load=by_load))
+        ce = plan.split.constexprs
+        assert ce["GATHER_KV_OFFSETS"] is bool(kv_off) and not ce["HOISTED"]
+        # the policy pairs V by K's offsets with unmasked copies (v52); V's select from loaded tensors as given (the
+        # policy's D 128 only)
+        assert ce["WHOLE_TILES"] is (whole if whole is not None else bool(kv_off))
+        assert ce["SEEN_BY_LOAD"] is bool(by_load)
+        for Lx in (L, lengths(cap + 40, -5, 1 << 30)):
+            res.append(plan(q, kc, vc, dict(page_table=table, cache_seqlens=Lx, **descale), nan_like(q)))
+    ref, ref_lse = R.attention_with_kvcache(q, kc, vc, cache_seqlens=L, page_table=table, return_lse=True, **descale)
+    check(res[0][0], res[0][1], ref, ref_lse, torch.float16, what=f"splits {splits}")
+    for i, (o, lse) in enumerate(res):
+        o0, l0 = res[i % 2]
+        assert torch.equal(o.view(torch.int16), o0.view(torch.int16)) and torch.equal(lse, l0), i
+
+
+@kernel
 @pytest.mark.parametrize("layout", ["contiguous", "rows", "leftpad", "paged32"])
 @pytest.mark.parametrize("fp8", [False, True])
 @pytest.mark.parametrize("own_v_strides", [False, True])
@@ -932,13 +977,21 @@ def test_secure_decode_takes_the_select_from_loaded_tensors_only_in_the_audited_
     specs = {s["name"]: s["constexprs"] for s in decode_specs(True) if "combine" not in s["name"]}
     by_load = sorted(n for n, ce in specs.items() if ce["SEEN_BY_LOAD"])
     assert by_load and all("_d128_" in n and "_16x" in n for n in by_load), by_load
-    assert not any("_fp8_" in n and "paged" in n and "_splits1_" in n for n in by_load), by_load
-    # with splits: only hoisted, each key's position read per tile for a 16-bit cache; at one split and for FP8 the
-    # tile's start read per tile
+    # FP8 paged at one split: only v52's gathers (pages below 64 on 128-key tiles, V by K's offsets, unmasked copies)
+    fp8_paged_one = [n for n in by_load if "_fp8_" in n and "paged" in n and "_splits1_" in n]
+    assert fp8_paged_one and all("_16x128w4s3" in n and specs[n]["GATHER_KV_OFFSETS"] and specs[n]["WHOLE_TILES"]
+                                 for n in fp8_paged_one), fp8_paged_one
+    assert all(int(re.search(r"_paged(\d+)_", n).group(1)) < 64 for n in fp8_paged_one), fp8_paged_one
+    # with splits: hoisted (each key's position read per tile for a 16-bit cache) or v52's FP8 gathers; at one split
+    # and for FP8 the tile's start read per tile
     assert any("_splits1_" not in n for n in by_load), by_load
     for n in by_load:
         assert specs[n]["SEEN_PER_KEY"] is ("_splits1_" not in n and not n.startswith("secure_decode_fp8_")), n
-        assert "_splits1_" in n or specs[n]["HOISTED"], n
+        assert "_splits1_" in n or specs[n]["HOISTED"] or specs[n]["GATHER_KV_OFFSETS"], n
+    gathers = sorted(n for n, ce in specs.items() if ce["GATHER_KV_OFFSETS"])
+    assert gathers and all(n.startswith("secure_decode_fp8_") and "_d128_" in n and not specs[n]["HOISTED"]
+                           for n in gathers), gathers
+    assert any("_splits1_" not in n for n in gathers) and any("_splits1_" in n for n in gathers), gathers
     assert any(specs[n]["SEEN_PER_KEY"] for n in by_load), by_load
     # the hoisted loop: in the list at one split (16-bit caches) and with splits (FP8 too), with and without whole
     # tiles, each beside its control
@@ -1070,7 +1123,7 @@ def test_fast_fp8_decode_at_d128_takes_v52_tiles_and_runs_its_page_gathers_witho
     assert config(16, batch=64, capacity=128, splits=1) == (64, 4, 4, 1, False, False)  # 2 tiles: masked
     # not: secure mode, 16-bit caches, D 64
     assert config(16, secure=True)[:3] == (128, 4, 3) and config(16, secure=True)[5] is False
-    assert config(16, batch=64, capacity=16384, secure=True)[:3] == (64, 4, 3)
+    assert config(16, batch=64, capacity=16384, secure=True)[:3] == (128, 4, 3)  # v52's secure FP8 gather
     assert config(0, fp8=False)[:4] == (128, 8, 3, 16)
     assert config(16, d=64)[:4] == (128, 4, 5, 33) and config(16, d=64)[4:] == (False, False)
 

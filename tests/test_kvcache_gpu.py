@@ -93,9 +93,14 @@ def test_secure_paged_decode_at_one_split_matches_the_reference_and_ignores_stal
     # hoisted loop, a tile per page)
     from flashcore.launch.triton_decode import hoisted
 
+    # v52: FP8 below page 64 on 128-key tiles gathering their pages, V by K's offsets, V's select from loaded tensors
+    from flashcore.launch.triton_decode import gather_kv_offsets
+
     plan = seen[-1]
-    assert plan.config.block_n == (64 if fp8 or page == 64 else 128 if page >= 128 else 32), plan.config
-    assert seen_by_load(plan.shape, plan.config) == (not fp8), plan.config
+    assert plan.config.block_n == (128 if fp8 and page < 64 else 64 if fp8 or page == 64 else 128 if page >= 128
+                                   else 32), plan.config
+    assert seen_by_load(plan.shape, plan.config) == (not fp8 or page < 64), plan.config
+    assert gather_kv_offsets(plan.shape, plan.config) == (fp8 and page < 64), plan.config
     assert hoisted(plan.shape, plan.config) == (not fp8 and page >= 32), plan.config
     ro = R.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table, **descale)
     assert not torch.isnan(outs[0]).any() and rel_err(outs[0], ro) < 1e-2

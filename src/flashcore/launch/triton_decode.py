@@ -42,6 +42,8 @@ class DecodeConfig:
     seen_by_load: bool | None = None  # secure: V's select from loaded tensors (seen_by_load); None: the policy
     hoisted: bool | None = None  # secure: per-key offsets out of the key loop (hoisted); None: the policy
     seen_per_key: bool | None = None  # secure: V's select reads each key's position every tile (seen_per_key)
+    whole_tiles: bool | None = None  # secure: loads without a mask where the capacity is whole tiles (whole_tiles)
+    gather_kv_offsets: bool | None = None  # secure FP8 gathers: V by K's offsets (gather_kv_offsets)
 
 
 @dataclass(frozen=True)
@@ -200,6 +202,8 @@ def seen_by_load(shape: DecodeShape, cfg: DecodeConfig) -> bool:
         return False
     if not (shape.secure and not shape.appended and not shape.fp32 and cfg.block_m == 16 and shape.head_dim == 128):
         return False
+    if gather_kv_offsets(shape, cfg):  # v52: the secure FP8 gather, as an AND (_keep_rows)
+        return True
     if cfg.num_splits > 1:  # v49: with splits, where the loop is hoisted, reading each key's position (seen_per_key)
         return hoisted(shape, cfg)
     return not (shape.fp8 and shape.paged)
@@ -261,10 +265,36 @@ def hoisted(shape: DecodeShape, cfg: DecodeConfig) -> bool:
             and (cfg.num_splits > 1 or not shape.fp8 or not shape.paged))
 
 
+def gather_kv_offsets(shape: DecodeShape, cfg: DecodeConfig) -> bool:
+    """Whether the secure FP8 page gather (a page index per key: its tiles span pages, so the loop is not hoisted)
+    addresses V's tile by K's per-key offsets (when K and V have the same strides) instead of computing them again,
+    as the fast path does (``SAME_KV``); the policy pairs it with copies without a mask in whole tiles
+    (:func:`whole_tiles`) and V's select from loaded tensors as an AND (:func:`seen_by_load`, ``_keep_rows``), which
+    keeps V's tile out of a shared-memory round trip (STS 14 -> 6 per 64-key tile, sm_90a).
+
+    The policy: D 128, 16-row query tiles, pages below 128 keys (pages 16, 32, 64 at 128-key tiles with splits; 16
+    and 32 at one split, where ``plan.decode.choose_config`` gives 128-key tiles too). CUDA-graph replays interleaved
+    with the fast form on one H200 (2026-11-30, docs/perf-notes.md v52.5-v52.7, every sequence full, secure / fast):
+    B64 16k page 16 0.69 -> **0.865** (726.8 -> 582.2 us; 64-key tiles 612.7; offsets and unmasked copies alone 0.74),
+    page 32 0.72 -> **0.90**, B1 64k page 16 0.71 -> **0.87** (60.7 -> 49.6), page 64 0.77 -> 0.90, 4k page 16
+    0.72 -> 0.84; outputs bit-equal to the form before at the same tiles. ``DecodeConfig.gather_kv_offsets`` forces it
+    either way, for measurements."""
+    gather = shape.paged and shape.page_size % cfg.block_n != 0
+    if not (shape.secure and shape.fp8 and gather and not hoisted(shape, cfg)):
+        return False
+    if cfg.gather_kv_offsets is not None:
+        return cfg.gather_kv_offsets
+    return (not shape.appended and not shape.fp32 and cfg.block_m == 16 and shape.head_dim == 128
+            and cfg.block_n == 128)
+
+
 def whole_tiles(shape: DecodeShape, cfg: DecodeConfig) -> bool:
     """Hoisted secure loads without a mask: every key tile lies inside the capacity (a public multiple of the tile)
     and every row's columns are the head dim's (no padding columns)."""
-    return hoisted(shape, cfg) and shape.capacity % cfg.block_n == 0 and block_d(shape.head_dim) == shape.head_dim
+    whole = shape.capacity % cfg.block_n == 0 and block_d(shape.head_dim) == shape.head_dim
+    if cfg.whole_tiles is not None:  # measurements: the secure loop's copies unmasked without the hoisted loop too
+        return cfg.whole_tiles and shape.secure and whole
+    return (hoisted(shape, cfg) or gather_kv_offsets(shape, cfg)) and whole
 
 
 def key_positions_needed(shape: DecodeShape, cfg: DecodeConfig) -> int:
@@ -292,7 +322,8 @@ def build_split(shape: DecodeShape, cfg: DecodeConfig, q, k_cache, v_cache, out,
         ASM=True, SAME_KV=k_cache.stride()[:3] == v_cache.stride()[:3], RETURN_LSE=shape.return_lse,
         PRECISION="ieee" if shape.fp32 else "tf32", PDL_TRIGGER=triggers_combine(shape, cfg),
         SEEN_BY_LOAD=seen_by_load(shape, cfg), HOISTED=hoisted(shape, cfg), WHOLE_TILES=whole_tiles(shape, cfg),
-        SEEN_PER_KEY=seen_per_key(shape, cfg))
+        SEEN_PER_KEY=seen_per_key(shape, cfg),
+        GATHER_KV_OFFSETS=gather_kv_offsets(shape, cfg) and k_cache.stride()[:3] == v_cache.stride()[:3])
     grid = (cfg.num_splits * query_tiles(shape, cfg), shape.batch * shape.num_heads_kv)
     return decode_split_kernel, grid, args, constexprs
 

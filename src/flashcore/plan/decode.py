@@ -162,7 +162,14 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
         # tiles, D <= 128): 64-row tiles at D 256 on two warps spill under a secret guard (the SASS gate)
         block_n = min(shape.page_size, 64, block_n)
         num_warps, num_stages = (2, 4) if block_n <= 32 else (8, 3)
-        if shape.page_size < 64 and (shape.fp8 or shape.page_size == 32):
+        if shape.page_size < 64 and shape.fp8 and d == 128:
+            # v52: 128-key tiles, 4 warps, 3 stages gathering their pages, V by K's offsets, unmasked copies, V's
+            # select from loaded tensors as an AND (launch.triton_decode.gather_kv_offsets). CUDA-graph replays
+            # interleaved with the fast form on one H200 (2026-11-30, docs/perf-notes.md v52.6-v52.7, 64x32/8 D128
+            # 16k, every sequence full): page 16 582.2 us against 726.8 (the 64-key form below; the new select on
+            # 64-key tiles 612.7, at 4 stages 606.8, on 8 warps 1001), page 32 560.0 against 700.5; fast 503.7 / 506.2
+            block_n, num_warps, num_stages = 128, 4, 3
+        elif shape.page_size < 64 and (shape.fp8 or shape.page_size == 32):
             # 64-key tiles gathering their 2 or 4 pages (a page index per key, by register loads since v37) instead of a
             # tile per page. CUDA-graph replays on the H200 (2026-11-29, docs/perf-notes.md v46, fast form in the
             # same run): FP8 B64 16k page 16 741.5 us against 972.8 (fast 589.1), page 32 709.6 against 753.0 (fast

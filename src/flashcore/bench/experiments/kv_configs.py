@@ -577,6 +577,63 @@ CONFIG_CASES = {
     "v52d_fp8_b8_16k_contig": ((8, 32, 8, 128, 16384, 1, 0, True), [CFG(16, 128, 8, 3, 2)]),
     "v52d_fp8_b8_16k_p16": ((8, 32, 8, 128, 16384, 1, 16, True),
                             [CFG(16, 128, 4, 5, 4, full_tiles=False, reg_pages=False)]),
+    # v52.5: secure FP8 page gathers (0.72 of v52's fast form at B64 16k page 16 in the suite at d9e8e20): V addressed
+    # by K's per-key offsets (658 -> 603 instructions per 64-key tile) and copies without masks in whole tiles (586),
+    # interleaved with the fast form
+    "v52e_fp8_b64_16k_p16": ((64, 32, 8, 128, 16384, 1, 16, True), []),
+    "v52e_secure_fp8_b64_16k_p16": ((64, 32, 8, 128, 16384, 1, 16, True, True),
+                                    [CFG(16, 64, 4, 3, 1, gather_kv_offsets=True),
+                                     CFG(16, 64, 4, 3, 1, gather_kv_offsets=True, whole_tiles=True),
+                                     CFG(16, 64, 4, 4, 1, gather_kv_offsets=True, whole_tiles=True),
+                                     CFG(16, 64, 4, 4, 1), CFG(16, 128, 4, 3, 1, gather_kv_offsets=True, whole_tiles=True)]),
+    "v52e_fp8_b1_64k_p16": ((1, 32, 8, 128, 65536, 1, 16, True), []),
+    "v52e_secure_fp8_b1_64k_p16": ((1, 32, 8, 128, 65536, 1, 16, True, True),
+                                   [CFG(16, 128, 4, 3, 33, gather_kv_offsets=True),
+                                    CFG(16, 128, 4, 3, 33, gather_kv_offsets=True, whole_tiles=True),
+                                    CFG(16, 64, 4, 3, 33, gather_kv_offsets=True, whole_tiles=True)]),
+    # v52.6: v52.5's secure FP8 gather (V by K's offsets, unmasked copies) with V's select from loaded tensors as an
+    # AND (_keep_rows, as the hoisted loop has it): the shared-memory round trip of V's tile gone (STS 14 -> 6 per
+    # 64-key tile; with splits 1,126 -> 986 instructions per 128-key tile)
+    "v52f_fp8_b64_16k_p16": ((64, 32, 8, 128, 16384, 1, 16, True), []),
+    "v52f_secure_fp8_b64_16k_p16": ((64, 32, 8, 128, 16384, 1, 16, True, True),
+                                    [CFG(16, 64, 4, 3, 1, gather_kv_offsets=True, whole_tiles=True),
+                                     CFG(16, 64, 4, 3, 1, gather_kv_offsets=True, whole_tiles=True, seen_by_load=True),
+                                     CFG(16, 64, 4, 4, 1, gather_kv_offsets=True, whole_tiles=True, seen_by_load=True),
+                                     CFG(16, 128, 4, 3, 1, gather_kv_offsets=True, whole_tiles=True, seen_by_load=True),
+                                     CFG(16, 32, 4, 3, 1, gather_kv_offsets=True, whole_tiles=True, seen_by_load=True)]),
+    "v52f_fp8_b64_16k_p32": ((64, 32, 8, 128, 16384, 1, 32, True), []),
+    "v52f_secure_fp8_b64_16k_p32": ((64, 32, 8, 128, 16384, 1, 32, True, True),
+                                    [CFG(16, 64, 4, 3, 1, gather_kv_offsets=True, whole_tiles=True, seen_by_load=True)]),
+    "v52f_fp8_b1_64k_p16": ((1, 32, 8, 128, 65536, 1, 16, True), []),
+    "v52f_secure_fp8_b1_64k_p16": ((1, 32, 8, 128, 65536, 1, 16, True, True),
+                                   [CFG(16, 128, 4, 3, 33, gather_kv_offsets=True, whole_tiles=True),
+                                    CFG(16, 128, 4, 3, 33, gather_kv_offsets=True, whole_tiles=True, seen_by_load=True),
+                                    CFG(16, 64, 4, 3, 33, gather_kv_offsets=True, whole_tiles=True, seen_by_load=True),
+                                    CFG(16, 128, 4, 4, 33, gather_kv_offsets=True, whole_tiles=True, seen_by_load=True)]),
+    "v52f_fp8_b1_64k_p64": ((1, 32, 8, 128, 65536, 1, 64, True), []),
+    "v52f_secure_fp8_b1_64k_p64": ((1, 32, 8, 128, 65536, 1, 64, True, True),
+                                   [CFG(16, 128, 4, 3, 33, gather_kv_offsets=True, whole_tiles=True, seen_by_load=True)]),
+    "v52f_fp8_b1_4k_p16": ((1, 32, 8, 128, 4096, 1, 16, True), []),
+    "v52f_secure_fp8_b1_4k_p16": ((1, 32, 8, 128, 4096, 1, 16, True, True),
+                                  [CFG(16, 128, 4, 3, 16, gather_kv_offsets=True, whole_tiles=True, seen_by_load=True)]),
+    # v52.7: around v52.6's winner (128-key tiles, 4 warps, 3 stages, V by K's offsets, unmasked copies, V's select
+    # from loaded tensors as an AND): B64 0.86 of fast at page 16, B1 64k 0.87
+    "v52g_fp8_b64_16k_p16": ((64, 32, 8, 128, 16384, 1, 16, True), []),
+    "v52g_secure_fp8_b64_16k_p16": ((64, 32, 8, 128, 16384, 1, 16, True, True),
+                                    [CFG(16, 128, 4, 3, 1, gather_kv_offsets=True, whole_tiles=True, seen_by_load=True),
+                                     CFG(16, 128, 4, 4, 1, gather_kv_offsets=True, whole_tiles=True, seen_by_load=True),
+                                     CFG(16, 128, 8, 3, 1, gather_kv_offsets=True, whole_tiles=True, seen_by_load=True),
+                                     CFG(16, 128, 4, 2, 1, gather_kv_offsets=True, whole_tiles=True, seen_by_load=True),
+                                     CFG(16, 256, 8, 3, 1, gather_kv_offsets=True, whole_tiles=True, seen_by_load=True)]),
+    "v52g_fp8_b64_16k_p32": ((64, 32, 8, 128, 16384, 1, 32, True), []),
+    "v52g_secure_fp8_b64_16k_p32": ((64, 32, 8, 128, 16384, 1, 32, True, True),
+                                    [CFG(16, 128, 4, 3, 1, gather_kv_offsets=True, whole_tiles=True, seen_by_load=True)]),
+    "v52g_fp8_b1_64k_p16": ((1, 32, 8, 128, 65536, 1, 16, True), []),
+    "v52g_secure_fp8_b1_64k_p16": ((1, 32, 8, 128, 65536, 1, 16, True, True),
+                                   [CFG(16, 128, 4, 3, 33, gather_kv_offsets=True, whole_tiles=True, seen_by_load=True),
+                                    CFG(16, 128, 8, 3, 16, gather_kv_offsets=True, whole_tiles=True, seen_by_load=True),
+                                    CFG(16, 128, 4, 3, 33, gather_kv_offsets=True, whole_tiles=True, seen_by_load=True,
+                                        seen_per_key=True)]),
     "b1_4k": ((1, 32, 8, 128, 4096, 1, 0, False),
               [CFG(16, 128, 8, 3, 8), CFG(16, 64, 4, 3, 16), CFG(16, 64, 4, 2, 32), CFG(16, 128, 4, 2, 16),
                CFG(16, 32, 4, 2, 32), CFG(16, 64, 8, 3, 16), CFG(16, 128, 8, 3, 4)]),
@@ -909,7 +966,9 @@ def interleaved(dev, names, rounds: int = 60, target_ms: float = 2.0) -> list:
                     for _ in range(reps):
                         fn()
                 label = "gluon prefill route (plan.prefill)" if plan.prefill is not None else str(plan.config)
-                entries.append(dict(case=name, cfg=label, auto=cfg is None, reps=reps, err=err, graph=g, times=[]))
+                # the plan and its call (whose output buffer the graph writes) live as long as the graph
+                entries.append(dict(case=name, cfg=label, auto=cfg is None, reps=reps, err=err, graph=g, times=[],
+                                    call=(plan, fn)))
             except Exception as e:
                 print(json.dumps(dict(case=name, cfg=str(cfg), error=f"{type(e).__name__}: {e}"[:300])), flush=True)
     torch.cuda.synchronize()
@@ -929,6 +988,7 @@ def interleaved(dev, names, rounds: int = 60, target_ms: float = 2.0) -> list:
     for e in entries:
         t = e.pop("times")
         e.pop("graph")
+        e.pop("call")
         e.update(us=statistics.median(t), us_p10=sorted(t)[len(t) // 10], us_p90=sorted(t)[(9 * len(t)) // 10],
                  rounds=len(t))
         rows.append(e)

@@ -312,6 +312,7 @@ def decode_split_kernel(
     HOISTED: tl.constexpr = False,
     WHOLE_TILES: tl.constexpr = False,
     SEEN_PER_KEY: tl.constexpr = False,
+    GATHER_KV_OFFSETS: tl.constexpr = False,
 ):
     if PDL_TRIGGER and SPLIT and ASM:
         # the combine step, a programmatic dependent of this one, may launch now: its programs start and wait
@@ -416,6 +417,11 @@ def decode_split_kernel(
                     koff = _tile_base(b, n0, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, skp, skt, PAGE_SIZE, PAGED,
                                       HAS_BATCH_IDX, ASM, REG_PAGES) + k_rows
                     kp = KP + koff
+                elif GATHER_KV_OFFSETS:  # one per-key address computation for K and V (v52)
+                    koff = _key_offsets(b, hkv, n0, offs_n, tl.arange(0, BLOCK_D // 2), PAGE_TABLE, stride_pt,
+                                        BATCH_IDX, num_pages, capacity, skp, skt, skh, PAGE_SIZE, BLOCK_N, PAGED,
+                                        HAS_BATCH_IDX, ASM, REG_PAGES)
+                    kp = KP + koff
                 else:
                     kp = _key_pointers(KP, b, hkv, n0, offs_n, tl.arange(0, BLOCK_D // 2), PAGE_TABLE, stride_pt,
                                        BATCH_IDX, num_pages, capacity, skp, skt, skh, PAGE_SIZE, BLOCK_N, PAGED,
@@ -462,6 +468,8 @@ def decode_split_kernel(
                     else:
                         vp = VP + _tile_base(b, n0, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, svp, svt, PAGE_SIZE,
                                              PAGED, HAS_BATCH_IDX, ASM, REG_PAGES) + v_rows
+                elif GATHER_KV_OFFSETS:
+                    vp = VP + koff
                 else:
                     vp = _key_pointers(VP, b, hkv, n0, offs_n, tl.arange(0, BLOCK_D // 2), PAGE_TABLE, stride_pt,
                                        BATCH_IDX, num_pages, capacity, svp, svt, svh, PAGE_SIZE, BLOCK_N, PAGED,
@@ -476,7 +484,7 @@ def decode_split_kernel(
                 # counting the visible ones in a second product ran slower still (docs/perf-notes.md v24.4)
                 if SEEN_BY_LOAD:
                     seen_v = _v_rows_seen(KEY_POS, CACHE_SEQLENS, LEFTPAD, b, n0, offs_n0, HAS_LEFTPAD, SEEN_PER_KEY)
-                if SEEN_BY_LOAD and HOISTED:
+                if SEEN_BY_LOAD and (HOISTED or GATHER_KV_OFFSETS):
                     vt = _keep_rows(vt, seen_v, ASM)
                 elif SEEN_BY_LOAD:
                     vt = tl.where(seen_v[:, None], vt, 0)
