@@ -58,7 +58,8 @@ SECURE_SUBSET = (
     "secure_gluon_ws_fp16_d64_causal_s1024_gqa4_lse_2wg_keylens_page32_vprepass",
     "secure_prepass_paged16_bf16_d128_s1024_hkv8",
     # the KV-cache kernels: a paged cache (the form the gate once flagged through the pipeliner's shared-memory copy
-    # of the page index), FP8 with fp16 q, a left-padded contiguous cache in fp32, and the combine step
+    # of the page index), FP8 with fp16 q (since v52 the secure FP8 page gather: V by K's offsets, V's select from
+    # loaded tensors), a left-padded contiguous cache in fp32, and the combine step
     "secure_decode_bf16_qbf16_d128_paged16_sq1_causal_splits7_",
     "secure_decode_fp8_qfp16_d128_paged64_sq4_splits3_",
     "secure_decode_fp32_qfp32_d128_leftpad_sq1_causal_splits1_",
@@ -74,9 +75,10 @@ prefixes, negative = json.loads(sys.argv[1])
 secure = audit_specs(secure=True)
 fast = audit_specs(secure=False)
 fns = sorted({getattr(s["fn"], "__name__", str(s["fn"])) for s in secure})
-def pick(specs, prefix):  # (a "_pdl" or "_vprepass" form only where the prefix names one)
+def pick(specs, prefix):  # (a "_pdl", "_vprepass" or "_vscalars" form only where the prefix names one)
     hits = [s for s in specs if s["name"].startswith(prefix) and ("_pdl" in prefix or not s["name"].endswith("_pdl"))
-            and ("_vprepass" in prefix or "_vprepass" not in s["name"])]
+            and ("_vprepass" in prefix or "_vprepass" not in s["name"])
+            and ("_vscalars" in prefix or not s["name"].endswith("_vscalars"))]
     return [h["name"] for h in hits], hits[:1]
 chosen, names = [], {}
 for p in prefixes:

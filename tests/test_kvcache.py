@@ -796,6 +796,26 @@ def test_secure_v_select_from_loaded_tensors_gives_the_scalar_select_bit_for_bit
             assert not torch.isnan(o1).any() and not torch.isinf(o1).any(), what
 
 
+def test_secure_fp8_gather_with_v_strides_of_its_own_keeps_the_form_before_v52():
+    """v52's secure FP8 gather addresses V by K's offsets, so a V with strides of its own (a view into a wider
+    buffer) cannot take it: the launch falls back to the form before (V's own offsets, masked copies, V's select on
+    scalars), not to v52's loaded-tensor select without K's offsets, a form the SASS gate's list does not hold."""
+    from flashcore.launch.triton_decode import DecodeConfig, DecodeShape, build_split
+
+    shape = DecodeShape(batch=2, seqlen_q=1, num_heads_q=32, num_heads_kv=8, head_dim=128, page_size=16,
+                        capacity=1024, num_pages=130, paged=True, packed=False, appended=False, has_batch_idx=False,
+                        has_leftpad=False, causal=True, secure=True, fp8=True, return_lse=False, fp32=False, scale=0.1)
+    q = torch.empty(2, 1, 32, 128, dtype=torch.bfloat16, device="meta")
+    kc = torch.empty(130, 16, 8, 128, dtype=torch.float8_e4m3fn, device="meta")
+    own = torch.empty(130, 16, 9, 128, dtype=torch.float8_e4m3fn, device="meta")[:, :, 1:]
+    for splits in (1, 7):
+        cfg = DecodeConfig(16, 128, 4, 3, splits)
+        ce = {v: build_split(shape, cfg, q, kc, vc, q, 64)[3] for v, vc in (("same", kc), ("own", own))}
+        assert ce["same"]["GATHER_KV_OFFSETS"] and ce["same"]["SEEN_BY_LOAD"] and ce["same"]["WHOLE_TILES"]
+        assert not (ce["own"]["GATHER_KV_OFFSETS"] or ce["own"]["SEEN_BY_LOAD"] or ce["own"]["WHOLE_TILES"]), ce["own"]
+        assert not ce["own"]["SAME_KV"] and not ce["own"]["HOISTED"]
+
+
 @kernel
 @pytest.mark.parametrize("splits", [1, 2])
 def test_secure_fp8_gather_with_v_by_k_offsets_and_unmasked_copies_gives_the_same_bits(splits, gen):

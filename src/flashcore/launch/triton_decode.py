@@ -5,7 +5,7 @@ from public shapes only; the planner (``plan/decode.py``) and the audit's specs 
 compiles exactly what runs. Pointer arguments come first, in the order of the ``*_POINTERS`` tuples."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -289,8 +289,9 @@ def gather_kv_offsets(shape: DecodeShape, cfg: DecodeConfig) -> bool:
 
 
 def whole_tiles(shape: DecodeShape, cfg: DecodeConfig) -> bool:
-    """Hoisted secure loads without a mask: every key tile lies inside the capacity (a public multiple of the tile)
-    and every row's columns are the head dim's (no padding columns)."""
+    """Secure loads without a mask, in the hoisted loop and in v52's FP8 gather (:func:`gather_kv_offsets`): every key
+    tile lies inside the capacity (a public multiple of the tile) and every row's columns are the head dim's (no
+    padding columns)."""
     whole = shape.capacity % cfg.block_n == 0 and block_d(shape.head_dim) == shape.head_dim
     if cfg.whole_tiles is not None:  # measurements: the secure loop's copies unmasked without the hoisted loop too
         return cfg.whole_tiles and shape.secure and whole
@@ -305,6 +306,11 @@ def key_positions_needed(shape: DecodeShape, cfg: DecodeConfig) -> int:
 
 def build_split(shape: DecodeShape, cfg: DecodeConfig, q, k_cache, v_cache, out, page_table_stride: int):
     """(grid, scalar args, constexprs) of the split kernel (pointers are passed per call)."""
+    same_kv = k_cache.stride()[:3] == v_cache.stride()[:3]
+    if not same_kv and cfg.gather_kv_offsets is None and gather_kv_offsets(shape, cfg):
+        # V with strides of its own cannot take K's offsets: the secure FP8 gather's form before v52 at these tiles
+        # (V's own offsets, masked copies, V's select on scalars), not v52's select without them
+        cfg = replace(cfg, gather_kv_offsets=False)
     total_q = q.shape[0] if shape.packed else shape.batch * shape.seqlen_q
     part_rows = query_tiles(shape, cfg) * cfg.block_m
     args = (shape.scale * LOG2E, *_bsh(q, shape.packed),
@@ -319,11 +325,11 @@ def build_split(shape: DecodeShape, cfg: DecodeConfig, q, k_cache, v_cache, out,
         HAS_LEFTPAD=shape.has_leftpad, CAUSAL=shape.causal, SECURE=shape.secure, FP8=shape.fp8,
         Q_PRESCALE=fp8_q_prescale("fp16" if q.dtype == torch.float16 else "bf16") if shape.fp8 else 1.0,
         SPLIT=cfg.num_splits > 1, FULL_TILES=full_tiles(shape, cfg), REG_PAGES=reg_pages(shape, cfg),
-        ASM=True, SAME_KV=k_cache.stride()[:3] == v_cache.stride()[:3], RETURN_LSE=shape.return_lse,
+        ASM=True, SAME_KV=same_kv, RETURN_LSE=shape.return_lse,
         PRECISION="ieee" if shape.fp32 else "tf32", PDL_TRIGGER=triggers_combine(shape, cfg),
         SEEN_BY_LOAD=seen_by_load(shape, cfg), HOISTED=hoisted(shape, cfg), WHOLE_TILES=whole_tiles(shape, cfg),
         SEEN_PER_KEY=seen_per_key(shape, cfg),
-        GATHER_KV_OFFSETS=gather_kv_offsets(shape, cfg) and k_cache.stride()[:3] == v_cache.stride()[:3])
+        GATHER_KV_OFFSETS=gather_kv_offsets(shape, cfg) and same_kv)
     grid = (cfg.num_splits * query_tiles(shape, cfg), shape.batch * shape.num_heads_kv)
     return decode_split_kernel, grid, args, constexprs
 
