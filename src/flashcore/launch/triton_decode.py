@@ -107,6 +107,11 @@ def lse_strides(shape: DecodeShape, total_q: int) -> tuple:
     return shape.num_heads_q * shape.seqlen_q, shape.seqlen_q, 1
 
 
+def page_gather(shape: DecodeShape, cfg: DecodeConfig) -> bool:
+    """Whether the split kernel reads a page index per key: a paged cache whose pages do not hold whole key tiles."""
+    return shape.paged and shape.page_size % cfg.block_n != 0
+
+
 def full_tiles(shape: DecodeShape, cfg: DecodeConfig) -> bool:
     """Whether the fast split kernel runs the tiles every row sees whole in a loop without masks. Measured on H200
     (2026-11-26, same-run A/B against one masked loop, docs/perf-notes.md v22): Sq 512 against 8k 569 against
@@ -115,7 +120,7 @@ def full_tiles(shape: DecodeShape, cfg: DecodeConfig) -> bool:
     query tiles of 64 rows or more, an FP8 cache, or a page per tile (B64 8k page 128: 639 -> 491 us, v22.4)."""
     if cfg.full_tiles is not None:
         return cfg.full_tiles and not shape.secure
-    gather = shape.paged and shape.page_size % cfg.block_n != 0
+    gather = page_gather(shape, cfg)
     if unmasked_fp8_gather(shape, cfg):  # v52: with register page loads, the gather keeps its pipeline
         return True
     return not shape.secure and not gather and (cfg.block_m >= 64 or shape.fp8 or shape.paged)
@@ -141,7 +146,7 @@ def unmasked_fp8_gather(shape: DecodeShape, cfg: DecodeConfig) -> bool:
     CUDA-graph replays interleaved on one H200 (2026-11-30, docs/perf-notes.md v52, every sequence full), with
     ``plan.decode.choose_config``'s tiles: B64 16k page 16 506.5 us against 554.3 (contiguous 496.7), page 1 507.3
     against 578.7, page 32 508.2 against 560.1; B1 64k page 16 39.9 against 43.8 (contiguous 40.4)."""
-    gather = shape.paged and shape.page_size % cfg.block_n != 0
+    gather = page_gather(shape, cfg)
     return (gather and shape.fp8 and not shape.secure and not shape.fp32 and cfg.block_m == 16
             and shape.head_dim == 128 and cfg.num_warps == 4
             and not fp8_gather_few_tiles(shape, cfg.block_n, cfg.num_splits))
@@ -153,7 +158,7 @@ def reg_pages(shape: DecodeShape, cfg: DecodeConfig) -> bool:
     through shared memory from the secret K/V tiles beside it."""
     if cfg.reg_pages is not None:
         return cfg.reg_pages
-    gather = shape.paged and shape.page_size % cfg.block_n != 0
+    gather = page_gather(shape, cfg)
     # measured on H200 (2026-11-26, docs/perf-notes.md v22.4): a page per tile, B1 64k page 128 103 -> 72 us,
     # B64 8k page 128 639 -> 490 us (with full_tiles), Sq 512 page 128 781 -> 623 us; a per-key gather slower
     # (B64 8k page 16 497 -> 784 us, 128-key tiles on 8 warps). But a 16-bit gather on the 32- and 64-key tiles on 4
@@ -254,7 +259,7 @@ def hoisted(shape: DecodeShape, cfg: DecodeConfig) -> bool:
     split keeps its page-per-tile or gather forms). ``FLASHCORE_SECURE_HOISTED=off``
     (``plan.knobs``; an audit knob) keeps the loop as before at the same tiles (with splits, V's select on scalars
     too: the form before v49). ``DecodeConfig.hoisted`` forces it either way, for measurements."""
-    one_page = not shape.paged or shape.page_size % cfg.block_n == 0
+    one_page = not page_gather(shape, cfg)
     if not (shape.secure and one_page):
         return False
     if cfg.hoisted is not None:
@@ -279,7 +284,7 @@ def gather_kv_offsets(shape: DecodeShape, cfg: DecodeConfig) -> bool:
     page 32 0.72 -> **0.90**, B1 64k page 16 0.71 -> **0.87** (60.7 -> 49.6), page 64 0.77 -> 0.90, 4k page 16
     0.72 -> 0.84; outputs bit-equal to the form before at the same tiles. ``DecodeConfig.gather_kv_offsets`` forces it
     either way, for measurements."""
-    gather = shape.paged and shape.page_size % cfg.block_n != 0
+    gather = page_gather(shape, cfg)
     if not (shape.secure and shape.fp8 and gather and not hoisted(shape, cfg)):
         return False
     if cfg.gather_kv_offsets is not None:
