@@ -862,6 +862,47 @@ def test_secure_fp8_gather_with_v_by_k_offsets_and_unmasked_copies_gives_the_sam
 
 
 @kernel
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("Sq", [1, 3])
+def test_secure_fp8_gather_visibility_by_one_compare_gives_the_earlier_bits(causal, Sq, gen):
+    """v53: the secure FP8 gather (``GATHER_KV_OFFSETS``) decides a score's visibility by one unsigned compare, the
+    key's index from the first visible key against its row's count of visible keys, instead of the range, real-row
+    and causal compares of the form before. Against that form, every output and lse bit: causal and not, one and
+    three query tokens (a causal bound per row; rows past the real ones), NaN in every slot no sequence sees, and lengths the host never checked (past the capacity, negative); the first
+    against the float64 reference."""
+    from flashcore import _checks as C
+    from flashcore.launch.triton_decode import DecodeConfig
+    from flashcore.plan.decode import plan_kvcache
+
+    B, Hq, Hkv, D, cap = 4, 4, 2, 32, 128
+    L = lengths(cap - 3, 41, 3, 77)
+    k_log, v_log = rnd(B, cap, Hkv, D, gen=gen), rnd(B, cap, Hkv, D, gen=gen)
+    for b in range(B):
+        k_log[b, int(L[b]):], v_log[b, int(L[b]):] = float("nan"), float("nan")
+    kc, table = to_paged(k_log, 16, gen)
+    vc, _ = to_paged(v_log, 16, gen, pages=rnd(*kc.shape, gen=gen), table=table)
+    kc, vc = kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn)
+    q = rnd(B, Sq, Hq, D, dtype=torch.float16, gen=gen)
+    descale = dict(k_descale=torch.rand(B, Hkv, generator=gen) + 0.5, v_descale=torch.rand(B, Hkv, generator=gen) + 0.5)
+    a = C.check_kvcache(q, kc, vc, cache_seqlens=L, k=None, v=None, page_table=table, cache_batch_idx=None,
+                        cache_leftpad=None, cu_seqlens_q=None, max_seqlen_q=None, **descale, causal=causal,
+                        scale=None, num_splits=0, return_lse=True, out=None, secure=True, backend="triton")
+    res = []
+    for kv_off in (False, True):
+        plan = plan_kvcache(a, q, kc, vc, None, None, table, None, None, nan_like(q),
+                            config=DecodeConfig(16, 32, 4, 2, 2, gather_kv_offsets=kv_off))
+        assert plan.split.constexprs["GATHER_KV_OFFSETS"] is kv_off and plan.split.constexprs["CAUSAL"] is causal
+        for Lx in (L, lengths(cap + 40, -5, 1 << 30, 60)):
+            res.append(plan(q, kc, vc, dict(page_table=table, cache_seqlens=Lx, **descale), nan_like(q)))
+    ref, ref_lse = R.attention_with_kvcache(q, kc, vc, cache_seqlens=L, page_table=table, causal=causal,
+                                            return_lse=True, **descale)
+    check(res[0][0], res[0][1], ref, ref_lse, torch.float16, what=f"causal {causal} Sq {Sq}")
+    for i in range(2):
+        (o0, l0), (o1, l1) = res[i], res[i + 2]
+        assert torch.equal(o1.view(torch.int16), o0.view(torch.int16)) and torch.equal(l1, l0), i
+
+
+@kernel
 @pytest.mark.parametrize("layout", ["contiguous", "rows", "leftpad", "paged32"])
 @pytest.mark.parametrize("fp8", [False, True])
 @pytest.mark.parametrize("own_v_strides", [False, True])
@@ -1070,7 +1111,7 @@ def test_fast_16_bit_page_gathers_with_splits_take_64_key_tiles_and_register_pag
     10.0-10.2 (H200 graph replays, contiguous 66.9 and 8.6-8.7, docs/perf-notes.md v51). At one split, gathers over
     pages below 64 keys take 32-key tiles on 4 warps and 3 stages with register page loads (B64 8k page 16 1.0%
     behind contiguous instead of 4.0%). Page 1 with splits, FP8, secure mode and D 64 keep their own forms; page 64
-    with splits (a page per 64-key tile) runs its whole tiles unmasked; the gate's list has the new forms."""
+    with splits takes the contiguous cache's tiles since v53 (test_v53_...); the gate's list has the new forms."""
     import flashcore.plan.decode as plan_decode
     from flashcore.audit.specs import decode_specs
     from flashcore.launch.triton_decode import DecodeShape, full_tiles, reg_pages
@@ -1086,7 +1127,6 @@ def test_fast_16_bit_page_gathers_with_splits_take_64_key_tiles_and_register_pag
         return c.block_n, c.num_warps, c.num_stages, c.num_splits, reg_pages(shape, c), full_tiles(shape, c)
 
     assert config(16) == (64, 4, 3, 33, True, False) and config(32) == (64, 4, 3, 33, True, False)
-    assert config(64) == (64, 4, 3, 33, True, True)
     assert config(16, capacity=4096) == (64, 4, 3, 32, True, False)
     assert config(16, splits=4) == (64, 4, 3, 4, True, False)
     assert config(1) == (128, 8, 5, 16, False, False)  # page 1: the one-wave form (measured faster there)
@@ -1143,9 +1183,52 @@ def test_fast_fp8_decode_at_d128_takes_v52_tiles_and_runs_its_page_gathers_witho
     assert config(16, batch=64, capacity=128, splits=1) == (64, 4, 4, 1, False, False)  # 2 tiles: masked
     # not: secure mode, 16-bit caches, D 64
     assert config(16, secure=True)[:3] == (128, 4, 3) and config(16, secure=True)[5] is False
-    assert config(16, batch=64, capacity=16384, secure=True)[:3] == (128, 4, 3)  # v52's secure FP8 gather
+    assert config(16, batch=64, capacity=16384, secure=True)[:2] == (128, 4)  # v52's secure FP8 gather
     assert config(0, fp8=False)[:4] == (128, 8, 3, 16)
     assert config(16, d=64)[:4] == (128, 4, 5, 33) and config(16, d=64)[4:] == (False, False)
+
+
+def test_v53_page_64_with_splits_and_the_secure_fp8_gathers_stages(monkeypatch):
+    """v53's planner (H200 graph replays interleaved, docs/perf-notes.md v53): a fast 16-bit cache with splits over
+    pages of 64 keys takes the contiguous cache's tiles (128 keys, 8 warps, 3 stages, one program per SM), each tile's
+    two pages by register page loads, masked (B1 64k 69.0-69.3 us against 70.4-70.8; contiguous 67.1-67.3); at one
+    split, page 64 as before. The secure FP8 gather (V by K's offsets, one-compare visibility) takes 2 stages at one
+    split over pages of 16 keys (B64 16k 541.9-545.5 us against 576.8-579.0), 3 elsewhere (B64 page 32 682 against
+    567 on 2 stages; with splits, where 2 stages failed the counters gate at B1 4k, docs/security.md §5.20)."""
+    import flashcore.plan.decode as plan_decode
+    from flashcore.launch.triton_decode import DecodeShape, build_split
+
+    monkeypatch.setattr(plan_decode, "sm_count", lambda device: 132)
+
+    def plan(page, batch=1, capacity=65536, secure=False, fp8=False, splits=0):
+        shape = DecodeShape(batch=batch, seqlen_q=1, num_heads_q=32, num_heads_kv=8, head_dim=128, page_size=page,
+                            capacity=capacity, num_pages=batch * capacity // page, paged=True, packed=False,
+                            appended=False, has_batch_idx=False, has_leftpad=False, causal=True, secure=secure,
+                            fp8=fp8, return_lse=False, fp32=False, scale=0.1)
+        c = plan_decode.choose_config(shape, splits, torch.device("cpu"))
+        q = torch.empty(batch, 1, 32, 128, dtype=torch.bfloat16, device="meta")
+        kc = torch.empty(shape.num_pages, page, 8, 128, dtype=torch.float8_e4m3fn if fp8 else torch.bfloat16,
+                         device="meta")
+        ce = build_split(shape, c, q, kc, kc, q, capacity // page)[3]
+        return (c.block_n, c.num_warps, c.num_stages, c.num_splits), ce
+
+    for capacity, splits in ((65536, 16), (16384, 16), (4096, 16)):
+        cfg, ce = plan(64, capacity=capacity)
+        assert cfg == (128, 8, 3, splits), capacity
+        assert ce["REG_PAGES"] and not ce["FULL_TILES"] and ce["PAGED"] and ce["PAGE_SIZE"] == 64
+    assert plan(64, batch=8, capacity=16384)[0] == (128, 8, 3, 2)
+    assert plan(64, batch=64, capacity=8192)[0] == (128, 8, 3, 1) and not plan(64, batch=64, capacity=8192)[1]["REG_PAGES"]
+    assert plan(32)[0] == plan(16)[0] == (64, 4, 3, 33)  # pages below 64: v51's form
+    # the secure FP8 gather's stages
+    sec = dict(secure=True, fp8=True)
+    assert plan(16, batch=64, capacity=16384, **sec)[0] == (128, 4, 2, 1)
+    assert plan(16, batch=64, capacity=16384, **sec)[1]["GATHER_KV_OFFSETS"]
+    assert plan(32, batch=64, capacity=16384, **sec)[0] == (128, 4, 3, 1)
+    assert plan(8, batch=64, capacity=16384, **sec)[0] == (128, 4, 3, 1)  # not measured: as before
+    assert plan(16, capacity=4096, **sec)[0] == (128, 4, 3, 16)  # 2 tiles per split: 3 stages (gate 2)
+    assert plan(32, capacity=16384, **sec)[0] == (128, 4, 3, 33)
+    assert plan(16, **sec)[0] == (128, 4, 3, 33) and plan(16, batch=8, capacity=16384, **sec)[0] == (128, 4, 3, 4)
+    assert plan(16, batch=64, capacity=16384, fp8=True)[0][:3] == (64, 4, 4)  # the fast form as before
 
 
 @kernel
@@ -1170,6 +1253,29 @@ def test_fast_fp8_page_gather_without_masks_matches_the_reference(page, splits, 
     split = [dict(cx) for name, _, _, cx in launches[-1][1] if name == "decode_split_kernel"]
     assert len(split) == 1 and split[0]["FULL_TILES"] and split[0]["REG_PAGES"], split
     assert split[0]["BLOCK_N"] == (64 if splits == 1 else 128) and split[0]["PAGE_SIZE"] == page
+
+
+@kernel
+@pytest.mark.parametrize("splits,cap", [(0, 512), (3, 640)])
+def test_fast_16_bit_page_64_gather_on_128_key_tiles_matches_the_reference(splits, cap, launches, gen):
+    """v53's 16-bit gather with splits over pages of 64 keys (D 128, 32/8 heads) on the contiguous cache's 128-key
+    tiles, each tile's two pages by register page loads, masked: lengths 0, full and between (a tile with one of its
+    pages past the length, and one cut inside a page), NaN in the stale slots behind each length and shuffled pages,
+    against the float64 reference."""
+    B, Hq, Hkv, D = 4, 32, 8, 128
+    q = rnd(B, 1, Hq, D, dtype=torch.float16, gen=gen)
+    kc, vc = (rnd(B, cap, Hkv, D, dtype=torch.float16, gen=gen) for _ in range(2))
+    L = lengths(0, cap, cap - 37, 64 + 3)
+    for b in range(B):
+        kc[b, int(L[b]):], vc[b, int(L[b]):] = float("nan"), float("nan")
+    kc, table = to_paged(kc, 64, gen)
+    vc, _ = to_paged(vc, 64, gen, pages=rnd(*kc.shape, dtype=torch.float16, gen=gen), table=table)
+    (out, lse, _, _), (ref, ref_lse, _, _) = run_both(q, kc, vc, cache_seqlens=L, page_table=table,
+                                                      num_splits=splits)
+    check(out, lse, ref, ref_lse, torch.float16, what=f"splits {splits}")
+    split = [dict(cx) for name, _, _, cx in launches[-1][1] if name == "decode_split_kernel"]
+    assert len(split) == 1 and split[0]["REG_PAGES"] and not split[0]["FULL_TILES"], split
+    assert split[0]["BLOCK_N"] == 128 and split[0]["PAGE_SIZE"] == 64 and split[0]["SPLIT"]
 
 
 @pytest.fixture

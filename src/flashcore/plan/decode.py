@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import math
 import threading
+from dataclasses import replace
 
 import torch
 
 from ..launch.triton_decode import (COMBINE_STAGES, COMBINE_WARPS, DecodeConfig, DecodeShape, build_append,
-                                    build_combine, build_split, fp8_gather_few_tiles, key_positions_needed,
-                                    query_tiles, workspace_shapes)
+                                    build_combine, build_split, fp8_gather_few_tiles, gather_kv_offsets,
+                                    key_positions_needed, query_tiles, workspace_shapes)
 from ..runtime import KernelStep, capturing, cdiv, current_stream, device_arch, interpreting, sm_count
 from .build import clear_unowned_rows
 from .cache import PlanCache
@@ -58,6 +59,11 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
     if two_wave_gather:
         one_wave_gather = False
         block_n = 64
+    # v53: pages of 64 keys with splits take the contiguous cache's tiles instead (128 keys, 8 warps, 3 stages, one
+    # program per SM), each tile's two pages by register page loads. CUDA-graph replays interleaved on one H200
+    # (2026-11-30, docs/perf-notes.md v53, B1 32/8 64k, every sequence full, two runs): 69.3/69.0 us against
+    # 70.4/70.8 for v51's form (contiguous 67.1/67.3); unmasked whole tiles 71.4, 4 warps at 33 splits 77.0-79.4
+    pair_pages = two_wave_gather and shape.page_size == 64
     # v52: a fast FP8 cache at D 128 with splits (B1-like), any layout, on 128-key tiles, 4 warps, 3 stages, two
     # programs per SM. CUDA-graph replays interleaved replay by replay on one H200 (2026-11-30, docs/perf-notes.md
     # v52, kv_configs v52c, B1 32/8, every sequence full): 64k contiguous 40.4 us against 48.4 (128 keys, 8 warps, 3
@@ -69,13 +75,16 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
         # filling each SM once beat two programs per SM for a contiguous cache); per-key page gathers (secure, FP8)
         # hide their extra latency better with two programs per SM.
         programs = shape.batch * shape.num_heads_kv * cdiv(shape.rows, block_m)
-        target = sm_count(device) * (2 if gather and not one_wave_gather or fp8_two_per_sm else 1)
+        target = sm_count(device) * (2 if gather and not (one_wave_gather or pair_pages) or fp8_two_per_sm else 1)
         tiles = cdiv(shape.capacity, block_n)
         num_splits = max(1, min(target // programs, tiles // MIN_TILES_PER_SPLIT, 128))
     num_warps, num_stages = (4, 2) if shape.fp32 or gather and num_splits > 1 else (8, 3)
     if one_wave_gather and num_splits > 1:
         num_warps, num_stages = 8, 5
-    if two_wave_gather and num_splits > 1:
+    reg_pages = None
+    if two_wave_gather and num_splits > 1 and pair_pages:
+        block_n, num_warps, num_stages, reg_pages = 128, 8, 3, True
+    elif two_wave_gather and num_splits > 1:
         num_warps, num_stages = 4, 3
     elif two_wave_gather:  # one split after all (a short cache): the gather's one-split tiles below
         block_n = 128
@@ -206,7 +215,17 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
         # split form shows (the one before v49 too, p = 0.0067) that stayed under the gate's line at 3 stages
         # (docs/security.md §5.16)
         block_n, num_warps, num_stages = 128, 4, 3
-    return DecodeConfig(block_m, block_n, num_warps, num_stages, num_splits)
+    cfg = DecodeConfig(block_m, block_n, num_warps, num_stages, num_splits, reg_pages=reg_pages)
+    if gather_kv_offsets(shape, cfg) and block_n == 128 and num_warps == 4 and num_splits == 1 and shape.page_size == 16:
+        # v53: the secure FP8 gather (with its one-compare visibility) at one split over pages of 16 keys on 2 stages.
+        # CUDA-graph replays interleaved with the fast form on one H200 (2026-11-30, docs/perf-notes.md v53, 64x32/8
+        # D128 16k, every sequence full; 3 stages / 2 stages / fast, us): 576.8 / 541.9 / 515.7 and 579.0 / 545.5 /
+        # 517.8. Not page 32 (566.8 / 682.4), and not pages below 16 (not measured). Not with splits, where 2 stages
+        # ran faster only for splits of 4 tiles or fewer (B1 4k page 16 9.81 / 9.21 / 8.42; B1 64k page 16 47.5 /
+        # 54.7): the counters gate found the SMs' L2 read sectors higher for the inf_pad class at B1 4k (p = 0.00076,
+        # docs/security.md §5.20), the class effect of §5.15-§5.16 that 3 stages keep under the gate's line
+        cfg = replace(cfg, num_stages=2)
+    return cfg
 
 
 def combine_pdl(device: torch.device) -> bool:

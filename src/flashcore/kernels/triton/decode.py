@@ -190,6 +190,20 @@ def _v_rows_seen(KEY_POS, CACHE_SEQLENS, LEFTPAD, b, n0, offs_n0, HAS_LEFTPAD: t
 
 
 @triton.jit
+def _from_start(offs_n0, shift, ASM: tl.constexpr):
+    """``offs_n0 + shift`` as unsigned 32-bit values: each key's index from the sequence's first visible key, which
+    :func:`decode_split_kernel`'s one-compare visibility tests against a row's count. ``ASM`` (a GPU): an ``add.u32``
+    that LLVM cannot see through; the same sum in Triton became a 64-bit compare per score (LLVM compared the key's
+    sign-extended index, which the address arithmetic has, against a threshold per row: ``ISETP.GE.U32`` and its
+    ``.EX``)."""
+    if ASM:
+        return tl.inline_asm_elementwise("add.u32 $0, $1, $2;", "=r,r,r", [offs_n0, tl.broadcast_to(shift, offs_n0.shape)],
+                                         dtype=tl.uint32, is_pure=True, pack=1)
+    else:
+        return (offs_n0 + shift).to(tl.uint32, bitcast=True)
+
+
+@triton.jit
 def _keep_rows(t, seen, ASM: tl.constexpr):
     """A 16-bit tile's rows where ``seen``, zero (+0.0) elsewhere. ``ASM`` (a GPU): the bits ANDed with 0xFFFF or 0,
     two values per 32-bit instruction; ptxas makes of the same ``tl.where`` on 16-bit values a split of each
@@ -404,6 +418,14 @@ def decode_split_kernel(
             else:
                 k_rows = offs_n0.to(tl.int64)[:, None] * stride_kt + hkv * stride_kh + offs_d[None, :]
                 v_rows = offs_n0.to(tl.int64)[:, None] * stride_vt + hkv * stride_vh + offs_d[None, :]
+        if GATHER_KV_OFFSETS:
+            # each row's visible keys [start, last] as a count: a key is visible when key - start, unsigned, is below
+            # it (one compare per score instead of three, and 32-bit: ptxas had widened the absolute ones to 64
+            # bits). Causal: a real row's last key (see_to) is below L, so L's bound is implied.
+            if CAUSAL:
+                seen_count = tl.where(row_ok, tl.maximum(see_to - start + 1, 0), 0).to(tl.uint32)
+            else:
+                seen_count = tl.where(row_ok, tl.maximum(L - start, 0), 0).to(tl.uint32)
         for n0 in range(lo_s, hi_s, BLOCK_N):
             offs_n = n0 + offs_n0
             if HOISTED:  # 32-bit compares of the tile's own key indices against bounds moved by n0
@@ -448,12 +470,15 @@ def decode_split_kernel(
                 else:
                     kt = tl.load(kp, mask=load_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
                 s = tl.dot(q, tl.trans(kt), input_precision=PRECISION) * scale2
-            vis = key_ok[None, :] & row_ok[:, None]
-            if CAUSAL:
-                if HOISTED:
-                    vis = vis & (offs_n0[None, :] <= (see_to - n0)[:, None])
-                else:
-                    vis = vis & (offs_n[None, :] <= see_to[:, None])
+            if GATHER_KV_OFFSETS:  # one unsigned compare per score (v53): key - start below the row's count
+                vis = _from_start(offs_n0, n0 - start, ASM)[None, :] < seen_count[:, None]
+            else:
+                vis = key_ok[None, :] & row_ok[:, None]
+                if CAUSAL:
+                    if HOISTED:
+                        vis = vis & (offs_n0[None, :] <= (see_to - n0)[:, None])
+                    else:
+                        vis = vis & (offs_n[None, :] <= see_to[:, None])
             s = tl.where(vis, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
