@@ -1194,7 +1194,9 @@ def test_v53_page_64_with_splits_and_the_secure_fp8_gathers_stages(monkeypatch):
     two pages by register page loads, masked (B1 64k 69.0-69.3 us against 70.4-70.8; contiguous 67.1-67.3); at one
     split, page 64 as before. The secure FP8 gather (V by K's offsets, one-compare visibility) takes 2 stages at one
     split over pages of 16 keys (B64 16k 541.9-545.5 us against 576.8-579.0), 3 elsewhere (B64 page 32 682 against
-    567 on 2 stages; with splits, where 2 stages failed the counters gate at B1 4k, docs/security.md §5.20)."""
+    567 on 2 stages; with splits, where 2 stages failed the counters gate at B1 4k, docs/security.md §5.20). Secure
+    FP8 with splits where the loop is hoisted (not paged) counts its splits for two programs per SM (B1 64k 43.2 us
+    against 50.3; fast 41.6)."""
     import flashcore.plan.decode as plan_decode
     from flashcore.launch.triton_decode import DecodeShape, build_split
 
@@ -1229,6 +1231,14 @@ def test_v53_page_64_with_splits_and_the_secure_fp8_gathers_stages(monkeypatch):
     assert plan(32, capacity=16384, **sec)[0] == (128, 4, 3, 33)
     assert plan(16, **sec)[0] == (128, 4, 3, 33) and plan(16, batch=8, capacity=16384, **sec)[0] == (128, 4, 3, 4)
     assert plan(16, batch=64, capacity=16384, fp8=True)[0][:3] == (64, 4, 4)  # the fast form as before
+    # secure FP8 with splits where the loop is hoisted (not paged): splits for two programs per SM, as the fast form
+    for kw, splits in ((dict(secure=True, fp8=True), 33), (dict(fp8=True), 33), (dict(secure=True), 16)):
+        shape = DecodeShape(batch=1, seqlen_q=1, num_heads_q=32, num_heads_kv=8, head_dim=128, page_size=65536,
+                            capacity=65536, num_pages=1, paged=False, packed=False, appended=False,
+                            has_batch_idx=False, has_leftpad=False, causal=True, return_lse=False, fp32=False,
+                            scale=0.1, **dict(dict(secure=False, fp8=False), **kw))
+        c = plan_decode.choose_config(shape, 0, torch.device("cpu"))
+        assert (c.block_n, c.num_warps, c.num_stages, c.num_splits) == (128, 4 if kw.get("fp8") or kw.get("secure") else 8, 3, splits), kw
 
 
 @kernel

@@ -75,7 +75,17 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
         # filling each SM once beat two programs per SM for a contiguous cache); per-key page gathers (secure, FP8)
         # hide their extra latency better with two programs per SM.
         programs = shape.batch * shape.num_heads_kv * cdiv(shape.rows, block_m)
-        target = sm_count(device) * (2 if gather and not (one_wave_gather or pair_pages) or fp8_two_per_sm else 1)
+        # v53: secure FP8 decode with splits where each tile is one page (the hoisted loop: contiguous, rows, left
+        # pads) counts its splits for two programs per SM as the fast FP8 form does since v52 (its 4-warp programs
+        # ran one per SM). CUDA-graph replays interleaved on one H200 (2026-11-30, docs/perf-notes.md v53, B1 32/8 64k):
+        # 64k 43.2 us at 33 splits against 50.3 at 16 (fast 41.6), 16k 16.4 against 16.8 (fast 15.0); gate 2 at 8k (32
+        # splits): every instruction's count identical, the SMs' L2 requests and sectors within noise
+        # (docs/security.md §5.20). Not paged: the secure FP8 gathers count theirs that way already, and pages of 128
+        # keys or more fail gate 2 with splits (§5.17)
+        secure_fp8_two_per_sm = (shape.fp8 and shape.secure and not shape.paged and block_m == 16 and d == 128
+                                 and not shape.fp32 and not shape.appended)
+        target = sm_count(device) * (2 if gather and not (one_wave_gather or pair_pages) or fp8_two_per_sm
+                                     or secure_fp8_two_per_sm else 1)
         tiles = cdiv(shape.capacity, block_n)
         num_splits = max(1, min(target // programs, tiles // MIN_TILES_PER_SPLIT, 128))
     num_warps, num_stages = (4, 2) if shape.fp32 or gather and num_splits > 1 else (8, 3)
