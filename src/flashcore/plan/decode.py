@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import replace
 
 import torch
 
 from ..launch.triton_decode import (COMBINE_STAGES, COMBINE_WARPS, DecodeConfig, DecodeShape, build_append,
-                                    build_combine, build_split, fp8_gather_few_tiles, gather_kv_offsets,
-                                    key_positions_needed, query_tiles, workspace_shapes)
+                                    build_combine, build_split, fp8_gather_few_tiles, key_positions_needed,
+                                    query_tiles, workspace_shapes)
 from ..runtime import KernelStep, capturing, cdiv, current_stream, device_arch, interpreting, sm_count
 from .build import clear_unowned_rows
 from .cache import PlanCache
@@ -186,8 +185,15 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
             # select from loaded tensors as an AND (launch.triton_decode.gather_kv_offsets). CUDA-graph replays
             # interleaved with the fast form on one H200 (2026-11-30, docs/perf-notes.md v52.6-v52.7, 64x32/8 D128
             # 16k, every sequence full): page 16 582.2 us against 726.8 (the 64-key form below; the new select on
-            # 64-key tiles 612.7, at 4 stages 606.8, on 8 warps 1001), page 32 560.0 against 700.5; fast 503.7 / 506.2
-            block_n, num_warps, num_stages = 128, 4, 3
+            # 64-key tiles 612.7, at 4 stages 606.8, on 8 warps 1001), page 32 560.0 against 700.5; fast 503.7 / 506.2.
+            # v53: with its one-compare visibility, page 16 on 2 stages (same runs, 3 stages / 2 stages / fast, us):
+            # 576.8 / 541.9 / 515.7 and 579.0 / 545.5 / 517.8; not page 32 (566.8 / 682.4); not with splits, where 2
+            # stages ran faster only for splits of 4 tiles or fewer (B1 4k page 16 9.81 / 9.21 / 8.42; B1 64k page 16
+            # 47.5 / 54.7) and the counters gate found the SMs' L2 read sectors higher for the inf_pad class at B1 4k
+            # (p = 0.00076, docs/security.md §5.20), the class effect of §5.15-§5.16 that 3 stages keep under its line
+            # (the appended form, V by its own offsets, not measured: 3)
+            block_n, num_warps = 128, 4
+            num_stages = 2 if shape.page_size == 16 and not shape.appended else 3
         elif shape.page_size < 64 and (shape.fp8 or shape.page_size == 32):
             # 64-key tiles gathering their 2 or 4 pages (a page index per key, by register loads since v37) instead of a
             # tile per page. CUDA-graph replays on the H200 (2026-11-29, docs/perf-notes.md v46, fast form in the
@@ -225,17 +231,7 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
         # split form shows (the one before v49 too, p = 0.0067) that stayed under the gate's line at 3 stages
         # (docs/security.md §5.16)
         block_n, num_warps, num_stages = 128, 4, 3
-    cfg = DecodeConfig(block_m, block_n, num_warps, num_stages, num_splits, reg_pages=reg_pages)
-    if gather_kv_offsets(shape, cfg) and block_n == 128 and num_warps == 4 and num_splits == 1 and shape.page_size == 16:
-        # v53: the secure FP8 gather (with its one-compare visibility) at one split over pages of 16 keys on 2 stages.
-        # CUDA-graph replays interleaved with the fast form on one H200 (2026-11-30, docs/perf-notes.md v53, 64x32/8
-        # D128 16k, every sequence full; 3 stages / 2 stages / fast, us): 576.8 / 541.9 / 515.7 and 579.0 / 545.5 /
-        # 517.8. Not page 32 (566.8 / 682.4), and not pages below 16 (not measured). Not with splits, where 2 stages
-        # ran faster only for splits of 4 tiles or fewer (B1 4k page 16 9.81 / 9.21 / 8.42; B1 64k page 16 47.5 /
-        # 54.7): the counters gate found the SMs' L2 read sectors higher for the inf_pad class at B1 4k (p = 0.00076,
-        # docs/security.md §5.20), the class effect of §5.15-§5.16 that 3 stages keep under the gate's line
-        cfg = replace(cfg, num_stages=2)
-    return cfg
+    return DecodeConfig(block_m, block_n, num_warps, num_stages, num_splits, reg_pages=reg_pages)
 
 
 def combine_pdl(device: torch.device) -> bool:
