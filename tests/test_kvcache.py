@@ -816,20 +816,12 @@ def test_secure_fp8_gather_with_v_strides_of_its_own_keeps_the_form_before_v52()
         assert not ce["own"]["SAME_KV"] and not ce["own"]["HOISTED"]
 
 
-@kernel
-@pytest.mark.parametrize("splits", [1, 2])
-def test_secure_fp8_gather_with_v_by_k_offsets_and_unmasked_copies_gives_the_same_bits(splits, gen):
-    """v52's secure FP8 page gather (``DecodeConfig.gather_kv_offsets``: V's tile addressed by K's per-key offsets;
-    with it by default copies without a mask where the capacity is whole tiles, ``whole_tiles``, and V's select from
-    loaded tensors, ``seen_by_load``) against the form before it, each part alone too: every output and lse bit, page
-    16 under 32-key tiles (a gather), NaN in every slot no sequence sees, and lengths the host never checked (past the
-    capacity, negative)."""
+def _secure_fp8_paged16(L, cap, Sq, causal, gen, Hq=4, Hkv=2, D=32):
+    """A secure call's validated arguments over an FP8 cache in shuffled 16-key pages, NaN in every slot past each
+    length (``L``): (q, k_cache, v_cache, page_table, descales, validated arguments)."""
     from flashcore import _checks as C
-    from flashcore.launch.triton_decode import DecodeConfig
-    from flashcore.plan.decode import plan_kvcache
 
-    B, Hq, Hkv, D, Sq, cap = 3, 4, 2, 32, 1, 128
-    L = lengths(cap - 3, 41, 0)
+    B = L.shape[0]
     k_log, v_log = rnd(B, cap, Hkv, D, gen=gen), rnd(B, cap, Hkv, D, gen=gen)
     for b in range(B):
         k_log[b, int(L[b]):], v_log[b, int(L[b]):] = float("nan"), float("nan")
@@ -839,8 +831,25 @@ def test_secure_fp8_gather_with_v_by_k_offsets_and_unmasked_copies_gives_the_sam
     q = rnd(B, Sq, Hq, D, dtype=torch.float16, gen=gen)
     descale = dict(k_descale=torch.rand(B, Hkv, generator=gen) + 0.5, v_descale=torch.rand(B, Hkv, generator=gen) + 0.5)
     a = C.check_kvcache(q, kc, vc, cache_seqlens=L, k=None, v=None, page_table=table, cache_batch_idx=None,
-                        cache_leftpad=None, cu_seqlens_q=None, max_seqlen_q=None, **descale, causal=True, scale=None,
-                        num_splits=0, return_lse=True, out=None, secure=True, backend="triton")
+                        cache_leftpad=None, cu_seqlens_q=None, max_seqlen_q=None, **descale, causal=causal,
+                        scale=None, num_splits=0, return_lse=True, out=None, secure=True, backend="triton")
+    return q, kc, vc, table, descale, a
+
+
+@kernel
+@pytest.mark.parametrize("splits", [1, 2])
+def test_secure_fp8_gather_with_v_by_k_offsets_and_unmasked_copies_gives_the_same_bits(splits, gen):
+    """v52's secure FP8 page gather (``DecodeConfig.gather_kv_offsets``: V's tile addressed by K's per-key offsets;
+    with it by default copies without a mask where the capacity is whole tiles, ``whole_tiles``, and V's select from
+    loaded tensors, ``seen_by_load``) against the form before it, each part alone too: every output and lse bit, page
+    16 under 32-key tiles (a gather), NaN in every slot no sequence sees, and lengths the host never checked (past the
+    capacity, negative)."""
+    from flashcore.launch.triton_decode import DecodeConfig
+    from flashcore.plan.decode import plan_kvcache
+
+    cap = 128
+    L = lengths(cap - 3, 41, 0)
+    q, kc, vc, table, descale, a = _secure_fp8_paged16(L, cap, 1, True, gen)
     res = []
     for kv_off, whole, by_load in ((None, None, None), (True, False, False), (True, True, False), (True, None, True)):
         plan = plan_kvcache(a, q, kc, vc, None, None, table, None, None, nan_like(q),
@@ -870,23 +879,12 @@ def test_secure_fp8_gather_visibility_by_one_compare_gives_the_earlier_bits(caus
     and causal compares of the form before. Against that form, every output and lse bit: causal and not, one and
     three query tokens (a causal bound per row; rows past the real ones), NaN in every slot no sequence sees, and lengths the host never checked (past the capacity, negative); the first
     against the float64 reference."""
-    from flashcore import _checks as C
     from flashcore.launch.triton_decode import DecodeConfig
     from flashcore.plan.decode import plan_kvcache
 
-    B, Hq, Hkv, D, cap = 4, 4, 2, 32, 128
+    cap = 128
     L = lengths(cap - 3, 41, 3, 77)
-    k_log, v_log = rnd(B, cap, Hkv, D, gen=gen), rnd(B, cap, Hkv, D, gen=gen)
-    for b in range(B):
-        k_log[b, int(L[b]):], v_log[b, int(L[b]):] = float("nan"), float("nan")
-    kc, table = to_paged(k_log, 16, gen)
-    vc, _ = to_paged(v_log, 16, gen, pages=rnd(*kc.shape, gen=gen), table=table)
-    kc, vc = kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn)
-    q = rnd(B, Sq, Hq, D, dtype=torch.float16, gen=gen)
-    descale = dict(k_descale=torch.rand(B, Hkv, generator=gen) + 0.5, v_descale=torch.rand(B, Hkv, generator=gen) + 0.5)
-    a = C.check_kvcache(q, kc, vc, cache_seqlens=L, k=None, v=None, page_table=table, cache_batch_idx=None,
-                        cache_leftpad=None, cu_seqlens_q=None, max_seqlen_q=None, **descale, causal=causal,
-                        scale=None, num_splits=0, return_lse=True, out=None, secure=True, backend="triton")
+    q, kc, vc, table, descale, a = _secure_fp8_paged16(L, cap, Sq, causal, gen)
     res = []
     for kv_off in (False, True):
         plan = plan_kvcache(a, q, kc, vc, None, None, table, None, None, nan_like(q),
