@@ -1036,9 +1036,11 @@ def test_secure_decode_takes_the_select_from_loaded_tensors_only_in_the_audited_
     specs = {s["name"]: s["constexprs"] for s in decode_specs(True) if "combine" not in s["name"]}
     by_load = sorted(n for n, ce in specs.items() if ce["SEEN_BY_LOAD"])
     assert by_load and all("_d128_" in n and "_16x" in n for n in by_load), by_load
-    # FP8 paged at one split: only v52's gathers (pages below 64 on 128-key tiles, V by K's offsets, unmasked copies)
+    # FP8 paged at one split: only v52's gathers (pages below 64 on 128-key tiles, V by K's offsets, unmasked copies;
+    # page 16 on 2 stages since v53)
     fp8_paged_one = [n for n in by_load if "_fp8_" in n and "paged" in n and "_splits1_" in n]
-    assert fp8_paged_one and all("_16x128w4s3" in n and specs[n]["GATHER_KV_OFFSETS"] and specs[n]["WHOLE_TILES"]
+    assert fp8_paged_one and all(("_16x128w4s2" if "_paged16_" in n else "_16x128w4s3") in n
+                                 and specs[n]["GATHER_KV_OFFSETS"] and specs[n]["WHOLE_TILES"]
                                  for n in fp8_paged_one), fp8_paged_one
     assert all(int(re.search(r"_paged(\d+)_", n).group(1)) < 64 for n in fp8_paged_one), fp8_paged_one
     # with splits: hoisted (each key's position read per tile for a 16-bit cache) or v52's FP8 gathers; at one split
