@@ -901,6 +901,70 @@ def test_secure_fp8_gather_visibility_by_one_compare_gives_the_earlier_bits(caus
 
 
 @kernel
+@pytest.mark.parametrize("layout", ["contiguous", "leftpad", "page1", "paged16_full_tiles"])
+@pytest.mark.parametrize("causal,Sq", [(True, 3), (False, 1)])
+def test_fast_one_compare_visibility_gives_the_three_selects_bits(layout, causal, Sq, gen):
+    """v54: the fast path's masked key loops (``_attend_tiles``) with visibility by one unsigned compare per score
+    (``DecodeConfig.one_compare``: the key's index from the first visible key against its row's count of visible
+    keys, and one compare for what each copy loads) against the three selects (key range, real row, causal): every
+    output and lse bit, one and three query tokens (rows past the real ones, a causal bound per row), a left pad,
+    pages of one key, the masked loops around the unmasked one (``FULL_TILES``), one split and two, NaN in every slot
+    no sequence sees, and lengths the host never checked (past the capacity, negative); the first against the float64
+    reference. The planner takes it for 16-bit contiguous and page-1 caches at D 128 only (measured, perf-notes v54)."""
+    from flashcore import _checks as C
+    from flashcore.launch.triton_decode import DecodeConfig, DecodeShape, one_compare
+    from flashcore.plan.decode import plan_kvcache
+
+    B, Hq, Hkv, D, cap = 3, 4, 2, 32, 96
+    L = lengths(cap - 3, 41, 1)
+    kc, vc = (rnd(B, cap, Hkv, D, dtype=torch.float16, gen=gen) for _ in range(2))
+    for b in range(B):
+        kc[b, int(L[b]):], vc[b, int(L[b]):] = float("nan"), float("inf")
+    table = None
+    if layout in ("page1", "paged16_full_tiles"):
+        kc, table = to_paged(kc, 1 if layout == "page1" else 16, gen)
+        vc, _ = to_paged(vc, 1 if layout == "page1" else 16, gen, pages=nan_like(kc), table=table)
+    q = rnd(B, Sq, Hq, D, dtype=torch.float16, gen=gen)
+    leftpad = lengths(10, 40, 0) if layout == "leftpad" else None
+    a = C.check_kvcache(q, kc, vc, cache_seqlens=L, k=None, v=None, page_table=table, cache_batch_idx=None,
+                        cache_leftpad=leftpad, cu_seqlens_q=None, max_seqlen_q=None, k_descale=None, v_descale=None,
+                        causal=causal, scale=None, num_splits=0, return_lse=True, out=None, secure=False,
+                        backend="triton")
+    tensors = {n: x for n, x in dict(page_table=table, cache_leftpad=leftpad).items() if x is not None}
+    full = layout == "paged16_full_tiles"
+    res = {}
+    for splits in (1, 2):
+        for one in (False, True):
+            plan = plan_kvcache(a, q, kc, vc, None, None, table, None, leftpad, nan_like(q),
+                                config=DecodeConfig(16, 16, 4, 2, splits, full_tiles=full, one_compare=one))
+            ce = plan.split.constexprs
+            assert ce["ONE_COMPARE"] is one and ce["FULL_TILES"] is full and ce["CAUSAL"] is causal
+            for Lx in (L, lengths(cap + 40, -5, 1 << 30)):
+                res[splits, one, tuple(Lx.tolist())] = plan(q, kc, vc, dict(tensors, cache_seqlens=Lx), nan_like(q))
+    ref, ref_lse = R.attention_with_kvcache(q, kc, vc, cache_seqlens=L, page_table=table, cache_leftpad=leftpad,
+                                            causal=causal, return_lse=True)
+    check(*res[1, True, tuple(L.tolist())], ref, ref_lse, torch.float16, what=f"{layout} causal {causal} Sq {Sq}")
+    for (splits, one, Lx), (o, lse) in res.items():
+        o0, l0 = res[splits, False, Lx]
+        what = f"{layout} causal={causal} Sq={Sq} splits={splits} L={Lx} seed {gen.initial_seed()}"
+        assert torch.equal(o.view(torch.int16), o0.view(torch.int16)), what
+        assert torch.equal(lse.view(torch.int32), l0.view(torch.int32)), what
+
+    def shape(**kw):
+        base = dict(batch=1, seqlen_q=1, num_heads_q=32, num_heads_kv=8, head_dim=128, page_size=65536,
+                    capacity=65536, num_pages=1, paged=False, packed=False, appended=False, has_batch_idx=False,
+                    has_leftpad=False, causal=True, secure=False, fp8=False, return_lse=False, fp32=False, scale=0.1)
+        return DecodeShape(**dict(base, **kw))
+
+    cfg = DecodeConfig(16, 128, 8, 3, 16)
+    assert one_compare(shape(), cfg) and one_compare(shape(paged=True, page_size=1, num_pages=65536), cfg)
+    for s in (shape(paged=True, page_size=16, num_pages=4096), shape(fp8=True), shape(secure=True), shape(head_dim=64),
+              shape(fp32=True)):
+        assert not one_compare(s, cfg), s
+    assert not one_compare(shape(), DecodeConfig(64, 128, 8, 3, 1))
+
+
+@kernel
 @pytest.mark.parametrize("layout", ["contiguous", "rows", "leftpad", "paged32"])
 @pytest.mark.parametrize("fp8", [False, True])
 @pytest.mark.parametrize("own_v_strides", [False, True])

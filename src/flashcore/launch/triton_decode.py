@@ -44,6 +44,7 @@ class DecodeConfig:
     seen_per_key: bool | None = None  # secure: V's select reads each key's position every tile (seen_per_key)
     whole_tiles: bool | None = None  # secure: loads without a mask where the capacity is whole tiles (whole_tiles)
     gather_kv_offsets: bool | None = None  # secure FP8 gathers: V by K's offsets (gather_kv_offsets)
+    one_compare: bool | None = None  # fast masked loops: visibility by one compare per score (one_compare)
 
 
 @dataclass(frozen=True)
@@ -293,6 +294,28 @@ def gather_kv_offsets(shape: DecodeShape, cfg: DecodeConfig) -> bool:
             and cfg.block_n == 128)
 
 
+def one_compare(shape: DecodeShape, cfg: DecodeConfig) -> bool:
+    """Whether the fast path's masked key loops (``kernels.triton.decode._attend_tiles``) test visibility by one
+    unsigned compare per score (a key's index from the first visible key against its row's count of visible keys)
+    instead of three selects (key range, real row, causal), as the secure FP8 gather does since v53. Fewer
+    instructions everywhere (sm_90a, CPU compile, per masked loop: 16-bit contiguous 456 -> 408 with splits and 448 ->
+    400 at one split, page 1 555 -> 502, page 16 530 -> 481, page 64 508 -> 469), but not faster everywhere.
+
+    The policy: a 16-bit cache, D 128, 16-row query tiles, contiguous or pages of one key. CUDA-graph replays
+    interleaved on one H200 (2026-11-30, docs/perf-notes.md v54, B 32/8 heads, every sequence full, two runs, against
+    the three selects): B1 64k page 1 70.3 / 70.7 us against 72.5 / 72.6, B1 4k contiguous 8.60 / 8.62 against 8.74
+    / 8.71, B1 64k contiguous 67.0 / 67.0 against 66.9 / 67.5, B8 16k and B64 8k contiguous within 0.1%; slower
+    where each key's page is gathered from a larger page (B1 64k page 16 70.5-71.0 against 69.9-70.6, B8 16k page 16
+    +1.1%, B64 8k page 16 +0.4-0.6%) and for FP8 caches (B64 16k page 16 +2.3%, B1 64k +0.6-1.8%), whose masked loops
+    run few tiles. ``DecodeConfig.one_compare`` forces it either way, for measurements."""
+    if shape.secure:
+        return False
+    if cfg.one_compare is not None:
+        return cfg.one_compare
+    return (not (shape.fp8 or shape.fp32) and shape.head_dim == 128 and cfg.block_m == 16
+            and (not shape.paged or shape.page_size == 1))
+
+
 def whole_tiles(shape: DecodeShape, cfg: DecodeConfig) -> bool:
     """Secure loads without a mask, in the hoisted loop and in v52's FP8 gather (:func:`gather_kv_offsets`): every key
     tile lies inside the capacity (a public multiple of the tile) and every row's columns are the head dim's (no
@@ -334,7 +357,7 @@ def build_split(shape: DecodeShape, cfg: DecodeConfig, q, k_cache, v_cache, out,
         PRECISION="ieee" if shape.fp32 else "tf32", PDL_TRIGGER=triggers_combine(shape, cfg),
         SEEN_BY_LOAD=seen_by_load(shape, cfg), HOISTED=hoisted(shape, cfg), WHOLE_TILES=whole_tiles(shape, cfg),
         SEEN_PER_KEY=seen_per_key(shape, cfg),
-        GATHER_KV_OFFSETS=gather_kv_offsets(shape, cfg) and same_kv)
+        GATHER_KV_OFFSETS=gather_kv_offsets(shape, cfg) and same_kv, ONE_COMPARE=one_compare(shape, cfg))
     grid = (cfg.num_splits * query_tiles(shape, cfg), shape.batch * shape.num_heads_kv)
     return decode_split_kernel, grid, args, constexprs
 

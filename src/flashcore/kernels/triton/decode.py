@@ -221,15 +221,20 @@ def _keep_rows(t, seen, ASM: tl.constexpr):
 
 
 @triton.jit
-def _attend_tiles(q, q_hi, m_i, l_i, acc, acc_hi, lo, hi, gap, start, L, see_to, row_ok, scale2, KC, VC, b, hkv,
-                  offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt, stride_kh, stride_vp,
-                  stride_vt, stride_vh, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                  PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, CAUSAL: tl.constexpr, FP8: tl.constexpr,
-                  PRECISION: tl.constexpr, MASKED: tl.constexpr, BLOCK_D: tl.constexpr, gap_at, SKIP: tl.constexpr,
-                  ASM: tl.constexpr, REG_PAGES: tl.constexpr, SAME_KV: tl.constexpr):
+def _attend_tiles(q, q_hi, m_i, l_i, acc, acc_hi, lo, hi, gap, start, L, see_to, row_ok, key_count, seen_count, scale2,
+                  KC, VC, b, hkv, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt,
+                  stride_kh, stride_vp, stride_vt, stride_vh, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                  PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, CAUSAL: tl.constexpr,
+                  FP8: tl.constexpr, PRECISION: tl.constexpr, MASKED: tl.constexpr, BLOCK_D: tl.constexpr, gap_at,
+                  SKIP: tl.constexpr, ASM: tl.constexpr, REG_PAGES: tl.constexpr, SAME_KV: tl.constexpr,
+                  ONE_COMPARE: tl.constexpr):
     """Online softmax over the key tiles ``lo, lo + BLOCK_N, ... < hi``. ``SKIP``: a tile at or past ``gap_at``
     is moved ``gap`` keys on (the masked loop jumps the unmasked tiles). ``MASKED``: visibility (range, causal,
     real rows) enters by select; without it the caller guarantees every key of every tile visible to every row.
+    ``ONE_COMPARE`` (``launch.triton_decode.one_compare``): visibility by one unsigned compare per score, as the
+    secure FP8 gather's since v53: a key's index from ``start`` (:func:`_from_start`) below its row's ``seen_count``,
+    and a key loaded when that index is below ``key_count`` (the keys in ``[start, L)``). Otherwise the key range
+    (``start``, ``L``), the real rows (``row_ok``) and, causal, each row's last key (``see_to``) as three selects.
     ``FP8``: ``q``/``q_hi``, ``acc``/``acc_hi`` hold the even and the odd head-dim columns (:func:`_widen_fp8_pairs`).
     ``SAME_KV``: K and V have the same strides, so V's tile is addressed by K's offsets (a page gather's per-key
     address arithmetic once per tile, not twice)."""
@@ -249,7 +254,10 @@ def _attend_tiles(q, q_hi, m_i, l_i, acc, acc_hi, lo, hi, gap, start, L, see_to,
         if SKIP:
             n0 = tl.where(t0 >= gap_at, t0 + gap, t0)
         offs_n = n0 + offs_n0
-        if MASKED:
+        if MASKED and ONE_COMPARE:
+            from_start = _from_start(offs_n0, n0 - start, ASM)
+            key_ok = from_start < key_count
+        elif MASKED:
             key_ok = (offs_n >= start) & (offs_n < L)
         koff = _key_offsets(b, hkv, n0, offs_n, offs_dv, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity,
                             stride_kp, stride_kt, stride_kh, PAGE_SIZE, BLOCK_N, PAGED, HAS_BATCH_IDX, ASM, REG_PAGES)
@@ -266,7 +274,9 @@ def _attend_tiles(q, q_hi, m_i, l_i, acc, acc_hi, lo, hi, gap, start, L, see_to,
                        input_precision=PRECISION) * scale2
         else:
             s = tl.dot(q, tl.trans(kt), input_precision=PRECISION) * scale2
-        if MASKED:
+        if MASKED and ONE_COMPARE:
+            s = tl.where(from_start[None, :] < seen_count[:, None], s, float("-inf"))
+        elif MASKED:
             vis = key_ok[None, :] & row_ok[:, None]
             if CAUSAL:
                 vis = vis & (offs_n[None, :] <= see_to[:, None])
@@ -327,6 +337,7 @@ def decode_split_kernel(
     WHOLE_TILES: tl.constexpr = False,
     SEEN_PER_KEY: tl.constexpr = False,
     GATHER_KV_OFFSETS: tl.constexpr = False,
+    ONE_COMPARE: tl.constexpr = False,
 ):
     if PDL_TRIGGER and SPLIT and ASM:
         # the combine step, a programmatic dependent of this one, may launch now: its programs start and wait
@@ -410,6 +421,12 @@ def decode_split_kernel(
         acc_hi = tl.zeros([1, 1], dtype=tl.float32)  # unused
     offs_n0 = tl.arange(0, BLOCK_N)
     see_to = L - n_q + tok  # causal: the last key each row sees
+    if not SECURE:  # (ONE_COMPARE: _attend_tiles's visibility) each row's visible keys from start, and [start, L)'s
+        key_count = tl.maximum(L - start, 0).to(tl.uint32)
+        if CAUSAL:  # a real row's last key (see_to) is below L, so L's bound is implied
+            seen_count = tl.where(row_ok, tl.maximum(see_to - start + 1, 0), 0).to(tl.uint32)
+        else:
+            seen_count = tl.where(row_ok, key_count, 0)
     if SECURE:  # the form the SASS gate has passed (machine code pinned); HOISTED: v48's arithmetic, same tiles
         if HOISTED:  # each key's row within its tile, and its head and columns: the same for every tile
             if FP8:
@@ -546,10 +563,10 @@ def decode_split_kernel(
             m_i = m_new
     elif not FULL_TILES:  # one masked loop
         m_i, l_i, acc, acc_hi = _attend_tiles(
-            q, q_hi, m_i, l_i, acc, acc_hi, lo_s, hi_s, 0, start, L, see_to, row_ok, scale2, KC, VC, b, hkv, offs_d,
-            PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt,
-            stride_vh, HEAD_DIM, BLOCK_N, PAGE_SIZE, PAGED, HAS_BATCH_IDX, CAUSAL, FP8, PRECISION, True, BLOCK_D, 0,
-            False, ASM, REG_PAGES, SAME_KV)
+            q, q_hi, m_i, l_i, acc, acc_hi, lo_s, hi_s, 0, start, L, see_to, row_ok, key_count, seen_count, scale2, KC,
+            VC, b, hkv, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt, stride_kh,
+            stride_vp, stride_vt, stride_vh, HEAD_DIM, BLOCK_N, PAGE_SIZE, PAGED, HAS_BATCH_IDX, CAUSAL, FP8, PRECISION,
+            True, BLOCK_D, 0, False, ASM, REG_PAGES, SAME_KV, ONE_COMPARE)
     else:
         # Tiles every row of this query tile sees whole (inside [start, L) and, causal, at or below the first
         # row's last key) need no mask: a loop of their own, then the masked rest (the leading tile of a left
@@ -563,16 +580,16 @@ def decode_split_kernel(
         if n_q == 0:
             u_hi = u_lo
         m_i, l_i, acc, acc_hi = _attend_tiles(
-            q, q_hi, m_i, l_i, acc, acc_hi, u_lo, u_hi, 0, start, L, see_to, row_ok, scale2, KC, VC, b, hkv, offs_d,
-            PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt,
-            stride_vh, HEAD_DIM, BLOCK_N, PAGE_SIZE, PAGED, HAS_BATCH_IDX, CAUSAL, FP8, PRECISION, False, BLOCK_D, 0,
-            False, ASM, REG_PAGES, SAME_KV)
+            q, q_hi, m_i, l_i, acc, acc_hi, u_lo, u_hi, 0, start, L, see_to, row_ok, key_count, seen_count, scale2, KC,
+            VC, b, hkv, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt, stride_kh,
+            stride_vp, stride_vt, stride_vh, HEAD_DIM, BLOCK_N, PAGE_SIZE, PAGED, HAS_BATCH_IDX, CAUSAL, FP8, PRECISION,
+            False, BLOCK_D, 0, False, ASM, REG_PAGES, SAME_KV, ONE_COMPARE)
         # the masked tiles: those before u_lo, then those from u_hi on (one loop; the index jumps the gap)
         m_i, l_i, acc, acc_hi = _attend_tiles(
-            q, q_hi, m_i, l_i, acc, acc_hi, lo_s, hi_s - (u_hi - u_lo), u_hi - u_lo, start, L, see_to, row_ok, scale2,
-            KC, VC, b, hkv, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt, stride_kh,
-            stride_vp, stride_vt, stride_vh, HEAD_DIM, BLOCK_N, PAGE_SIZE, PAGED, HAS_BATCH_IDX, CAUSAL, FP8, PRECISION,
-            True, BLOCK_D, u_lo, True, ASM, REG_PAGES, SAME_KV)
+            q, q_hi, m_i, l_i, acc, acc_hi, lo_s, hi_s - (u_hi - u_lo), u_hi - u_lo, start, L, see_to, row_ok, key_count,
+            seen_count, scale2, KC, VC, b, hkv, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_kp,
+            stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, HEAD_DIM, BLOCK_N, PAGE_SIZE, PAGED, HAS_BATCH_IDX,
+            CAUSAL, FP8, PRECISION, True, BLOCK_D, u_lo, True, ASM, REG_PAGES, SAME_KV, ONE_COMPARE)
 
     if FP8:
         acc = tl.reshape(tl.join(acc, acc_hi), [BLOCK_M, BLOCK_D])  # columns 2j and 2j + 1 side by side
