@@ -871,6 +871,49 @@ def test_secure_fp8_gather_with_v_by_k_offsets_and_unmasked_copies_gives_the_sam
 
 
 @kernel
+@pytest.mark.parametrize("causal,Sq", [(True, 1), (False, 3)])
+def test_secure_16bit_gather_with_v_by_k_offsets_gives_the_earlier_bits(causal, Sq, gen):
+    """v57: the secure 16-bit page gather with splits on the FP8 gathers' form (``GATHER_KV_OFFSETS``: V's tile by K's
+    per-key offsets, unmasked copies in whole tiles, V's select from loaded tensors as an AND, one-compare
+    visibility), against v50's form at the same tiles (per-key pointers for K and V, masked copies, V's select on
+    scalars): every output and lse bit, page 16 under 32-key tiles, NaN in every slot no sequence sees, and lengths
+    the host never checked; the first against the float64 reference."""
+    from flashcore import _checks as C
+    from flashcore.launch.triton_decode import DecodeConfig
+    from flashcore.plan.decode import plan_kvcache
+
+    cap, Hq, Hkv, D = 128, 4, 2, 32
+    L = lengths(cap - 3, 41, 0)
+    B = L.shape[0]
+    k_log, v_log = rnd(B, cap, Hkv, D, dtype=torch.float16, gen=gen), rnd(B, cap, Hkv, D, dtype=torch.float16, gen=gen)
+    for b in range(B):
+        k_log[b, int(L[b]):], v_log[b, int(L[b]):] = float("nan"), float("nan")
+    kc, table = to_paged(k_log, 16, gen)
+    vc, _ = to_paged(v_log, 16, gen, pages=rnd(*kc.shape, dtype=torch.float16, gen=gen), table=table)
+    q = rnd(B, Sq, Hq, D, dtype=torch.float16, gen=gen)
+    a = C.check_kvcache(q, kc, vc, cache_seqlens=L, k=None, v=None, page_table=table, cache_batch_idx=None,
+                        cache_leftpad=None, cu_seqlens_q=None, max_seqlen_q=None, k_descale=None, v_descale=None,
+                        causal=causal, scale=None, num_splits=0, return_lse=True, out=None, secure=True,
+                        backend="triton")
+    res = []
+    # v57's form; its audit control (FLASHCORE_SECURE_V_SEEN=scalars: V's select on scalars); v50's form
+    for kv_off, by_load in ((True, True), (True, False), (False, False)):
+        plan = plan_kvcache(a, q, kc, vc, None, None, table, None, None, nan_like(q),
+                            config=DecodeConfig(16, 32, 4, 2, 2, gather_kv_offsets=kv_off, seen_by_load=by_load))
+        ce = plan.split.constexprs
+        assert (ce["GATHER_KV_OFFSETS"], ce["WHOLE_TILES"], ce["SEEN_BY_LOAD"]) == (kv_off, kv_off, by_load)
+        assert not ce["HOISTED"] and not ce["FP8"]
+        for Lx in (L, lengths(cap + 40, -5, 1 << 30)):
+            res.append(plan(q, kc, vc, dict(page_table=table, cache_seqlens=Lx), nan_like(q)))
+    ref, ref_lse = R.attention_with_kvcache(q, kc, vc, cache_seqlens=L, page_table=table, causal=causal,
+                                            return_lse=True)
+    check(res[0][0], res[0][1], ref, ref_lse, torch.float16, what=f"causal {causal} Sq {Sq}")
+    for i, (o, lse) in enumerate(res):
+        o0, l0 = res[i % 2]
+        assert torch.equal(o.view(torch.int16), o0.view(torch.int16)) and torch.equal(lse, l0), i
+
+
+@kernel
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("Sq", [1, 3])
 def test_secure_fp8_gather_visibility_by_one_compare_gives_the_earlier_bits(causal, Sq, gen):
@@ -1056,7 +1099,8 @@ def test_secure_decode_takes_the_select_from_loaded_tensors_only_in_the_audited_
     planner's forms of it, each beside its controls (``FLASHCORE_SECURE_V_SEEN=scalars``,
     ``FLASHCORE_SECURE_HOISTED=off``)."""
     from flashcore.audit.specs import decode_specs
-    from flashcore.launch.triton_decode import DecodeConfig, DecodeShape, hoisted, seen_by_load, seen_per_key
+    from flashcore.launch.triton_decode import (DecodeConfig, DecodeShape, gather_kv_offsets, hoisted, seen_by_load,
+                                                seen_per_key)
 
     def shape(**kw):
         base = dict(batch=64, seqlen_q=1, num_heads_q=32, num_heads_kv=8, head_dim=128, page_size=16, capacity=8192,
@@ -1088,6 +1132,14 @@ def test_secure_decode_takes_the_select_from_loaded_tensors_only_in_the_audited_
                  (shape(), DecodeConfig(64, 32, 4, 4, 1)), (shape(), DecodeConfig(16, 32, 4, 4, 7)),
                  (shape(page_size=64), split), (shape(fp32=True), one), (shape(head_dim=72, **contiguous), split)]:
         assert not seen_by_load(s, c) and not seen_per_key(s, c), (s, c)
+    # v57: the 16-bit gathers with splits (tiles over pages below the tile) take the FP8 gathers' form (V by K's
+    # offsets, the select from loaded tensors as an AND), reading the tile's start (not hoisted)
+    for s, c in [(shape(), DecodeConfig(16, 64, 4, 3, 7)), (shape(page_size=32), DecodeConfig(16, 64, 4, 3, 7))]:
+        assert gather_kv_offsets(s, c) and seen_by_load(s, c) and not seen_per_key(s, c) and not hoisted(s, c), (s, c)
+    # one split, another head dim, other tiles than v50's
+    for s, c in [(shape(), one), (shape(head_dim=64), DecodeConfig(16, 64, 4, 3, 7)),
+                 (shape(), DecodeConfig(16, 32, 4, 4, 7)), (shape(page_size=64), split)]:
+        assert not gather_kv_offsets(s, c), (s, c)
     assert not seen_per_key(shape(**contiguous), DecodeConfig(16, 128, 4, 3, 1))
     monkeypatch.setenv("FLASHCORE_SECURE_HOISTED", "off")  # the control: the loop before v48, and with splits the
     assert not hoisted(shape(**contiguous), DecodeConfig(16, 128, 4, 3, 1))  # select on scalars (before v49)
@@ -1111,12 +1163,16 @@ def test_secure_decode_takes_the_select_from_loaded_tensors_only_in_the_audited_
     # and for FP8 the tile's start read per tile
     assert any("_splits1_" not in n for n in by_load), by_load
     for n in by_load:
-        assert specs[n]["SEEN_PER_KEY"] is ("_splits1_" not in n and not n.startswith("secure_decode_fp8_")), n
+        assert specs[n]["SEEN_PER_KEY"] is ("_splits1_" not in n and specs[n]["HOISTED"]
+                                            and not n.startswith("secure_decode_fp8_")), n
         assert "_splits1_" in n or specs[n]["HOISTED"] or specs[n]["GATHER_KV_OFFSETS"], n
     gathers = sorted(n for n, ce in specs.items() if ce["GATHER_KV_OFFSETS"])
-    assert gathers and all(n.startswith("secure_decode_fp8_") and "_d128_" in n and not specs[n]["HOISTED"]
-                           for n in gathers), gathers
-    assert any("_splits1_" not in n for n in gathers) and any("_splits1_" in n for n in gathers), gathers
+    assert gathers and all("_d128_" in n and not specs[n]["HOISTED"] for n in gathers), gathers
+    fp8_gathers = [n for n in gathers if n.startswith("secure_decode_fp8_")]
+    assert any("_splits1_" not in n for n in fp8_gathers) and any("_splits1_" in n for n in fp8_gathers), gathers
+    # v57: 16-bit gathers only with splits
+    wide = [n for n in gathers if not n.startswith("secure_decode_fp8_")]
+    assert wide and all("_splits1_" not in n for n in wide), gathers
     assert any(specs[n]["SEEN_PER_KEY"] for n in by_load), by_load
     # the hoisted loop: in the list at one split (16-bit caches) and with splits (FP8 too), with and without whole
     # tiles, each beside its control

@@ -213,6 +213,49 @@ def test_secure_split_forms_give_the_same_bits(layout):
     assert not torch.isnan(o0).any() and rel_err(o0, ro) < 1e-2
 
 
+@pytest.mark.parametrize("page,cap,Sq", [(16, 4096, 1), (32, 4096, 1), (16, 1000, 1), (16, 4096, 4)])
+def test_secure_16bit_gathers_with_splits_by_k_offsets_give_the_same_bits(page, cap, Sq):
+    """Secure 16-bit decode whose tiles span pages (pages below the 64-key tile), with splits: since v57 V is addressed
+    by K's per-key offsets, the copies are unmasked in whole tiles and V's stale rows are zeroed by an AND of loaded
+    positions (``launch.triton_decode.gather_kv_offsets``), as the FP8 gathers since v52. Against v50's form at the
+    same tiles (``DecodeConfig.gather_kv_offsets=False``: per-key pointers for K and V, masked copies, V's select on
+    scalars), compiled for this GPU: every output and lse bit equal, NaN/Inf in every slot past each length, and
+    against the float64 reference. A capacity of 1000 (not whole tiles) keeps masked copies; four query tokens (a
+    causal bound per row) as well."""
+    from dataclasses import replace
+
+    from flashcore import _checks as C
+    from flashcore.plan.decode import plan_kvcache
+
+    q, kc, vc, table, lens, descale = _case(2, 32, 8, 128, cap, page, Sq=Sq, fp8=False, seed=59)
+    lens[0] = 1  # a single visible key beside a full sequence
+    for cache in (kc, vc):
+        _stale(cache, table, lens, page, [float("nan"), float("inf")])
+    a = C.check_kvcache(q, kc, vc, cache_seqlens=lens, k=None, v=None, page_table=table, cache_batch_idx=None,
+                        cache_leftpad=None, cu_seqlens_q=None, max_seqlen_q=None, causal=True, scale=None,
+                        num_splits=0, return_lse=True, out=None, secure=True, backend="auto", k_descale=None,
+                        v_descale=None)
+    plan = plan_kvcache(a, q, kc, vc, None, None, table, None, None, torch.empty_like(q))
+    cfg = plan.config
+    ce = plan.split.constexprs
+    assert cfg.num_splits > 1 and cfg.block_n == 64, cfg
+    assert (ce["HOISTED"], ce["GATHER_KV_OFFSETS"], ce["SEEN_BY_LOAD"]) == (False, True, True), ce
+    assert ce["WHOLE_TILES"] is (plan.shape.capacity % cfg.block_n == 0)
+    before = plan_kvcache(a, q, kc, vc, None, None, table, None, None, torch.empty_like(q),
+                          config=replace(cfg, gather_kv_offsets=False))
+    assert (before.split.constexprs["GATHER_KV_OFFSETS"], before.split.constexprs["SEEN_BY_LOAD"],
+            before.split.constexprs["WHOLE_TILES"]) == (False, False, False)
+    tensors = dict(cache_seqlens=lens, page_table=table)
+    res = []
+    for p in (plan, before):
+        res.append(p(q, kc, vc, tensors, torch.full_like(q, float("nan"))))
+        torch.cuda.synchronize()
+    (o0, l0), (o1, l1) = res
+    assert torch.equal(o0.view(torch.int16), o1.view(torch.int16)) and torch.equal(l0, l1)
+    ro = R.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table)
+    assert not torch.isnan(o0).any() and rel_err(o0, ro) < 1e-2
+
+
 @pytest.mark.parametrize("D,heads", [(64, (32, 32)), (256, (16, 2)), (96, (8, 8))])
 def test_kvcache_head_dims(D, heads):
     q, kc, vc, table, lens, _ = _case(2, heads[0], heads[1], D, 700, 16, Sq=2)

@@ -272,8 +272,8 @@ def hoisted(shape: DecodeShape, cfg: DecodeConfig) -> bool:
 
 
 def gather_kv_offsets(shape: DecodeShape, cfg: DecodeConfig) -> bool:
-    """Whether the secure FP8 page gather (a page index per key: its tiles span pages, so the loop is not hoisted)
-    addresses V's tile by K's per-key offsets (when K and V have the same strides) instead of computing them again,
+    """Whether a secure page gather (a page index per key: its tiles span pages, so the loop is not hoisted; FP8, and
+    16-bit with splits since v57) addresses V's tile by K's per-key offsets (when K and V have the same strides) instead of computing them again,
     as the fast path does (``SAME_KV``); the policy pairs it with copies without a mask in whole tiles
     (:func:`whole_tiles`) and V's select from loaded tensors as an AND (:func:`seen_by_load`, ``_keep_rows``), which
     keeps V's tile out of a shared-memory round trip (STS 14 -> 6 per 64-key tile, sm_90a).
@@ -283,13 +283,21 @@ def gather_kv_offsets(shape: DecodeShape, cfg: DecodeConfig) -> bool:
     with the fast form on one H200 (2026-11-30, docs/perf-notes.md v52.5-v52.7, every sequence full, secure / fast):
     B64 16k page 16 0.69 -> **0.865** (726.8 -> 582.2 us; 64-key tiles 612.7; offsets and unmasked copies alone 0.74),
     page 32 0.72 -> **0.90**, B1 64k page 16 0.71 -> **0.87** (60.7 -> 49.6), page 64 0.77 -> 0.90, 4k page 16
-    0.72 -> 0.84; outputs bit-equal to the form before at the same tiles. ``DecodeConfig.gather_kv_offsets`` forces it
-    either way, for measurements."""
+    0.72 -> 0.84; outputs bit-equal to the form before at the same tiles. Since v57 the 16-bit gathers with splits too
+    (v50's 64-key tiles, pages below 64): CUDA-graph replays interleaved on one H200 (2026-11-30, docs/perf-notes.md
+    v57, every sequence full, against v50's form at the same tiles) B8 4k page 16 41.08 -> 39.70 us (fast 38.41), B1
+    4k 11.13 -> 10.42 (fast 8.98), B1 64k 73.01 -> 71.62 (fast 70.28), page 32 71.03 -> 71.38; 1,488 instructions
+    against 1,704 (sm_90a, B8 4k page 16); and the timing gate passes on it where v50's form differed (short vs long
+    -32.9 ns, |t| 11.2; docs/security.md §5.24). ``DecodeConfig.gather_kv_offsets`` forces it either way, for
+    measurements."""
     gather = page_gather(shape, cfg)
-    if not (shape.secure and shape.fp8 and gather and not hoisted(shape, cfg)):
+    if not (shape.secure and gather and not hoisted(shape, cfg)):
         return False
     if cfg.gather_kv_offsets is not None:
         return cfg.gather_kv_offsets
+    if not shape.fp8:  # v57: the 16-bit gathers with splits on v50's 64-key tiles (the measured form) too
+        return (not shape.appended and not shape.fp32 and cfg.block_m == 16 and shape.head_dim == 128
+                and cfg.num_splits > 1 and cfg.block_n == 64)
     return (not shape.appended and not shape.fp32 and cfg.block_m == 16 and shape.head_dim == 128
             and cfg.block_n == 128)
 

@@ -223,6 +223,13 @@ CONFIG_CASES = {
     "fp8_b64_16k_p1": ((64, 32, 8, 128, 16384, 1, 1, True), [CFG(16, 128, 8, 3, 1)]),
     "fp8_b64_16k_p32": ((64, 32, 8, 128, 16384, 1, 32, True), [CFG(16, 128, 8, 3, 1)]),
     "fp8_b1_64k_p16": ((1, 32, 8, 128, 65536, 1, 16, True), []),
+    # v57: the secure 16-bit gathers with splits on V by K's offsets, unmasked whole tiles and V zeroed by an AND of
+    # loaded positions (the planner's since v57) against v50's form at the same tiles (the candidate), and the fast path
+    **{f"v57_{mode}_p{page}_{name}": ((B, 32, 8, 128, cap, 1, page, False, mode == "secure"),
+                                      [CFG(16, 64, 4, 3, splits, gather_kv_offsets=False)] if mode == "secure" else [])
+       for name, B, cap, page, splits in (("b8_4k", 8, 4096, 16, 4), ("b1_4k", 1, 4096, 16, 16),
+                                          ("b1_64k", 1, 65536, 16, 33), ("b1_64k", 1, 65536, 32, 33))
+       for mode in ("secure", "fast")},
     # v37: secure FP8 B1 64k page 16, the one secure decode row under 0.9x of fast on the H100 (0.88): the planner's
     # per-key gather runs 4 warps, 2 stages, 33 splits, where the fast form's needed 5 stages (v25.2)
     "secure_fp8_b1_64k_p16": ((1, 32, 8, 128, 65536, 1, 16, True, True),

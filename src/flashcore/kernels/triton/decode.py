@@ -204,6 +204,17 @@ def _from_start(offs_n0, shift, ASM: tl.constexpr):
 
 
 @triton.jit
+def _seen_counts(row_ok, see_to, start, L, CAUSAL: tl.constexpr):
+    """Each query row's count of visible keys, ``[start, last]``: a key is visible when ``key - start``, unsigned, is
+    below it (:func:`_from_start`). Causal: a real row's last key (``see_to``) is below ``L``, so ``L``'s bound is
+    implied. 0 for the rows past the real ones."""
+    if CAUSAL:
+        return tl.where(row_ok, tl.maximum(see_to - start + 1, 0), 0).to(tl.uint32)
+    else:
+        return tl.where(row_ok, tl.maximum(L - start, 0), 0).to(tl.uint32)
+
+
+@triton.jit
 def _keep_rows(t, seen, ASM: tl.constexpr):
     """A 16-bit tile's rows where ``seen``, zero (+0.0) elsewhere. ``ASM`` (a GPU): the bits ANDed with 0xFFFF or 0,
     two values per 32-bit instruction; ptxas makes of the same ``tl.where`` on 16-bit values a split of each
@@ -423,10 +434,7 @@ def decode_split_kernel(
     see_to = L - n_q + tok  # causal: the last key each row sees
     if not SECURE:  # (ONE_COMPARE: _attend_tiles's visibility) each row's visible keys from start, and [start, L)'s
         key_count = tl.maximum(L - start, 0).to(tl.uint32)
-        if CAUSAL:  # a real row's last key (see_to) is below L, so L's bound is implied
-            seen_count = tl.where(row_ok, tl.maximum(see_to - start + 1, 0), 0).to(tl.uint32)
-        else:
-            seen_count = tl.where(row_ok, key_count, 0)
+        seen_count = _seen_counts(row_ok, see_to, start, L, CAUSAL)
     if SECURE:  # the form the SASS gate has passed (machine code pinned); HOISTED: v48's arithmetic, same tiles
         if HOISTED:  # each key's row within its tile, and its head and columns: the same for every tile
             if FP8:
@@ -435,14 +443,8 @@ def decode_split_kernel(
             else:
                 k_rows = offs_n0.to(tl.int64)[:, None] * stride_kt + hkv * stride_kh + offs_d[None, :]
                 v_rows = offs_n0.to(tl.int64)[:, None] * stride_vt + hkv * stride_vh + offs_d[None, :]
-        if GATHER_KV_OFFSETS:
-            # each row's visible keys [start, last] as a count: a key is visible when key - start, unsigned, is below
-            # it (one compare per score instead of three, and 32-bit: ptxas had widened the absolute ones to 64
-            # bits). Causal: a real row's last key (see_to) is below L, so L's bound is implied.
-            if CAUSAL:
-                seen_count = tl.where(row_ok, tl.maximum(see_to - start + 1, 0), 0).to(tl.uint32)
-            else:
-                seen_count = tl.where(row_ok, tl.maximum(L - start, 0), 0).to(tl.uint32)
+        if GATHER_KV_OFFSETS:  # one compare per score instead of three, and 32-bit (ptxas had widened them to 64)
+            seen_count = _seen_counts(row_ok, see_to, start, L, CAUSAL)
         for n0 in range(lo_s, hi_s, BLOCK_N):
             offs_n = n0 + offs_n0
             if HOISTED:  # 32-bit compares of the tile's own key indices against bounds moved by n0
@@ -477,6 +479,11 @@ def decode_split_kernel(
                 if HOISTED:
                     koff = _tile_base(b, n0, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, stride_kp, stride_kt,
                                       PAGE_SIZE, PAGED, HAS_BATCH_IDX, ASM, REG_PAGES) + k_rows
+                    kp = KC + koff
+                elif GATHER_KV_OFFSETS:  # one per-key address computation for K and V (v57)
+                    koff = _key_offsets(b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages,
+                                        capacity, stride_kp, stride_kt, stride_kh, PAGE_SIZE, BLOCK_N, PAGED,
+                                        HAS_BATCH_IDX, ASM, REG_PAGES)
                     kp = KC + koff
                 else:
                     kp = _key_pointers(KC, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages,
@@ -543,6 +550,8 @@ def decode_split_kernel(
                     else:
                         vp = VC + _tile_base(b, n0, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, stride_vp, stride_vt,
                                              PAGE_SIZE, PAGED, HAS_BATCH_IDX, ASM, REG_PAGES) + v_rows
+                elif GATHER_KV_OFFSETS:
+                    vp = VC + koff
                 else:
                     vp = _key_pointers(VC, b, hkv, n0, offs_n, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages,
                                        capacity, stride_vp, stride_vt, stride_vh, PAGE_SIZE, BLOCK_N, PAGED,
@@ -553,7 +562,7 @@ def decode_split_kernel(
                     vt = tl.load(vp, mask=load_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
                 if SEEN_BY_LOAD:
                     seen_v = _v_rows_seen(KEY_POS, CACHE_SEQLENS, LEFTPAD, b, n0, offs_n0, HAS_LEFTPAD, SEEN_PER_KEY)
-                if SEEN_BY_LOAD and HOISTED:
+                if SEEN_BY_LOAD and (HOISTED or GATHER_KV_OFFSETS):
                     vt = _keep_rows(vt, seen_v, ASM)
                 elif SEEN_BY_LOAD:
                     vt = tl.where(seen_v[:, None], vt, 0.0)
