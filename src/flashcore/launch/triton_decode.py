@@ -273,13 +273,14 @@ def hoisted(shape: DecodeShape, cfg: DecodeConfig) -> bool:
 
 def gather_kv_offsets(shape: DecodeShape, cfg: DecodeConfig) -> bool:
     """Whether a secure page gather (a page index per key: its tiles span pages, so the loop is not hoisted; FP8, and
-    16-bit with splits since v57) addresses V's tile by K's per-key offsets (when K and V have the same strides) instead of computing them again,
-    as the fast path does (``SAME_KV``); the policy pairs it with copies without a mask in whole tiles
-    (:func:`whole_tiles`) and V's select from loaded tensors as an AND (:func:`seen_by_load`, ``_keep_rows``), which
-    keeps V's tile out of a shared-memory round trip (STS 14 -> 6 per 64-key tile, sm_90a).
+    16-bit with splits since v57) addresses V's tile by K's per-key offsets (when K and V have the same strides)
+    instead of computing them again, as the fast path does (``SAME_KV``); the policy pairs it with copies without a
+    mask in whole tiles (:func:`whole_tiles`) and V's select from loaded tensors as an AND (:func:`seen_by_load`,
+    ``_keep_rows``), which keeps V's tile out of a shared-memory round trip (STS 14 -> 6 per 64-key tile, sm_90a).
 
-    The policy: D 128, 16-row query tiles, pages below 128 keys (pages 16, 32, 64 at 128-key tiles with splits; 16
-    and 32 at one split, where ``plan.decode.choose_config`` gives 128-key tiles too). CUDA-graph replays interleaved
+    The policy: D 128, 16-row query tiles; FP8: pages below 128 keys (pages 16, 32, 64 at 128-key tiles with splits;
+    16 and 32 at one split, where ``plan.decode.choose_config`` gives 128-key tiles too); 16-bit: with splits, on the
+    64-key tiles the planner gives pages below 64. CUDA-graph replays interleaved
     with the fast form on one H200 (2026-11-30, docs/perf-notes.md v52.5-v52.7, every sequence full, secure / fast):
     B64 16k page 16 0.69 -> **0.865** (726.8 -> 582.2 us; 64-key tiles 612.7; offsets and unmasked copies alone 0.74),
     page 32 0.72 -> **0.90**, B1 64k page 16 0.71 -> **0.87** (60.7 -> 49.6), page 64 0.77 -> 0.90, 4k page 16
@@ -295,11 +296,11 @@ def gather_kv_offsets(shape: DecodeShape, cfg: DecodeConfig) -> bool:
         return False
     if cfg.gather_kv_offsets is not None:
         return cfg.gather_kv_offsets
-    if not shape.fp8:  # v57: the 16-bit gathers with splits on v50's 64-key tiles (the measured form) too
-        return (not shape.appended and not shape.fp32 and cfg.block_m == 16 and shape.head_dim == 128
-                and cfg.num_splits > 1 and cfg.block_n == 64)
-    return (not shape.appended and not shape.fp32 and cfg.block_m == 16 and shape.head_dim == 128
-            and cfg.block_n == 128)
+    if shape.appended or shape.fp32 or cfg.block_m != 16 or shape.head_dim != 128:
+        return False
+    if shape.fp8:
+        return cfg.block_n == 128
+    return cfg.num_splits > 1 and cfg.block_n == 64  # v57: the 16-bit gathers with splits, on v50's tiles
 
 
 def one_compare(shape: DecodeShape, cfg: DecodeConfig) -> bool:
@@ -344,8 +345,8 @@ def build_split(shape: DecodeShape, cfg: DecodeConfig, q, k_cache, v_cache, out,
     """(grid, scalar args, constexprs) of the split kernel (pointers are passed per call)."""
     same_kv = k_cache.stride()[:3] == v_cache.stride()[:3]
     if not same_kv and cfg.gather_kv_offsets is None and gather_kv_offsets(shape, cfg):
-        # V with strides of its own cannot take K's offsets: the secure FP8 gather's form before v52 at these tiles
-        # (V's own offsets, masked copies, V's select on scalars), not v52's select without them
+        # V with strides of its own cannot take K's offsets: the secure gather's form before v52 (FP8) or v57 (16-bit)
+        # at these tiles (V's own offsets, masked copies, V's select on scalars), not the select without them
         cfg = replace(cfg, gather_kv_offsets=False)
     total_q = q.shape[0] if shape.packed else shape.batch * shape.seqlen_q
     part_rows = query_tiles(shape, cfg) * cfg.block_m
