@@ -1246,8 +1246,9 @@ def test_fast_16_bit_page_gathers_with_splits_take_64_key_tiles_and_register_pag
         c = plan_decode.choose_config(shape, splits, torch.device("cpu"))
         return c.block_n, c.num_warps, c.num_stages, c.num_splits, reg_pages(shape, c), full_tiles(shape, c)
 
-    assert config(16) == (64, 4, 3, 33, True, False) and config(32) == (64, 4, 3, 33, True, False)
-    assert config(16, capacity=4096) == (64, 4, 3, 32, True, False)
+    # 32 splits: 33 of 1,024 tiles would leave one empty (v58, test_v58_...)
+    assert config(16) == (64, 4, 3, 32, True, False) and config(32) == (64, 4, 3, 32, True, False)
+    assert config(16, capacity=4096) == (64, 4, 3, 16, True, False)  # v58: one program per SM at 4 tiles a split
     assert config(16, splits=4) == (64, 4, 3, 4, True, False)
     assert config(1) == (128, 8, 5, 16, False, False)  # page 1: the one-wave form (measured faster there)
     assert config(16, d=64)[:4] == (128, 8, 5, 16)
@@ -1286,12 +1287,13 @@ def test_fast_fp8_decode_at_d128_takes_v52_tiles_and_runs_its_page_gathers_witho
         c = plan_decode.choose_config(shape, splits, torch.device("cpu"))
         return c.block_n, c.num_warps, c.num_stages, c.num_splits, reg_pages(shape, c), full_tiles(shape, c)
 
-    # with splits: 128-key tiles, 4 warps, 3 stages, 33 splits (two programs per SM); gathers unmasked
-    assert config(0) == (128, 4, 3, 33, False, True)
+    # with splits: 128-key tiles, 4 warps, 3 stages, 32 splits (two programs per SM, every split with work: v58);
+    # gathers unmasked
+    assert config(0) == (128, 4, 3, 32, False, True)
     assert config(0, capacity=4096) == (128, 4, 3, 16, False, True)
     for page in (1, 16, 32, 64):  # page 64: a 128-key tile spans two pages, a gather too
-        assert config(page) == (128, 4, 3, 33, True, True), page
-    assert config(128) == config(256) == (128, 4, 3, 33, True, True)  # a page per tile
+        assert config(page) == (128, 4, 3, 32, True, True), page
+    assert config(128) == config(256) == (128, 4, 3, 32, True, True)  # a page per tile
     assert config(16, capacity=4096) == (128, 4, 5, 16, False, False)  # two tiles per split: the masked gather
     assert config(16, capacity=8192, splits=16) == (128, 4, 3, 16, True, True)  # four tiles per split
     # one split: gathers on 64-key tiles, 4 warps, 4 stages, unmasked; pages of 64+ as before (a page per tile)
@@ -1305,7 +1307,7 @@ def test_fast_fp8_decode_at_d128_takes_v52_tiles_and_runs_its_page_gathers_witho
     assert config(16, secure=True)[:3] == (128, 4, 3) and config(16, secure=True)[5] is False
     assert config(16, batch=64, capacity=16384, secure=True)[:2] == (128, 4)  # v52's secure FP8 gather
     assert config(0, fp8=False)[:4] == (128, 8, 3, 16)
-    assert config(16, d=64)[:4] == (128, 4, 5, 33) and config(16, d=64)[4:] == (False, False)
+    assert config(16, d=64)[:4] == (128, 4, 5, 32) and config(16, d=64)[4:] == (False, False)
 
 
 def test_v53_page_64_with_splits_and_the_secure_fp8_gathers_stages(monkeypatch):
@@ -1340,7 +1342,7 @@ def test_v53_page_64_with_splits_and_the_secure_fp8_gathers_stages(monkeypatch):
         assert ce["REG_PAGES"] and not ce["FULL_TILES"] and ce["PAGED"] and ce["PAGE_SIZE"] == 64
     assert plan(64, batch=8, capacity=16384)[0] == (128, 8, 3, 2)
     assert plan(64, batch=64, capacity=8192)[0] == (128, 8, 3, 1) and not plan(64, batch=64, capacity=8192)[1]["REG_PAGES"]
-    assert plan(32)[0] == plan(16)[0] == (64, 4, 3, 33)  # pages below 64: v51's form
+    assert plan(32)[0] == plan(16)[0] == (64, 4, 3, 32)  # pages below 64: v51's form (v58: every split with work)
     # the secure FP8 gather's stages
     sec = dict(secure=True, fp8=True)
     assert plan(16, batch=64, capacity=16384, **sec)[0] == (128, 4, 2, 1)
@@ -1352,7 +1354,8 @@ def test_v53_page_64_with_splits_and_the_secure_fp8_gathers_stages(monkeypatch):
     assert plan(16, **sec)[0] == (128, 4, 3, 33) and plan(16, batch=8, capacity=16384, **sec)[0] == (128, 4, 3, 4)
     assert plan(16, batch=64, capacity=16384, fp8=True)[0][:3] == (64, 4, 4)  # the fast form as before
     # secure FP8 with splits where the loop is hoisted (not paged): splits for two programs per SM, as the fast form
-    for kw, splits in ((dict(secure=True, fp8=True), 33), (dict(fp8=True), 33), (dict(secure=True), 16)):
+    # (secure mode keeps 33: its split count is an audited launch; the fast form's is every split with work, v58)
+    for kw, splits in ((dict(secure=True, fp8=True), 33), (dict(fp8=True), 32), (dict(secure=True), 16)):
         shape = DecodeShape(batch=1, seqlen_q=1, num_heads_q=32, num_heads_kv=8, head_dim=128, page_size=65536,
                             capacity=65536, num_pages=1, paged=False, packed=False, appended=False,
                             has_batch_idx=False, has_leftpad=False, causal=True, return_lse=False, fp32=False,
@@ -1406,6 +1409,75 @@ def test_fast_16_bit_page_64_gather_on_128_key_tiles_matches_the_reference(split
     split = [dict(cx) for name, _, _, cx in launches[-1][1] if name == "decode_split_kernel"]
     assert len(split) == 1 and split[0]["REG_PAGES"] and not split[0]["FULL_TILES"], split
     assert split[0]["BLOCK_N"] == 128 and split[0]["PAGE_SIZE"] == 64 and split[0]["SPLIT"]
+
+
+def test_v58_short_caches_take_64_key_splits_and_every_fast_split_has_work(monkeypatch):
+    """v58's planner (the bench's timer per call, cold L2, H200, docs/perf-notes.md v58, B1 32/8 D128, every sequence
+    full): a contiguous 16-bit cache whose chosen splits would hold two 128-key tiles or fewer takes 64-key tiles on 4
+    warps and 3 stages, one program per SM, two tiles a split or more (1k 9.86 us against 11.30, 2k 10.78 against
+    11.84, 4k 12.93 against 13.66, B2 2k 12.86 against 13.60); 8k and up keep 128-key tiles. The fast two-wave page
+    gather fills each SM once where two programs per SM would hold fewer than 4 tiles each (4k page 16 13.95 against
+    14.46). And the fast path's chosen split count leaves no split without work (33 splits of 1,024 tiles are 32 of
+    32 and an empty one: 16k page 16 26.53 against 27.36, FP8 64k 51.89 against 52.90). An explicit ``num_splits``
+    and secure mode keep their forms (secure: the split count is an audited launch)."""
+    import flashcore.plan.decode as plan_decode
+    from flashcore.launch.triton_decode import DecodeShape
+    from flashcore.runtime import cdiv
+
+    monkeypatch.setattr(plan_decode, "sm_count", lambda device: 132)
+
+    def config(capacity, page=0, batch=1, splits=0, secure=False, fp8=False, hkv=8, d=128):
+        shape = DecodeShape(batch=batch, seqlen_q=1, num_heads_q=4 * hkv, num_heads_kv=hkv, head_dim=d,
+                            page_size=page or capacity, capacity=capacity, num_pages=batch * capacity // (page or capacity),
+                            paged=page > 0, packed=False, appended=False, has_batch_idx=False, has_leftpad=False,
+                            causal=True, secure=secure, fp8=fp8, return_lse=False, fp32=False, scale=0.1)
+        c = plan_decode.choose_config(shape, splits, torch.device("cpu"))
+        return c.block_n, c.num_warps, c.num_stages, c.num_splits
+
+    assert config(1024) == (64, 4, 3, 8)
+    assert config(2048) == config(4096) == (64, 4, 3, 16)
+    assert config(2048, batch=2) == (64, 4, 3, 8)
+    assert config(8192) == config(65536) == (128, 8, 3, 16)  # four tiles a split or more: as before
+    assert config(4096, batch=2) == (128, 8, 3, 8)
+    assert config(4096, splits=16) == (128, 8, 3, 16)  # an explicit split count: the tiles as before
+    assert config(4096, secure=True) == (128, 4, 3, 16) and config(4096, fp8=True) == (128, 4, 3, 16)
+    assert config(4096, d=64)[:3] == config(8192, d=64)[:3]  # D 64: not measured, as before
+    # the two-wave page gather
+    assert config(4096, page=16) == config(2048, page=16) == (64, 4, 3, 16)
+    assert config(16384, page=16) == config(65536, page=32) == (64, 4, 3, 32)
+    assert config(4096, page=64) == (128, 8, 3, 16)  # page 64 with splits: v53's tiles, as before
+    # secure mode's counts as audited (33 at B1 64k page 16)
+    assert config(65536, page=16, secure=True)[3] == 33
+    # every split with work, over a grid of fast shapes with chosen splits
+    for batch in (1, 2, 3, 4, 8):
+        for capacity in (1024, 1536, 2048, 4096, 5120, 16384, 65536, 131072):
+            for page in (0, 1, 16, 32, 64, 128):
+                for fp8 in (False, True):
+                    for hkv in (1, 8, 32):
+                        block_n, _, _, n = config(capacity, page=page, batch=batch, fp8=fp8, hkv=hkv)
+                        tiles = cdiv(capacity, block_n)
+                        chunk = cdiv(tiles, n)
+                        assert (n - 1) * chunk < tiles, (batch, capacity, page, fp8, hkv, block_n, n)
+
+
+@kernel
+def test_fast_short_contiguous_split_form_matches_the_reference(launches, gen):
+    """v58's form (a contiguous 16-bit cache of 1,024 keys at B4 32/8 D128: 64-key tiles on 4 warps, 3 stages, 4
+    splits chosen by the planner): lengths 0, full, a tile cut inside and one shorter than a split, NaN in the stale
+    slots behind each length, against the float64 reference."""
+    B, Hq, Hkv, D, cap = 4, 32, 8, 128, 1024
+    q = rnd(B, 1, Hq, D, dtype=torch.float16, gen=gen)
+    kc, vc = (rnd(B, cap, Hkv, D, dtype=torch.float16, gen=gen) for _ in range(2))
+    L = lengths(0, cap, cap - 37, 131)
+    for b in range(B):
+        kc[b, int(L[b]):], vc[b, int(L[b]):] = float("nan"), float("nan")
+    (out, lse, _, _), (ref, ref_lse, _, _) = run_both(q, kc, vc, cache_seqlens=L)
+    check(out, lse, ref, ref_lse, torch.float16, what="v58 form")
+    plan = launches[-1][0]
+    c = plan.config
+    assert (c.block_m, c.block_n, c.num_warps, c.num_stages, c.num_splits) == (16, 64, 4, 3, 4), c
+    names = [name for name, _, _, _ in launches[-1][1]]
+    assert names == ["decode_split_kernel", "decode_combine_kernel"], names
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from .cache import PlanCache
 from .prefill import prefill_launch, prefill_serves, run_prefill
 
 MIN_TILES_PER_SPLIT = 2  # fewer key tiles per split and the combine's reads stop being negligible
+GATHER_MIN_TILES_PER_SPLIT = 4  # the fast two-wave page gather's at two programs per SM (v58)
 
 
 def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> DecodeConfig:
@@ -69,6 +70,7 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
     # stages, one program per SM; 64-key tiles at 49 splits 40.9), 4k 8.0 against 8.3; the page gathers below
     fp8_two_per_sm = (shape.fp8 and not shape.secure and block_m == 16 and d == 128
                       and (num_splits == 0 or num_splits > 1))
+    auto_splits, short_split = num_splits == 0, False
     if num_splits == 0:
         # One wave: as many splits as fit beside the other programs on the SMs (measured on H100, 2026-11-25:
         # filling each SM once beat two programs per SM for a contiguous cache); per-key page gathers (secure, FP8)
@@ -87,9 +89,28 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
                                      or secure_fp8_two_per_sm else 1)
         tiles = cdiv(shape.capacity, block_n)
         num_splits = max(1, min(target // programs, tiles // MIN_TILES_PER_SPLIT, 128))
+        if (not (shape.secure or shape.fp32 or shape.fp8 or shape.paged) and block_m == 16 and d == 128
+                and num_splits > 1 and cdiv(tiles, num_splits) <= MIN_TILES_PER_SPLIT):
+            # v58: a contiguous 16-bit cache whose splits hold two 128-key tiles or fewer (B1 4k and below) runs
+            # 64-key tiles on 4 warps (warps and stages below), as many splits as before at two tiles each. The
+            # bench's timer per call (cold L2, queue pre-filled; H200, 2026-11-30, docs/perf-notes.md v58, B1 32/8
+            # D128, every sequence full, two runs): 4k 12.86-12.96 us against 13.57-13.66 (8 warps 13.09, 4
+            # stages 13.12, 32 splits 13.60-13.66, 32-key tiles 14.59), 2k 10.82 against 11.90; 8k stays on
+            # 128-key tiles (16.86 against 17.06-17.18)
+            short_split = True
+            block_n = 64
+            num_splits = max(1, min(target // programs, cdiv(shape.capacity, block_n) // MIN_TILES_PER_SPLIT, 128))
+        elif (two_wave_gather and not pair_pages and not shape.secure
+              and cdiv(tiles, num_splits) < GATHER_MIN_TILES_PER_SPLIT):
+            # v58: the fast two-wave page gather (pages 16, 32) fills each SM once where two programs per SM would
+            # hold fewer than four 64-key tiles each: B1 4k page 16 13.95 us per call at 16 splits against
+            # 14.43-14.46 at 32 (same timer and run as above); 16k keeps two per SM (26.53 us at 32 splits, 28.29 at 16)
+            num_splits = max(1, min(sm_count(device) // programs, tiles // MIN_TILES_PER_SPLIT, 128))
     num_warps, num_stages = (4, 2) if shape.fp32 or gather and num_splits > 1 else (8, 3)
     if one_wave_gather and num_splits > 1:
         num_warps, num_stages = 8, 5
+    if short_split:
+        num_warps, num_stages = 4, 3
     reg_pages = None
     if two_wave_gather and num_splits > 1 and pair_pages:
         block_n, num_warps, num_stages, reg_pages = 128, 8, 3, True
@@ -231,6 +252,13 @@ def choose_config(shape: DecodeShape, num_splits: int, device: torch.device) -> 
         # split form shows (the one before v49 too, p = 0.0067) that stayed under the gate's line at 3 stages
         # (docs/security.md §5.16)
         block_n, num_warps, num_stages = 128, 4, 3
+    if auto_splits and num_splits > 1 and not shape.secure:
+        # v58: every split with work: the split count that the same key tiles per split need (33 splits of 256
+        # tiles are 32 of 8 and an empty one, whose programs and partials the combine step still pays for). B1
+        # 16k page 16, 32 splits 26.53 us per call against 27.42 at 33 (docs/perf-notes.md v58). Not in secure
+        # mode, where the split count is an audited launch (a scalar the launcher specialises by its divisibility)
+        tiles = cdiv(shape.capacity, block_n)
+        num_splits = cdiv(tiles, cdiv(tiles, num_splits))
     return DecodeConfig(block_m, block_n, num_warps, num_stages, num_splits, reg_pages=reg_pages)
 
 
