@@ -160,6 +160,43 @@ def test_git_sha_can_come_from_the_environment(monkeypatch):
     assert R._git_sha() == "feedbeef" * 5
 
 
+def test_a_result_names_the_code_that_ran_when_git_names_another(tmp_path, monkeypatch):
+    """A copy of a working tree run on another machine may carry an older ``.git`` than its files (the GPU machine's
+    copy did on 2026-11-30: a run of bc4553b's tree recorded e6cc8ec). The environment then says the tracked files
+    differ from ``git_sha`` (``git_dirty``, and ``-dirty`` in the file name), and ``source_sha256`` names the
+    package's sources whatever git says: it changes with any source byte or path."""
+    import subprocess
+
+    repo = tmp_path / "repo"
+    pkg = repo / "pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "a.py").write_text("x = 1\n")
+    run = lambda *a: subprocess.run(["git", *a], cwd=repo, check=True, capture_output=True)  # noqa: E731
+    run("init", "-q")
+    run("-c", "user.email=a@b", "-c", "user.name=a", "add", ".")
+    run("-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "-m", "one")
+    here = str(pkg)
+    real_run = R.subprocess.run
+    monkeypatch.delenv("FLASHCORE_GIT_SHA", raising=False)
+    monkeypatch.setattr(R.subprocess, "run", lambda cmd, cwd=None, **k: real_run(cmd, cwd=here, **k))
+    assert R._git_dirty() is False
+    digest = R.source_sha256(str(pkg))
+    (pkg / "a.py").write_text("x = 2\n")
+    assert R._git_dirty() is True
+    assert R.source_sha256(str(pkg)) != digest
+    (pkg / "a.py").write_text("x = 1\n")
+    assert R.source_sha256(str(pkg)) == digest
+    (pkg / "b.py").write_text("")
+    assert R.source_sha256(str(pkg)) != digest
+    env = dict(ENV, git_dirty=True)
+    assert R.result_filename({"environment": env}).endswith("-0123456-dirty.json")
+    assert not R.result_filename({"environment": ENV}).endswith("-dirty.json")
+    monkeypatch.setenv("FLASHCORE_GIT_SHA", "feedbeef" * 5)  # named by the caller: not compared
+    assert R._git_dirty() is None
+    env = R.collect_environment()
+    assert len(env["source_sha256"]) == 64 and "git_dirty" in env
+
+
 def test_merged_runs_compare_by_the_median_of_medians():
     """Several runs per side (``--compare A1,A2,A3 B1,B2,B3``): each shape x backend compares the median of the
     runs' medians, so one noisy run does not decide; a backend that failed in one run uses the others."""

@@ -31,6 +31,7 @@ file ``bench-decode-<gpu>-<date>-<sha>.json``, extended (checked by :func:`valid
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import math
 import os
@@ -64,6 +65,36 @@ def _git_sha() -> str:
         return "unknown"
     sha = out.stdout.strip()
     return sha if out.returncode == 0 and re.fullmatch(r"[0-9a-f]{7,64}", sha) else "unknown"
+
+
+def _git_dirty() -> Optional[bool]:
+    """Whether the tracked files differ from ``HEAD`` (None: no git). A copy of a working tree run elsewhere (the
+    GPU machine's) may carry an older ``.git`` than its files: its ``git_sha`` then names a commit that did not run."""
+    if os.environ.get("FLASHCORE_GIT_SHA"):
+        return None
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(out.stdout.strip()) if out.returncode == 0 else None
+
+
+def source_sha256(root: Optional[str] = None) -> str:
+    """sha256 of the package's Python sources (each path relative to the package, then its bytes, in path order):
+    names the code that ran whatever ``.git`` says."""
+    root = root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    h = hashlib.sha256()
+    paths = []
+    for d, dirs, files in os.walk(root):
+        dirs[:] = sorted(x for x in dirs if x != "__pycache__")
+        paths += [os.path.join(d, f) for f in files if f.endswith(".py")]
+    for path in sorted(paths, key=lambda p: os.path.relpath(p, root)):
+        h.update(os.path.relpath(path, root).replace(os.sep, "/").encode() + b"\0")
+        with open(path, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()
 
 
 _SMI_FIELDS = ("name", "driver_version", "clocks.sm", "clocks.max.sm", "clocks.mem", "clocks.max.mem",
@@ -173,8 +204,8 @@ def now_utc() -> _dt.datetime:
 
 def collect_environment(date: Optional[_dt.datetime] = None) -> dict:
     date = date or now_utc()
-    return {"date": date.isoformat(), "git_sha": _git_sha(), "gpu": gpu_info(), "versions": versions(),
-            "platform": platform.platform()}
+    return {"date": date.isoformat(), "git_sha": _git_sha(), "git_dirty": _git_dirty(), "source_sha256": source_sha256(),
+            "gpu": gpu_info(), "versions": versions(), "platform": platform.platform()}
 
 
 def result_filename(doc: dict) -> str:
@@ -188,7 +219,8 @@ def result_filename(doc: dict) -> str:
         stamp = "undated"
     sha = env.get("git_sha") or "unknown"
     kind = "bench-decode" if is_decode_document(doc) else "bench"
-    return f"{kind}-{slug}-{stamp}-{sha[:7] if sha != 'unknown' else 'unknown'}.json"
+    dirty = "-dirty" if env.get("git_dirty") else ""  # the tracked files were not those of git_sha
+    return f"{kind}-{slug}-{stamp}-{sha[:7] if sha != 'unknown' else 'unknown'}{dirty}.json"
 
 
 def is_decode_document(doc: dict) -> bool:
