@@ -573,7 +573,7 @@ def test_cli_wiring_as_subcommand(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
-# --reuse REPORT: a committed clean analysis taken for byte-identical machine code (memo.py)
+# --reuse REPORT: a committed clean analysis taken for the same machine code (memo.py: every non-debug section)
 
 
 GATHER_SIG = {"IDX": "*i32", "T": "*fp32", "Y": "*fp32", "BLOCK": "constexpr"}
@@ -645,6 +645,47 @@ def test_reuse_misses_when_an_input_of_the_analysis_changes(monkeypatch, tmp_pat
             memo.analysis_key(cubin, "k", params, {"X"}, 0x400),
             memo.analysis_key(cubin, "k2", params, {"X"}, None)}
     assert len(keys) == 5 and key not in keys
+
+
+def test_analysis_keys_follow_the_code_not_the_debug_sections(monkeypatch):
+    """A key hashes every section the analysis can read and none of the debug sections (source paths and line
+    numbers: a kernel edit that moves another form's lines changes them, and nothing ``nvdisasm -c`` lists). A
+    report keyed by the earlier whole-cubin scheme is still taken for the same bytes."""
+    from flashcore.audit.sass import elf, memo
+
+    cubin = compile_cubin(k_select, SEL_SIG, {"BLOCK": 128}).cubin
+    secs = elf._sections(cubin)
+    debug = [n for n, (_, size, typ) in secs.items() if "debug" in n and size and typ != 8]
+    assert ".debug_line" in debug, sorted(secs)
+    params = [("X", "pointer", "X"), ("Y", "pointer", "Y")]
+    key = memo.analysis_key(cubin, "k_select", params, {"X"}, None)
+    legacy = memo._LEGACY[key]  # the whole-cubin key of the same analysis
+
+    def flipped(section):
+        off, size, _ = secs[section]
+        b = bytearray(cubin)
+        b[off + size // 2] ^= 0xFF
+        return bytes(b)
+
+    for name in debug:
+        assert memo.analysis_key(flipped(name), "k_select", params, {"X"}, None) == key, name
+    assert disassemble(flipped(".debug_line")) == disassemble(cubin)
+    text = next(n for n in secs if n.startswith(".text."))
+    assert memo.analysis_key(flipped(text), "k_select", params, {"X"}, None) != key
+    info = next(n for n in secs if n.startswith(".nv.info."))
+    assert memo.analysis_key(flipped(info), "k_select", params, {"X"}, None) != key
+    # a report of the whole-cubin scheme: taken for these bytes, not for others
+    entry = dict(kernel="k_select", ok=True, violations=[], n_instructions=1, n_blocks=1, total_instructions=1,
+                 iterations=1, tainted_registers=[], tainted_memory=[], unknown_opcodes={}, params=[], notes=[],
+                 analysis_key=legacy, analysis_notes=0)
+    memo.activate({legacy: entry})
+    try:
+        taken = memo.lookup(memo.analysis_key(flipped(".debug_line"), "k_select", params, {"X"}, None))
+        assert taken is None  # other bytes (in a debug section): the whole-cubin key does not match
+        taken = memo.lookup(memo.analysis_key(cubin, "k_select", params, {"X"}, None))
+        assert taken is not None and taken.analysis_key == key and taken.reused
+    finally:
+        memo.activate(None)
 
 
 def test_reuse_never_takes_a_report_with_findings(monkeypatch, tmp_path):

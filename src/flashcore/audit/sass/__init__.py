@@ -21,7 +21,7 @@ Modules: :mod:`.report` (``Violation``, ``ParamInfo``, ``Report``), :mod:`.compi
 sm_90a, shared-memory layout, disassemble; per-process caches), :mod:`.elf` (cubin reader),
 :mod:`.isa` (SASS parser and per-instruction semantics), :mod:`.params` (parameters -> constant
 bank), :mod:`.cfg` (control-flow graph), :mod:`.taint` (the abstract interpreter), :mod:`.memo` (a committed
-analysis taken for byte-identical machine code: ``--reuse``), :mod:`.analyze`
+analysis taken for the same machine code: ``--reuse``), :mod:`.analyze`
 (the entry points above), :mod:`.cli` (the command line). Each imports only the ones before it.
 
 Compilation uses ``triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))`` (no GPU or

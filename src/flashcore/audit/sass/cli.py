@@ -3,7 +3,7 @@
 print the results (the secure configurations gate, the fast ones, with ``--include-fast``, are information).
 
 ``--reuse REPORT`` takes the clean analyses of an earlier JSON report for kernels whose machine code, inputs and
-analyser are byte-identical to the ones it analysed (:mod:`.memo`); every kernel is still compiled and its launch
+analyser are the same as the ones it analysed (every non-debug section of the cubin: :mod:`.memo`); every kernel is still compiled and its launch
 checked. ``--verify N`` then analyses N of the reused kernels again, picked at random, and fails the gate if any
 result differs.
 
@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help=f"not on a terminal: print a progress line every N kernels (default {PROGRESS_EVERY})")
     parser.add_argument("--reuse", metavar="REPORT", default=None,
                         help="take the clean analyses of this earlier JSON report (gzip where its name ends in "
-                             ".gz) for byte-identical machine code under the same analyser (its analysis keys); "
+                             ".gz) for the same machine code under the same analyser (its analysis keys); "
                              "everything else is analysed")
     parser.add_argument("--verify", type=int, default=0, metavar="N",
                         help="with --reuse: analyse N reused kernels again, picked at random, and fail on any "

@@ -1,10 +1,11 @@
-"""Reuse of a committed analysis for byte-identical machine code (``flashcore audit sass --reuse REPORT``).
+"""Reuse of a committed analysis for the same machine code (``flashcore audit sass --reuse REPORT``).
 
-The machine-code analysis (:func:`.analyze.analyze_cubin`) is a pure function of its inputs: the cubin's bytes,
-the kernel's name, the parameter table it is read with, the secret set, the shared-memory split, the analyser's
-source (:data:`ANALYSER_MODULES`) and the ``nvdisasm`` binary that lists the code. :func:`analysis_key` hashes all
-of them. A report written by ``audit sass --json`` carries each kernel's key, so a later run that compiles the same
-configuration to the same bytes, under the same analyser, can take the earlier result instead of disassembling and
+The machine-code analysis (:func:`.analyze.analyze_cubin`) is a pure function of its inputs: the cubin's sections
+other than its debug ones (:func:`code_digest`), the kernel's name, the parameter table it is read with, the secret
+set, the shared-memory split, the analyser's source (:data:`ANALYSER_MODULES`) and the ``nvdisasm`` binary that
+lists the code. :func:`analysis_key` hashes all of them. A report written by ``audit sass --json`` carries each
+kernel's key, so a later run that compiles the same configuration to the same code, under the same analyser, can
+take the earlier result instead of disassembling and
 analysing again (about 1.5 s of CPU per kernel, 1,278 kernels per Triton version: most of CI's time).
 
 Only clean results are taken (no violation, no error): a kernel with findings is always analysed again, so its
@@ -21,6 +22,7 @@ import gzip
 import hashlib
 import json
 import os
+import struct
 
 from .report import ParamInfo, Report
 
@@ -55,16 +57,60 @@ def analyser_fingerprint() -> str:
     return _FINGERPRINT
 
 
-def analysis_key(cubin: bytes, kernel: str | None, expected_params, secret, smem_control_from) -> str:
-    """The content key of one machine-code analysis: every input of :func:`.analyze.analyze_cubin` and the
-    analyser's fingerprint."""
+#: what the content keys hash of a cubin (:func:`code_digest`); part of every key, so a change here misses them all
+KEY_SCHEME = "non-debug-sections-1"
+#: a key of this scheme -> the whole-cubin key of the same analysis (the scheme before 2026-11-30), for :func:`lookup`
+_LEGACY: dict[str, str] = {}
+
+
+def code_digest(cubin: bytes) -> bytes:
+    """sha256 over every section of ``cubin`` whose name does not contain "debug" (name, type, size and bytes, in
+    name order; a section without file contents by its size): the machine code, its ``.nv.info`` tables, symbols,
+    relocations and constants, all that ``nvdisasm -c`` lists and :func:`.analyze.analyze_cubin` reads. Not the
+    debug sections: they hold the source's paths and line numbers, so a kernel edit that moves another form's lines,
+    or a checkout in another folder, changes them and nothing the analysis sees (2026-11-30: three secure decode
+    forms compiled before and after an edit above them differed in ``.debug_line`` alone, and their ``nvdisasm -c``
+    listings were identical). A blob that is not an ELF64 cubin is hashed whole."""
+    from .elf import _sections
+
+    try:
+        secs = _sections(cubin)
+    except (ValueError, IndexError, struct.error):
+        return hashlib.sha256(cubin).digest()
+    h = hashlib.sha256()
+    for name in sorted(secs):
+        if "debug" in name:
+            continue
+        off, size, typ = secs[name]
+        h.update(f"{name}\0{typ}\0{size}\0".encode())
+        if typ != _SHT_NOBITS:
+            h.update(cubin[off:off + size])
+    return h.digest()
+
+
+_SHT_NOBITS = 8  # ELF: a section that occupies no file space (.nv.shared.*)
+
+
+def _key(code: bytes, kernel, expected_params, secret, smem_control_from, scheme: str | None) -> str:
     h = hashlib.sha256()
     h.update(analyser_fingerprint().encode())
-    h.update(hashlib.sha256(cubin).digest())
+    if scheme:
+        h.update(scheme.encode())
+    h.update(code)
     rest = {"kernel": kernel, "params": [list(p) for p in expected_params] if expected_params is not None else None,
             "secret": sorted(secret), "smem": repr(smem_control_from)}
     h.update(json.dumps(rest, sort_keys=True).encode())
     return h.hexdigest()
+
+
+def analysis_key(cubin: bytes, kernel: str | None, expected_params, secret, smem_control_from) -> str:
+    """The content key of one machine-code analysis: every input of :func:`.analyze.analyze_cubin` (the cubin by
+    :func:`code_digest`) and the analyser's fingerprint. The same analysis's key under the earlier whole-cubin
+    scheme is kept beside it, so :func:`lookup` can take a report keyed that way (a stricter key: equal whole
+    cubins are equal in every section)."""
+    key = _key(code_digest(cubin), kernel, expected_params, secret, smem_control_from, KEY_SCHEME)
+    _LEGACY[key] = _key(hashlib.sha256(cubin).digest(), kernel, expected_params, secret, smem_control_from, None)
+    return key
 
 
 def reusable(entry: dict) -> bool:
@@ -116,6 +162,8 @@ def lookup(key: str) -> Report | None:
     """The analysis stored under ``key`` as a :class:`Report` with the fields :func:`.analyze.analyze_cubin` sets
     (``reused`` True), or None."""
     entry = _MEMO.get(key)
+    if entry is None and key in _LEGACY:  # a report keyed by whole cubins (analysis_key)
+        entry = _MEMO.get(_LEGACY[key])
     if entry is None:
         return None
     n = int(entry.get("analysis_notes", 0))
