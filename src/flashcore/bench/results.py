@@ -54,17 +54,22 @@ class SchemaError(ValueError):
 
 
 # ---------------------------------------------------------------- environment
+def _git(*args: str, timeout: float = 10) -> Optional[str]:
+    """stdout of ``git ARGS`` run beside this package (None: no git, or it failed)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        out = subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
 def _git_sha() -> str:
     env = os.environ.get("FLASHCORE_GIT_SHA")
     if env:
         return env.strip()
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    sha = out.stdout.strip()
-    return sha if out.returncode == 0 and re.fullmatch(r"[0-9a-f]{7,64}", sha) else "unknown"
+    sha = (_git("rev-parse", "HEAD") or "").strip()
+    return sha if re.fullmatch(r"[0-9a-f]{7,64}", sha) else "unknown"
 
 
 def _git_dirty() -> Optional[bool]:
@@ -72,13 +77,8 @@ def _git_dirty() -> Optional[bool]:
     GPU machine's) may carry an older ``.git`` than its files: its ``git_sha`` then names a commit that did not run."""
     if os.environ.get("FLASHCORE_GIT_SHA"):
         return None
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True,
-                             text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return bool(out.stdout.strip()) if out.returncode == 0 else None
+    out = _git("status", "--porcelain", "--untracked-files=no", timeout=30)
+    return None if out is None else bool(out.strip())
 
 
 def source_sha256(root: Optional[str] = None) -> str:

@@ -61,6 +61,7 @@ def analyser_fingerprint() -> str:
 KEY_SCHEME = "non-debug-sections-1"
 #: a key of this scheme -> the whole-cubin key of the same analysis (the scheme before 2026-11-30), for :func:`lookup`
 _LEGACY: dict[str, str] = {}
+_SHT_NOBITS = 8  # ELF: a section that occupies no file space (.nv.shared.*)
 
 
 def code_digest(cubin: bytes) -> bytes:
@@ -86,9 +87,6 @@ def code_digest(cubin: bytes) -> bytes:
         if typ != _SHT_NOBITS:
             h.update(cubin[off:off + size])
     return h.digest()
-
-
-_SHT_NOBITS = 8  # ELF: a section that occupies no file space (.nv.shared.*)
 
 
 def _key(code: bytes, kernel, expected_params, secret, smem_control_from, scheme: str | None) -> str:
