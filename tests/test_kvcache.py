@@ -1480,6 +1480,100 @@ def test_fast_short_contiguous_split_form_matches_the_reference(launches, gen):
     assert names == ["decode_split_kernel", "decode_combine_kernel"], names
 
 
+@kernel
+@pytest.mark.parametrize("layout", ["paged8", "paged8_fp8", "page1", "contiguous", "leftpad"])
+@pytest.mark.parametrize("causal,Sq", [(True, 3), (False, 1)])
+def test_round_robin_splits_match_the_reference(layout, causal, Sq, gen):
+    """v59: the fast split kernel's tiles dealt round-robin (split s: tiles s, s + splits, ...; ``ROUND_ROBIN``)
+    against the float64 reference and against the contiguous ranges before it: page gathers (8-key pages, 16-key
+    tiles; 16-bit and e4m3 with descales), pages of one key, and a contiguous cache with and without a left pad
+    forced; 2, 3 and 5 splits, lengths 0, 1, shorter than
+    one tile per split (empty splits), cut inside a tile and full, NaN in every slot no sequence sees; and lengths
+    the host never checked (past the capacity, negative), which must stay inside the cache as before."""
+    from flashcore import _checks as C
+    from flashcore.launch.triton_decode import DecodeConfig
+    from flashcore.plan.decode import plan_kvcache
+
+    B, Hq, Hkv, D, cap = 5, 4, 2, 32, 96
+    L = lengths(0, 1, 23, cap - 5, cap)
+    kc, vc = (rnd(B, cap, Hkv, D, dtype=torch.float16, gen=gen) for _ in range(2))
+    fp8 = layout.endswith("fp8")
+    for b in range(B):
+        kc[b, int(L[b]):], vc[b, int(L[b]):] = float("nan"), float("nan" if fp8 else "inf")
+    kd = vd = None
+    if fp8:
+        kc, vc = kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn)
+        kd, vd = (torch.rand(B, Hkv, generator=gen) + 0.25 for _ in range(2))
+    table = None
+    if layout.startswith("page"):
+        page = 1 if layout == "page1" else 8
+        kc, table = to_paged(kc, page, gen)
+        vc, _ = to_paged(vc, page, gen, pages=torch.full(kc.shape, float("nan")).to(kc.dtype), table=table)
+    q = rnd(B, Sq, Hq, D, dtype=torch.float16, gen=gen)
+    leftpad = lengths(0, 0, 9, 17, 40) if layout == "leftpad" else None
+    a = C.check_kvcache(q, kc, vc, cache_seqlens=L, k=None, v=None, page_table=table, cache_batch_idx=None,
+                        cache_leftpad=leftpad, cu_seqlens_q=None, max_seqlen_q=None, k_descale=kd, v_descale=vd,
+                        causal=causal, scale=None, num_splits=0, return_lse=True, out=None, secure=False,
+                        backend="triton")
+    tensors = {n: x for n, x in dict(page_table=table, cache_leftpad=leftpad, k_descale=kd, v_descale=vd).items()
+               if x is not None}
+    ref, ref_lse = R.attention_with_kvcache(q, kc, vc, cache_seqlens=L, page_table=table, cache_leftpad=leftpad,
+                                            k_descale=kd, v_descale=vd, causal=causal, return_lse=True)
+    wild = lengths(cap + 40, -5, 1 << 30, 7, cap)
+    for splits in (2, 3, 5):
+        outs = {}
+        for rr in (False, True):
+            plan = plan_kvcache(a, q, kc, vc, None, None, table, None, leftpad, nan_like(q),
+                                config=DecodeConfig(16, 16, 4, 2, splits, full_tiles=False, round_robin=rr))
+            assert plan.split.constexprs.get("ROUND_ROBIN", False) is rr
+            what = f"{layout} causal={causal} Sq={Sq} splits={splits} round_robin={rr} seed {gen.initial_seed()}"
+            o, lse = plan(q, kc, vc, dict(tensors, cache_seqlens=L), nan_like(q))
+            check(o, lse, ref, ref_lse, torch.float16, what=what)
+            outs[rr] = plan(q, kc, vc, dict(tensors, cache_seqlens=wild), nan_like(q))
+        for (o1, l1), (o0, l0) in [(outs[True], outs[False])]:  # unchecked lengths: clamped as before
+            assert torch.allclose(o1.float(), o0.float(), atol=2e-3, rtol=2e-3), what
+            assert torch.allclose(l1, l0, atol=1e-4, rtol=1e-5, equal_nan=True), what
+
+
+def test_round_robin_splits_are_taken_where_splits_hold_few_tiles(monkeypatch):
+    """The policy for v59's round-robin splits: v58's short contiguous 16-bit form (D 128, 64-key tiles) and the FP8
+    page gathers with few tiles a split, as the planner builds them; not the 16-bit page gathers, not longer splits
+    (128-key tiles), not at one split, not secure, not where whole tiles run unmasked."""
+    from dataclasses import replace
+
+    import flashcore.plan.decode as pd
+    from flashcore.launch.triton_decode import DecodeConfig, DecodeShape, round_robin
+
+    def shape(**kw):
+        base = dict(batch=1, seqlen_q=1, num_heads_q=32, num_heads_kv=8, head_dim=128, page_size=16,
+                    capacity=4096, num_pages=256, paged=True, packed=False, appended=False, has_batch_idx=False,
+                    has_leftpad=False, causal=True, secure=False, fp8=False, return_lse=False, fp32=False, scale=0.1)
+        return DecodeShape(**dict(base, **kw))
+
+    contiguous = dict(paged=False, page_size=4096, num_pages=1)
+    dev = torch.device("cuda")
+    monkeypatch.setattr(pd, "sm_count", lambda device: 132)
+    for cap in (1024, 2048, 4096):  # v58's short form, as planned
+        s = shape(**dict(contiguous, capacity=cap, page_size=cap))
+        c = pd.choose_config(s, 0, dev)
+        assert c.block_n == 64 and c.num_splits > 1 and round_robin(s, c), (cap, c)
+        assert not round_robin(replace(s, secure=True), pd.choose_config(replace(s, secure=True), 0, dev))
+    for s in (shape(fp8=True), shape(fp8=True, capacity=2048)):  # FP8 page gathers with few tiles a split
+        c = pd.choose_config(s, 0, dev)
+        assert round_robin(s, c), c
+    for s in (shape(), shape(page_size=32, num_pages=128), shape(page_size=1, num_pages=4096),  # 16-bit gathers
+              shape(**dict(contiguous, capacity=16384, page_size=16384)),  # longer splits, 128-key tiles
+              shape(**dict(contiguous, capacity=65536, page_size=65536)), shape(fp8=True, capacity=65536),
+              shape(page_size=64, num_pages=64), shape(batch=64, capacity=8192)):
+        c = pd.choose_config(s, 0, dev)
+        assert not round_robin(s, c), (s, c)
+    cfg = DecodeConfig(16, 64, 4, 3, 16)
+    s = shape(**contiguous)
+    assert round_robin(s, cfg) and not round_robin(s, DecodeConfig(16, 64, 4, 3, 1))
+    assert not round_robin(s, DecodeConfig(16, 64, 4, 3, 16, full_tiles=True))
+    assert round_robin(shape(), DecodeConfig(16, 64, 4, 3, 16, round_robin=True))  # forced, for measurements
+
+
 @pytest.fixture
 def launches(monkeypatch):
     """Every KV-cache plan run during the test: (the DecodePlan object, [(kernel, grid, scalar args, constexprs)

@@ -293,6 +293,60 @@ def test_cuda_graph_replay_with_new_lengths_and_page_tables(secure, B):
                                         lambda: table[torch.randperm(B, device=DEV)])
 
 
+@pytest.mark.parametrize("cap,page,fp8", [(4096, 0, False), (1024, 0, False), (4096, 16, True)])
+def test_round_robin_split_forms_match_the_reference_and_replay_in_a_graph(cap, page, fp8):
+    """v59: where the planner deals a B1 cache's key tiles to the splits round-robin (v58's short contiguous form,
+    the FP8 page gather with few tiles a split), the output against the float64 reference (FP8: dequantised) with
+    lengths 0, 1, shorter than one tile per split, cut inside a tile and full, poisoned first; then a graph captured
+    once and replayed with new lengths and tables. The 16-bit page-16 gather keeps contiguous ranges."""
+    from flashcore.plan.decode import DecodePlan
+
+    plans = []
+    real = DecodePlan.__call__
+
+    def spy(self, *a, **k):
+        plans.append(self)
+        return real(self, *a, **k)
+
+    q, kc, vc, table, _, descale = _case(1, 32, 8, 128, cap, page, fp8=fp8, seed=59)
+    DecodePlan.__call__ = spy
+    try:
+        for L in (0, 1, 100, cap - 37, cap):
+            lens = torch.tensor([L], device=DEV, dtype=torch.int32)
+            out = torch.full_like(q, float("nan"))
+            o = flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table, out=out, **descale)
+            ro = R.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table, **descale)
+            assert not torch.isnan(o).any() and (rel_err(o, ro) < 1e-2 if L else bool((o == 0).all())), L
+        ce = plans[-1].split.constexprs
+        assert ce["ROUND_ROBIN"] and plans[-1].config.num_splits > 1, (plans[-1].config, ce)
+        q16, kc16, vc16, t16, _, _ = _case(1, 32, 8, 128, 4096, 16, seed=60)
+        flashcore.attention_with_kvcache(q16, kc16, vc16, cache_seqlens=torch.tensor([4096], device=DEV).int(),
+                                         page_table=t16)
+        assert plans[-1].config.num_splits > 1 and not plans[-1].split.constexprs["ROUND_ROBIN"]
+    finally:
+        DecodePlan.__call__ = real
+    lens_buf = torch.tensor([cap], device=DEV, dtype=torch.int32)
+    table_buf = table.clone() if table is not None else None
+    out = torch.empty_like(q)
+
+    def call():
+        return flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lens_buf, page_table=table_buf, out=out,
+                                                **descale)
+
+    call()
+    graph, _ = capture_cuda_graph(call)
+    for trial in range(3):
+        new_lens = torch.randint(0, cap + 1, (1,), device=DEV).int()
+        lens_buf.copy_(new_lens)
+        if table is not None:
+            table_buf.copy_(table[:, torch.randperm(table.shape[1], device=DEV)])
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = R.attention_with_kvcache(q, kc, vc, cache_seqlens=new_lens, page_table=table_buf, **descale)
+        assert not torch.isnan(out).any() and (rel_err(out, ref) < 1e-2 if int(new_lens) else True), trial
+
+
 def test_a_captured_graph_keeps_reading_its_key_position_table_after_a_longer_cache_grows_it():
     """Secure decode at one split (V's select from loaded tensors, docs/perf-notes.md v47) reads the device's public
     key-position table by address. A graph captured with that table replays correctly after a call with a longer

@@ -45,6 +45,7 @@ class DecodeConfig:
     whole_tiles: bool | None = None  # secure: loads without a mask where the capacity is whole tiles (whole_tiles)
     gather_kv_offsets: bool | None = None  # secure FP8 gathers: V by K's offsets (gather_kv_offsets)
     one_compare: bool | None = None  # fast masked loops: visibility by one compare per score (one_compare)
+    round_robin: bool | None = None  # fast masked loop with splits: tiles dealt round-robin (round_robin)
 
 
 @dataclass(frozen=True)
@@ -325,6 +326,31 @@ def one_compare(shape: DecodeShape, cfg: DecodeConfig) -> bool:
             and (not shape.paged or shape.page_size == 1))
 
 
+def round_robin(shape: DecodeShape, cfg: DecodeConfig) -> bool:
+    """Whether the fast split kernel deals its key tiles to the splits round-robin (split s: tiles s, s + splits,
+    ...) instead of in contiguous ranges sized from the sequence's length. Either way each split's share is within a
+    tile of the others'; round-robin, a split's first tiles' addresses do not wait for the length's load, only the
+    loop's bound does. Only the one masked loop (:func:`full_tiles` false: the unmasked form's ranges are contiguous)
+    and not secure (its splits cover fixed shares of the capacity).
+
+    The policy, where splits hold few tiles: v58's short contiguous form (16-bit, D 128, 64-key tiles) and the FP8
+    page gathers with few tiles a split (:func:`fp8_gather_few_tiles`). The bench's timer per call and CUDA-graph
+    replays, interleaved, one H200 (2026-11-30, docs/perf-notes.md v59, B1 32/8 D128, every sequence full): 1k 9.18 ->
+    9.02 us (graphs 6.11 -> 5.92), 4k 12.99 -> 12.86 (9.94 -> 9.66), FP8 page 16 4k 12.90 -> 12.58 (9.77 -> 9.56), 2k
+    11.42 -> 11.17; not on longer splits (16k contiguous on 128-key tiles 24.74 -> 25.47, 64k 68.29 -> 69.31) nor the
+    16-bit page gathers (4k page 16 13.79 -> 14.69, 64k 70.66 -> 75.49, page 1 64k 71.58 -> 71.81).
+    ``DecodeConfig.round_robin`` forces it either way, for measurements."""
+    if shape.secure or cfg.num_splits <= 1 or full_tiles(shape, cfg):
+        return False
+    if cfg.round_robin is not None:
+        return cfg.round_robin
+    if shape.head_dim != 128 or cfg.block_m != 16 or shape.fp32:
+        return False
+    if shape.fp8:
+        return page_gather(shape, cfg) and fp8_gather_few_tiles(shape, cfg.block_n, cfg.num_splits)
+    return not shape.paged and cfg.block_n == 64
+
+
 def whole_tiles(shape: DecodeShape, cfg: DecodeConfig) -> bool:
     """Secure loads without a mask, in the hoisted loop and in v52's FP8 gather (:func:`gather_kv_offsets`): every key
     tile lies inside the capacity (a public multiple of the tile) and every row's columns are the head dim's (no
@@ -366,7 +392,8 @@ def build_split(shape: DecodeShape, cfg: DecodeConfig, q, k_cache, v_cache, out,
         PRECISION="ieee" if shape.fp32 else "tf32", PDL_TRIGGER=triggers_combine(shape, cfg),
         SEEN_BY_LOAD=seen_by_load(shape, cfg), HOISTED=hoisted(shape, cfg), WHOLE_TILES=whole_tiles(shape, cfg),
         SEEN_PER_KEY=seen_per_key(shape, cfg),
-        GATHER_KV_OFFSETS=gather_kv_offsets(shape, cfg) and same_kv, ONE_COMPARE=one_compare(shape, cfg))
+        GATHER_KV_OFFSETS=gather_kv_offsets(shape, cfg) and same_kv, ONE_COMPARE=one_compare(shape, cfg),
+        ROUND_ROBIN=round_robin(shape, cfg))
     grid = (cfg.num_splits * query_tiles(shape, cfg), shape.batch * shape.num_heads_kv)
     return decode_split_kernel, grid, args, constexprs
 

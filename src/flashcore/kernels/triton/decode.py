@@ -238,8 +238,9 @@ def _attend_tiles(q, q_hi, m_i, l_i, acc, acc_hi, lo, hi, gap, start, L, see_to,
                   PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, CAUSAL: tl.constexpr,
                   FP8: tl.constexpr, PRECISION: tl.constexpr, MASKED: tl.constexpr, BLOCK_D: tl.constexpr, gap_at,
                   SKIP: tl.constexpr, ASM: tl.constexpr, REG_PAGES: tl.constexpr, SAME_KV: tl.constexpr,
-                  ONE_COMPARE: tl.constexpr):
-    """Online softmax over the key tiles ``lo, lo + BLOCK_N, ... < hi``. ``SKIP``: a tile at or past ``gap_at``
+                  ONE_COMPARE: tl.constexpr, step):
+    """Online softmax over the key tiles ``lo, lo + step, ... < hi`` (``step``: ``BLOCK_N``, or a round-robin
+    split's stride). ``SKIP``: a tile at or past ``gap_at``
     is moved ``gap`` keys on (the masked loop jumps the unmasked tiles). ``MASKED``: visibility (range, causal,
     real rows) enters by select; without it the caller guarantees every key of every tile visible to every row.
     ``ONE_COMPARE`` (``launch.triton_decode.one_compare``): visibility by one unsigned compare per score, as the
@@ -260,7 +261,7 @@ def _attend_tiles(q, q_hi, m_i, l_i, acc, acc_hi, lo, hi, gap, start, L, see_to,
         VP = VC
         offs_dv = offs_d
         d_ok = offs_d < HEAD_DIM
-    for t0 in range(lo, hi, BLOCK_N):
+    for t0 in range(lo, hi, step):
         n0 = t0
         if SKIP:
             n0 = tl.where(t0 >= gap_at, t0 + gap, t0)
@@ -349,6 +350,7 @@ def decode_split_kernel(
     SEEN_PER_KEY: tl.constexpr = False,
     GATHER_KV_OFFSETS: tl.constexpr = False,
     ONE_COMPARE: tl.constexpr = False,
+    ROUND_ROBIN: tl.constexpr = False,
 ):
     if PDL_TRIGGER and SPLIT and ASM:
         # the combine step, a programmatic dependent of this one, may launch now: its programs start and wait
@@ -416,6 +418,10 @@ def decode_split_kernel(
         chunk = tl.cdiv(tl.cdiv(capacity, BLOCK_N), num_splits) * BLOCK_N
         lo_s = split * chunk
         hi_s = tl.minimum(lo_s + chunk, capacity)
+    elif ROUND_ROBIN:  # split s takes the tiles s, s + num_splits, ...: its first tiles' addresses do not wait for
+        # the length's load, only the loop's bound does (launch.triton_decode.round_robin)
+        lo_s = (start // BLOCK_N) * BLOCK_N + split * BLOCK_N
+        hi_s = hi
     else:
         lo = (start // BLOCK_N) * BLOCK_N  # tiles start at multiples of BLOCK_N (one page per tile)
         chunk = tl.cdiv(tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N), num_splits) * BLOCK_N
@@ -575,7 +581,8 @@ def decode_split_kernel(
             q, q_hi, m_i, l_i, acc, acc_hi, lo_s, hi_s, 0, start, L, see_to, row_ok, key_count, seen_count, scale2, KC,
             VC, b, hkv, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt, stride_kh,
             stride_vp, stride_vt, stride_vh, HEAD_DIM, BLOCK_N, PAGE_SIZE, PAGED, HAS_BATCH_IDX, CAUSAL, FP8, PRECISION,
-            True, BLOCK_D, 0, False, ASM, REG_PAGES, SAME_KV, ONE_COMPARE)
+            True, BLOCK_D, 0, False, ASM, REG_PAGES, SAME_KV, ONE_COMPARE,
+            num_splits * BLOCK_N if ROUND_ROBIN else BLOCK_N)
     else:
         # Tiles every row of this query tile sees whole (inside [start, L) and, causal, at or below the first
         # row's last key) need no mask: a loop of their own, then the masked rest (the leading tile of a left
@@ -592,13 +599,13 @@ def decode_split_kernel(
             q, q_hi, m_i, l_i, acc, acc_hi, u_lo, u_hi, 0, start, L, see_to, row_ok, key_count, seen_count, scale2, KC,
             VC, b, hkv, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_kp, stride_kt, stride_kh,
             stride_vp, stride_vt, stride_vh, HEAD_DIM, BLOCK_N, PAGE_SIZE, PAGED, HAS_BATCH_IDX, CAUSAL, FP8, PRECISION,
-            False, BLOCK_D, 0, False, ASM, REG_PAGES, SAME_KV, ONE_COMPARE)
+            False, BLOCK_D, 0, False, ASM, REG_PAGES, SAME_KV, ONE_COMPARE, BLOCK_N)
         # the masked tiles: those before u_lo, then those from u_hi on (one loop; the index jumps the gap)
         m_i, l_i, acc, acc_hi = _attend_tiles(
             q, q_hi, m_i, l_i, acc, acc_hi, lo_s, hi_s - (u_hi - u_lo), u_hi - u_lo, start, L, see_to, row_ok, key_count,
             seen_count, scale2, KC, VC, b, hkv, offs_d, PAGE_TABLE, stride_pt, BATCH_IDX, num_pages, capacity, stride_kp,
             stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, HEAD_DIM, BLOCK_N, PAGE_SIZE, PAGED, HAS_BATCH_IDX,
-            CAUSAL, FP8, PRECISION, True, BLOCK_D, u_lo, True, ASM, REG_PAGES, SAME_KV, ONE_COMPARE)
+            CAUSAL, FP8, PRECISION, True, BLOCK_D, u_lo, True, ASM, REG_PAGES, SAME_KV, ONE_COMPARE, BLOCK_N)
 
     if FP8:
         acc = tl.reshape(tl.join(acc, acc_hi), [BLOCK_M, BLOCK_D])  # columns 2j and 2j + 1 side by side
