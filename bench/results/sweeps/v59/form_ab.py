@@ -13,8 +13,13 @@ from flashcore.reference import attention_with_kvcache as reference
 dev = "cuda"
 OUT = os.environ.get("OUT", ".")
 CASES = [tuple(int(x) for x in c.split(",")) for c in os.environ.get("CASES", "1,4096,16").split(";")]
-FORMS = {"pol": None, "off": False, "on": True}
 FIELD = os.environ.get("FIELD", "round_robin")
+FORMS = {"pol": {}, "off": {FIELD: False}, "on": {FIELD: True}}
+if os.environ.get("FORMS"):  # "name:field=int,field=int;..." (e.g. "off:warm_table=0;l1:warm_table=1,warm_level=1")
+    FORMS = {"pol": {}}
+    for item in os.environ["FORMS"].split(";"):
+        name, _, kv = item.partition(":")
+        FORMS[name] = {k: int(v) for k, v in (x.split("=") for x in kv.split(",") if x)}
 MODES = list(FORMS)
 SETS, ROUNDS = int(os.environ.get("SETS", 9)), int(os.environ.get("ROUNDS", 5))
 g = torch.Generator(device=dev).manual_seed(int(time.time()) % 2**31)
@@ -29,7 +34,7 @@ for case in CASES:
     base = plan0.config
     fns, err, same = {}, {}, {}
     for m in MODES:
-        cfg = replace(base, **{FIELD: FORMS[m]})
+        cfg = replace(base, **FORMS[m])
         fns[m] = [_planned(q, k, v, kw, cfg)[1] for (q, k, v, kw) in ins]
         q, k, v, kw = ins[0]
         errs, eq = [], []
@@ -49,8 +54,8 @@ for case in CASES:
             eq.append(bool(torch.equal(outs[0], outs[1])))
         err[m], same[m] = errs, eq
         pl = _planned(q, k, v, kw, cfg)[0]
-        fns[m + "_ce"] = (pl.split.constexprs.get("ROUND_ROBIN", False) if FIELD == "round_robin"
-                          else getattr(pl, "merged", None) is not None)
+        fns[m + "_ce"] = (pl.split.constexprs.get(FIELD.upper(), False) if FIELD.upper() in pl.split.constexprs
+                          else getattr(pl, FIELD, None) is not None)
         if os.environ.get("GRAPHCHECK") == "1":  # a graph captured once, replayed with new lengths
             t = dict(kw, cache_seqlens=kw["cache_seqlens"].clone())
             plan, _ = _planned(q, k, v, t, cfg)
