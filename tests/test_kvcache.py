@@ -1574,6 +1574,31 @@ def test_round_robin_splits_are_taken_where_splits_hold_few_tiles(monkeypatch):
     assert round_robin(shape(), DecodeConfig(16, 64, 4, 3, 16, round_robin=True))  # forced, for measurements
 
 
+def test_short_page_gathers_prefetch_their_table_row(monkeypatch):
+    """v59's policy for the page-table prefetch (``launch.triton_decode.warm_table``), on the planner's forms: the fast
+    16-bit page gathers with splits whose table row is at most 1 KB (B1 2k and 4k at page 16, 4k at page 32); not a
+    longer row (16k at page 16), one split (B64), page 64 (two pages a tile: not measured), FP8 (round-robin splits),
+    contiguous caches or secure mode."""
+    import flashcore.plan.decode as pd
+    from flashcore.launch.triton_decode import DecodeShape, warm_table
+
+    def shape(**kw):
+        base = dict(batch=1, seqlen_q=1, num_heads_q=32, num_heads_kv=8, head_dim=128, page_size=16,
+                    capacity=4096, num_pages=256, paged=True, packed=False, appended=False, has_batch_idx=False,
+                    has_leftpad=False, causal=True, secure=False, fp8=False, return_lse=False, fp32=False, scale=0.1)
+        return DecodeShape(**dict(base, **kw))
+
+    monkeypatch.setattr(pd, "sm_count", lambda device: 132)
+    dev = torch.device("cuda")
+    for s in (shape(), shape(capacity=2048), shape(page_size=32, num_pages=128)):
+        c = pd.choose_config(s, 0, dev)
+        assert c.num_splits > 1 and warm_table(s, c), (s, c)
+    for s in (shape(capacity=16384, num_pages=1024), shape(batch=64, capacity=8192), shape(page_size=64, num_pages=64),
+              shape(fp8=True), shape(paged=False, page_size=4096, num_pages=1), shape(secure=True)):
+        c = pd.choose_config(s, 0, dev)
+        assert not warm_table(s, c), (s, c)
+
+
 @pytest.fixture
 def launches(monkeypatch):
     """Every KV-cache plan run during the test: (the DecodePlan object, [(kernel, grid, scalar args, constexprs)

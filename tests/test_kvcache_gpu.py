@@ -298,7 +298,8 @@ def test_round_robin_split_forms_match_the_reference_and_replay_in_a_graph(cap, 
     """v59: where the planner deals a B1 cache's key tiles to the splits round-robin (v58's short contiguous form,
     the FP8 page gather with few tiles a split), the output against the float64 reference (FP8: dequantised) with
     lengths 0, 1, shorter than one tile per split, cut inside a tile and full, poisoned first; then a graph captured
-    once and replayed with new lengths and tables. The 16-bit page-16 gather keeps contiguous ranges."""
+    once and replayed with new lengths and tables. The 16-bit page-16 gather keeps contiguous ranges and prefetches
+    its table row (its output against the reference too)."""
     from flashcore.plan.decode import DecodePlan
 
     plans = []
@@ -320,9 +321,13 @@ def test_round_robin_split_forms_match_the_reference_and_replay_in_a_graph(cap, 
         ce = plans[-1].split.constexprs
         assert ce["ROUND_ROBIN"] and plans[-1].config.num_splits > 1, (plans[-1].config, ce)
         q16, kc16, vc16, t16, _, _ = _case(1, 32, 8, 128, 4096, 16, seed=60)
-        flashcore.attention_with_kvcache(q16, kc16, vc16, cache_seqlens=torch.tensor([4096], device=DEV).int(),
-                                         page_table=t16)
-        assert plans[-1].config.num_splits > 1 and not plans[-1].split.constexprs["ROUND_ROBIN"]
+        for L16 in (4096, 1000):
+            l16 = torch.tensor([L16], device=DEV).int()
+            o16 = flashcore.attention_with_kvcache(q16, kc16, vc16, cache_seqlens=l16, page_table=t16)
+            r16 = R.attention_with_kvcache(q16, kc16, vc16, cache_seqlens=l16, page_table=t16)
+            assert not torch.isnan(o16).any() and rel_err(o16, r16) < 1e-2, L16
+        ce16 = plans[-1].split.constexprs  # (v59: the 16-bit gather prefetches its table row instead)
+        assert plans[-1].config.num_splits > 1 and not ce16["ROUND_ROBIN"] and ce16["WARM_TABLE"]
     finally:
         DecodePlan.__call__ = real
     lens_buf = torch.tensor([cap], device=DEV, dtype=torch.int32)

@@ -120,6 +120,21 @@ def test_the_split_step_lets_its_combine_launch_as_it_starts(secure, splits, cac
         assert ops.index("PREEXIT") < first_load
 
 
+@pytest.mark.parametrize("secure,splits,cache_dtype,expected", [(False, 7, "bf16", True), (False, 1, "bf16", False),
+                                                                (True, 7, "bf16", False), (False, 7, "fp8", False)])
+def test_a_short_page_gather_prefetches_its_table_row_before_its_first_load(secure, splits, cache_dtype, expected):
+    """v59: the fast 16-bit page gather with splits over a short table row (here 64 entries, two lines) issues one L2
+    prefetch instruction (``CCTL.E.PF2``, thread-predicated) before its first global load, the length's, so the row is
+    on its way while the split's page indices wait for the length. Not at one split, not in secure mode (its audited
+    machine code stays as it was), not for the FP8 gather (round-robin splits, whose first indices do not wait)."""
+    ops = opcodes(decode_split_sass(secure, "paged", 16, splits, cache_dtype))
+    prefetches = [op for op in ops if op.startswith("CCTL")]
+    assert prefetches == (["CCTL.E.PF2"] if expected else []), prefetches
+    if expected:
+        first_load = next(i for i, op in enumerate(ops) if op.startswith(("LDG", "LDGSTS")))
+        assert ops.index("CCTL.E.PF2") < first_load
+
+
 _DECODE_TTGIR = """
 import sys, torch
 import triton

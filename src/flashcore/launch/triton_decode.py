@@ -46,6 +46,7 @@ class DecodeConfig:
     gather_kv_offsets: bool | None = None  # secure FP8 gathers: V by K's offsets (gather_kv_offsets)
     one_compare: bool | None = None  # fast masked loops: visibility by one compare per score (one_compare)
     round_robin: bool | None = None  # fast masked loop with splits: tiles dealt round-robin (round_robin)
+    warm_table: bool | None = None  # fast page gathers with splits: the table's row prefetched first (warm_table)
 
 
 @dataclass(frozen=True)
@@ -351,6 +352,28 @@ def round_robin(shape: DecodeShape, cfg: DecodeConfig) -> bool:
     return not shape.paged and cfg.block_n == 64
 
 
+WARM_TABLE_MAX_LINES = 8  # 128-byte lines of page-table row: 1 KB, 4k keys in pages of 16
+
+
+def warm_table(shape: DecodeShape, cfg: DecodeConfig) -> bool:
+    """Whether the fast split kernel prefetches the sequence's page-table row into L2 as it starts (one request per
+    128-byte line, from thread 0 on), beside the length's load that the split's page indices wait for. Policy: the
+    16-bit page gathers with splits (contiguous ranges, :func:`round_robin` false) whose row is at most
+    ``WARM_TABLE_MAX_LINES`` lines, at the page sizes measured (16 and 32). The bench's timer per call and CUDA-graph replays, interleaved, one H200
+    (2026-11-30, docs/perf-notes.md v59, B1 32/8 D128, every sequence full): 4k page 16 13.79 -> 13.57 us (graphs 10.52
+    -> 10.36), 2k page 16 11.39 -> 11.01-11.04 (8.16 -> 7.97), 4k page 32 13.55 -> 13.47-13.50; 16k page 16 (32 lines)
+    26.56 -> 26.75 and the FP8 gather with round-robin splits 12.64 -> 12.70-12.74, so neither. A tensor of the
+    lines' addresses (a request per thread) lost 0.5-1.0 us at the same shapes. ``DecodeConfig.warm_table`` forces
+    it either way, for measurements."""
+    if shape.secure or not shape.paged or cfg.num_splits <= 1:
+        return False
+    if cfg.warm_table is not None:
+        return cfg.warm_table
+    lines = cdiv(cdiv(shape.capacity, shape.page_size) * 4, 128)
+    return (page_gather(shape, cfg) and shape.page_size in (16, 32) and not shape.fp8 and not round_robin(shape, cfg)
+            and lines <= WARM_TABLE_MAX_LINES)
+
+
 def whole_tiles(shape: DecodeShape, cfg: DecodeConfig) -> bool:
     """Secure loads without a mask, in the hoisted loop and in v52's FP8 gather (:func:`gather_kv_offsets`): every key
     tile lies inside the capacity (a public multiple of the tile) and every row's columns are the head dim's (no
@@ -393,7 +416,7 @@ def build_split(shape: DecodeShape, cfg: DecodeConfig, q, k_cache, v_cache, out,
         SEEN_BY_LOAD=seen_by_load(shape, cfg), HOISTED=hoisted(shape, cfg), WHOLE_TILES=whole_tiles(shape, cfg),
         SEEN_PER_KEY=seen_per_key(shape, cfg),
         GATHER_KV_OFFSETS=gather_kv_offsets(shape, cfg) and same_kv, ONE_COMPARE=one_compare(shape, cfg),
-        ROUND_ROBIN=round_robin(shape, cfg))
+        ROUND_ROBIN=round_robin(shape, cfg), WARM_TABLE=warm_table(shape, cfg))
     grid = (cfg.num_splits * query_tiles(shape, cfg), shape.batch * shape.num_heads_kv)
     return decode_split_kernel, grid, args, constexprs
 

@@ -77,6 +77,17 @@ def _as_pairs(C, stride_p, stride_t, stride_h):
 
 
 @triton.jit
+def _prefetch_table_lines(base, n):
+    """Threads 0 .. n-1 each prefetch into L2 the 128-byte line at ``base + 128 * thread``: one request per line, no
+    result and no wait. (One request per thread holding a copy of the address, as a tensor of the lines' addresses
+    makes it, cost more than the prefetch saved: docs/perf-notes.md v59.)"""
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; .reg .u32 t; .reg .u64 a; mov.u32 t, %tid.x; setp.lt.u32 p, t, $2; "
+        "mad.wide.u32 a, t, 128, $1; @p prefetch.global.L2 [a]; mov.b32 $0, 0; }",
+        "=r,l,r", [base, n], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _load_public_i32(ptr, ASM: tl.constexpr):
     """A load Triton's pipeliner leaves alone (``ASM``, on a GPU): it moves the load (and the address arithmetic
     after it) into an earlier stage as an ordinary register load, instead of copying the value through shared
@@ -351,7 +362,14 @@ def decode_split_kernel(
     GATHER_KV_OFFSETS: tl.constexpr = False,
     ONE_COMPARE: tl.constexpr = False,
     ROUND_ROBIN: tl.constexpr = False,
+    WARM_TABLE: tl.constexpr = False,
 ):
+    if WARM_TABLE and PAGED and ASM and not SECURE:
+        # the sequence's page-table row (public, at most a few lines) on its way to the L2 beside the length's load:
+        # the split's page indices, whose addresses wait for the length, then find their line there
+        # (launch.triton_decode.warm_table)
+        _prefetch_table_lines(PAGE_TABLE + (tl.program_id(1) // num_heads_kv).to(tl.int64) * stride_pt,
+                              tl.cdiv(tl.cdiv(capacity, PAGE_SIZE), 32))
     if PDL_TRIGGER and SPLIT and ASM:
         # the combine step, a programmatic dependent of this one, may launch now: its programs start and wait
         # (griddepcontrol.wait, which returns once this whole grid has completed) beside these
