@@ -358,18 +358,18 @@ WARM_TABLE_MAX_LINES = 8  # 128-byte lines of page-table row: 1 KB, 4k keys in p
 def warm_table(shape: DecodeShape, cfg: DecodeConfig) -> bool:
     """Whether the fast split kernel prefetches the sequence's page-table row into L2 as it starts (one request per
     128-byte line, from thread 0 on), beside the length's load that the split's page indices wait for. Policy: the
-    16-bit page gathers with splits (contiguous ranges, :func:`round_robin` false) whose row is at most
-    ``WARM_TABLE_MAX_LINES`` lines, at the page sizes measured (16 and 32). The bench's timer per call and CUDA-graph replays, interleaved, one H200
-    (2026-11-30, docs/perf-notes.md v59, B1 32/8 D128, every sequence full): 4k page 16 13.79 -> 13.57 us (graphs 10.52
-    -> 10.36), 2k page 16 11.39 -> 11.01-11.04 (8.16 -> 7.97), 4k page 32 13.55 -> 13.47-13.50; 16k page 16 (32 lines)
-    26.56 -> 26.75 and the FP8 gather with round-robin splits 12.64 -> 12.70-12.74, so neither. A tensor of the
-    lines' addresses (a request per thread) lost 0.5-1.0 us at the same shapes. ``DecodeConfig.warm_table`` forces
-    it either way, for measurements."""
+    16-bit page gathers with splits (contiguous ranges, :func:`round_robin` false) at the page sizes measured (16 and
+    32) whose row is at most ``WARM_TABLE_MAX_LINES`` lines. The bench's timer per call and CUDA-graph replays,
+    interleaved, one H200 (2026-11-30, docs/perf-notes.md v59, B1 32/8 D128, every sequence full): 4k page 16 13.79 ->
+    13.57 us (graphs 10.52 -> 10.36), 2k page 16 11.39 -> 11.01-11.04 (8.16 -> 7.97), 4k page 32 13.55 -> 13.47-13.50;
+    16k page 16 (32 lines) 26.56 -> 26.75 and the FP8 gather with round-robin splits 12.64 -> 12.70-12.74, so
+    neither. A tensor of the lines' addresses (a request per thread) lost 0.5-1.0 us at the same shapes.
+    ``DecodeConfig.warm_table`` forces it either way, for measurements."""
     if shape.secure or not shape.paged or cfg.num_splits <= 1:
         return False
     if cfg.warm_table is not None:
         return cfg.warm_table
-    lines = cdiv(cdiv(shape.capacity, shape.page_size) * 4, 128)
+    lines = cdiv(cdiv(shape.capacity, shape.page_size), 32)  # int32 entries, 32 to a line (as the kernel counts)
     return (page_gather(shape, cfg) and shape.page_size in (16, 32) and not shape.fp8 and not round_robin(shape, cfg)
             and lines <= WARM_TABLE_MAX_LINES)
 
