@@ -1487,9 +1487,9 @@ def test_round_robin_splits_match_the_reference(layout, causal, Sq, gen):
     """v59: the fast split kernel's tiles dealt round-robin (split s: tiles s, s + splits, ...; ``ROUND_ROBIN``)
     against the float64 reference and against the contiguous ranges before it: page gathers (8-key pages, 16-key
     tiles; 16-bit and e4m3 with descales), pages of one key, and a contiguous cache with and without a left pad
-    forced; 2, 3 and 5 splits, lengths 0, 1, shorter than
-    one tile per split (empty splits), cut inside a tile and full, NaN in every slot no sequence sees; and lengths
-    the host never checked (past the capacity, negative), which must stay inside the cache as before."""
+    forced; 2, 3 and 5 splits, lengths 0, 1, shorter than one tile per split (empty splits), cut inside a tile and
+    full, NaN in every slot no sequence sees; and lengths the host never checked (past the capacity, negative), which
+    must stay inside the cache as before."""
     from flashcore import _checks as C
     from flashcore.launch.triton_decode import DecodeConfig
     from flashcore.plan.decode import plan_kvcache
@@ -1530,9 +1530,19 @@ def test_round_robin_splits_match_the_reference(layout, causal, Sq, gen):
             o, lse = plan(q, kc, vc, dict(tensors, cache_seqlens=L), nan_like(q))
             check(o, lse, ref, ref_lse, torch.float16, what=what)
             outs[rr] = plan(q, kc, vc, dict(tensors, cache_seqlens=wild), nan_like(q))
-        for (o1, l1), (o0, l0) in [(outs[True], outs[False])]:  # unchecked lengths: clamped as before
-            assert torch.allclose(o1.float(), o0.float(), atol=2e-3, rtol=2e-3), what
-            assert torch.allclose(l1, l0, atol=1e-4, rtol=1e-5, equal_nan=True), what
+        (o1, l1), (o0, l0) = outs[True], outs[False]  # unchecked lengths: clamped as before
+        assert torch.allclose(o1.float(), o0.float(), atol=2e-3, rtol=2e-3), what
+        assert torch.allclose(l1, l0, atol=1e-4, rtol=1e-5, equal_nan=True), what
+
+
+def _b1_page16_shape(**kw):
+    """The public shape of a B1 32/8 D128 decode call on a 4k cache in pages of 16, with ``kw`` changed."""
+    from flashcore.launch.triton_decode import DecodeShape
+
+    base = dict(batch=1, seqlen_q=1, num_heads_q=32, num_heads_kv=8, head_dim=128, page_size=16, capacity=4096,
+                num_pages=256, paged=True, packed=False, appended=False, has_batch_idx=False, has_leftpad=False,
+                causal=True, secure=False, fp8=False, return_lse=False, fp32=False, scale=0.1)
+    return DecodeShape(**dict(base, **kw))
 
 
 def test_round_robin_splits_are_taken_where_splits_hold_few_tiles(monkeypatch):
@@ -1542,14 +1552,9 @@ def test_round_robin_splits_are_taken_where_splits_hold_few_tiles(monkeypatch):
     from dataclasses import replace
 
     import flashcore.plan.decode as pd
-    from flashcore.launch.triton_decode import DecodeConfig, DecodeShape, round_robin
+    from flashcore.launch.triton_decode import DecodeConfig, round_robin
 
-    def shape(**kw):
-        base = dict(batch=1, seqlen_q=1, num_heads_q=32, num_heads_kv=8, head_dim=128, page_size=16,
-                    capacity=4096, num_pages=256, paged=True, packed=False, appended=False, has_batch_idx=False,
-                    has_leftpad=False, causal=True, secure=False, fp8=False, return_lse=False, fp32=False, scale=0.1)
-        return DecodeShape(**dict(base, **kw))
-
+    shape = _b1_page16_shape
     contiguous = dict(paged=False, page_size=4096, num_pages=1)
     dev = torch.device("cuda")
     monkeypatch.setattr(pd, "sm_count", lambda device: 132)
@@ -1580,14 +1585,9 @@ def test_short_page_gathers_prefetch_their_table_row(monkeypatch):
     longer row (16k at page 16), one split (B64), page 64 (two pages a tile: not measured), FP8 (round-robin splits),
     contiguous caches or secure mode."""
     import flashcore.plan.decode as pd
-    from flashcore.launch.triton_decode import DecodeShape, warm_table
+    from flashcore.launch.triton_decode import warm_table
 
-    def shape(**kw):
-        base = dict(batch=1, seqlen_q=1, num_heads_q=32, num_heads_kv=8, head_dim=128, page_size=16,
-                    capacity=4096, num_pages=256, paged=True, packed=False, appended=False, has_batch_idx=False,
-                    has_leftpad=False, causal=True, secure=False, fp8=False, return_lse=False, fp32=False, scale=0.1)
-        return DecodeShape(**dict(base, **kw))
-
+    shape = _b1_page16_shape
     monkeypatch.setattr(pd, "sm_count", lambda device: 132)
     dev = torch.device("cuda")
     for s in (shape(), shape(capacity=2048), shape(page_size=32, num_pages=128)):
