@@ -258,6 +258,46 @@ def test_readme_decode_tables_are_the_committed_runs():
     assert gpus[0].startswith("NVIDIA H100"), "the first decode table is the H100 run (the GPU of the issue's bars)"
 
 
+def test_readme_generate_tables_are_the_committed_runs():
+    """The README's transformers generate tables are generated from the committed ``hf_generate`` runs they name
+    (never typed): each run compares flashcore with sdpa in the same process, over at least 3 repeats on the GPU the
+    table is for, and the static-cache run is one of them."""
+    import os
+    import re
+
+    from flashcore.bench.report import generate_markdown_table
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    readme = open(os.path.join(root, "README.md")).read()
+    tables = re.findall(r"<!-- generate-table: (\S+) -->\n(.*?)\n<!-- /generate-table -->", readme, re.S)
+    assert len(tables) >= 3, "README lost its generated transformers tables"
+    caches = set()
+    for path, table in tables:
+        doc = json.load(open(os.path.join(root, path)))
+        impls = {r["impl"] for r in doc["rows"]}
+        assert "sdpa" in impls and impls - {"sdpa"}, f"{path}: flashcore and sdpa in one run"
+        assert table.strip() == generate_markdown_table(doc).strip(), f"README's generate table of {path} is stale"
+        caches.add(doc.get("cache", "dynamic"))
+        assert doc["repeats"] >= 3, f"{path}: medians of at least 3 repeats (sdpa's first one builds cuDNN graphs)"
+    assert caches == {"dynamic", "static"}
+
+
+def test_generate_table_reads_every_row_against_sdpa_of_its_batch():
+    from flashcore.bench.report import generate_markdown_table
+
+    rows = [dict(impl="sdpa", batch=1, padded=False, prefill_tok_s=100.0, decode_tok_s=50.0, decode_ms_per_step=20.0),
+            dict(impl="fcore", batch=1, padded=False, prefill_tok_s=110.0, decode_tok_s=75.0, decode_ms_per_step=13.3,
+                 agree=7),
+            dict(impl="sdpa", batch=8, padded=False, prefill_tok_s=400.0, decode_tok_s=200.0, decode_ms_per_step=40.0),
+            dict(impl="fcore", batch=8, padded=False, prefill_tok_s=360.0, decode_tok_s=100.0,
+                 decode_ms_per_step=80.0, agree=0)]
+    lines = generate_markdown_table(dict(rows=rows, cache="static")).splitlines()
+    assert lines[0].startswith("| impl | batch | prefill tok/s | x sdpa | decode tok/s | x sdpa | ms/step")
+    assert lines[3] == "| fcore | 1 | 110 | 1.10 | 75 | 1.50 | 13.30 | 7 |"
+    assert lines[5] == "| fcore | 8 | 360 | 0.90 | 100 | 0.50 | 80.00 | 0 |"
+    assert lines[2] == "| sdpa | 1 | 100 | 1.00 | 50 | 1.00 | 20.00 | - |"
+
+
 def test_readme_performance_table_is_the_committed_run():
     """The README's main performance table is generated from the committed dense bench run it names, an H100 run
     with SDPA, FA4, flex and secure mode in it."""

@@ -352,6 +352,34 @@ def test_round_robin_split_forms_match_the_reference_and_replay_in_a_graph(cap, 
         assert not torch.isnan(out).any() and (rel_err(out, ref) < 1e-2 if int(new_lens) else True), trial
 
 
+@pytest.mark.parametrize("secure", [False, True])
+def test_compiled_cuda_graphs_keep_no_buffer_and_match_eager_calls(secure):
+    """torch.compile with CUDA graphs (mode "reduce-overhead", cudagraph trees: what transformers' static-cache
+    generate compiles) of a split-KV decode call. The trees run the op once eagerly in the graph's private memory
+    pool, then record it, then replay it, and check after the eager run that nothing allocated there outlives it but
+    the outputs: the workspace an eager call keeps for the next one failed that check (perf-notes v60). Every call,
+    with new lengths each time, equals an eager call bit for bit."""
+    from torch._dynamo.utils import counters
+
+    q, kc, vc, _, lens, _ = _case(1, 32, 8, 128, 2048, 0, seed=11)
+    # the caches as a static cache's are: fixed addresses, so the trees may record an op that may write them
+    torch._dynamo.mark_static_address(kc)
+    torch._dynamo.mark_static_address(vc)
+
+    def f(q, kc, vc, lens):
+        return flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, secure=secure, validate=False)
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(f, mode="reduce-overhead", fullgraph=True)
+    for n in (2048, 1000, 7, 0, 2048, 1500):
+        lens = torch.full((1,), n, dtype=torch.int32, device=DEV)
+        got = compiled(q, kc, vc, lens).clone()  # a replay's output is overwritten by the next replay
+        want = f(q, kc, vc, lens)
+        assert torch.equal(got, want), n
+    assert not counters["inductor"]["cudagraph_skips"], "the compiled call ran without CUDA graphs"
+
+
 def test_a_captured_graph_keeps_reading_its_key_position_table_after_a_longer_cache_grows_it():
     """Secure decode at one split (V's select from loaded tensors, docs/perf-notes.md v47) reads the device's public
     key-position table by address. A graph captured with that table replays correctly after a call with a longer

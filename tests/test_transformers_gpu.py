@@ -107,9 +107,10 @@ def test_logits_within_bf16_noise(models, calls, lengths):
 
 
 def generate(model, ids, mask, **kw):
+    kw = dict(dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS), **kw)
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-                             do_sample=False, output_logits=True, return_dict_in_generate=True, **kw)
+        out = model.generate(ids, attention_mask=mask, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True, **kw)
     return out.sequences[:, ids.shape[1]:], torch.stack(out.logits, 1).float()  # [B, T], [B, T, V]
 
 
@@ -133,6 +134,25 @@ def test_static_cache_generation_compiled(models):
     got, got_logits = generate(ours, ids, mask, cache_implementation="static")
     assert hasattr(ours, "_compiled_call"), "transformers did not compile the decode step"
     same_or_tied(arch + " static compiled", PROMPTS, want, want_logits, got, got_logits)
+
+
+@pytest.mark.parametrize("lengths", [PROMPTS, [1500]], ids=["padded8", "batch1x1500"])
+@pytest.mark.parametrize("models", ["llama"], indirect=True)
+def test_static_cache_generation_compiled_at_several_lengths(models, lengths):
+    """generate with a static cache called again with new lengths on the same model: each new cache length
+    recompiles the decode step, the third with dynamic shapes (a symbolic cache length), where the integration's
+    lengths from the padding mask once made Inductor emit a reduction it could not compile (perf-notes v60; the
+    long prompt a looped reduction, and a cache long enough for split-KV). Each call's tokens as sdpa's (eager, the
+    same static cache) or departing at a logit tie."""
+    arch, ref, ours, _ = models
+    ids, mask = prompts(lengths, seed=3)
+    for n in (6, 1, 9, 12):
+        want, want_logits = generate(ref, ids, mask, cache_implementation="static", disable_compile=True,
+                                     max_new_tokens=n, min_new_tokens=n)
+        got, got_logits = generate(ours, ids, mask, cache_implementation="static", max_new_tokens=n,
+                                   min_new_tokens=n)
+        assert got.shape == want.shape == (len(lengths), n)
+        same_or_tied(f"{arch} static compiled, {n} new tokens", lengths, want, want_logits, got, got_logits)
 
 
 def same_or_tied(arch, lengths, want, want_logits, got, got_logits):

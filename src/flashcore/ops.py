@@ -19,7 +19,7 @@ from .plan.build import Plan, build
 from .plan.cache import PLANS, PlanCache
 from .plan.decode import decode_serves, dense_decode_plan, plan_kvcache
 from .problem import DTYPE_NAMES, Problem, backward_key, dense_key, kvcache_key, varlen_key
-from .runtime import current_stream, device_arch
+from .runtime import current_stream, device_arch, inside_compiled_graph, keeps_buffers
 
 Tensor = torch.Tensor
 _OP_ROUTE = "op"  # plan-key route of the custom ops (the eager entry points key by their backend)
@@ -68,8 +68,11 @@ def _dense_impl(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, secure, retu
 def _attention_fwd_op(q: Tensor, k: Tensor, v: Tensor, seqlens_q: Optional[Tensor], seqlens_k: Optional[Tensor],
                       causal: bool, scale: float, bshd: bool, secure: bool, return_lse: bool,
                       validate: bool, strict: bool = False) -> tuple[Tensor, Tensor]:
-    return _dense_impl(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, "strict" if strict else secure, return_lse,
-                       validate=validate)
+    # only a compiled graph calls this op (eager calls skip the dispatcher): a short query runs the decode kernels,
+    # whose workspace such a call must not keep (runtime.launcher.inside_compiled_graph)
+    with inside_compiled_graph():
+        return _dense_impl(q, k, v, seqlens_q, seqlens_k, causal, scale, bshd, "strict" if strict else secure,
+                           return_lse, validate=validate)
 
 
 @_attention_fwd_op.register_fake
@@ -345,9 +348,10 @@ def lengths_tensor(value: int, batch: int, device: torch.device, *, secure: bool
     per (value, batch, device, stream): transformers passes the same int to every layer of a decode step, and a
     fill is a kernel launch. None is shared under graph capture (a fill made there runs only at replay), none
     across streams (the fill is ordered on its own stream only), and none in secure mode (a hit or
-    a miss would make host time depend on the secret length) or under tracing. Nor is a kept one handed to a call
-    being captured: the graph would hold no reference to it, and once evicted its memory could be reused."""
-    if secure is not False or device.type != "cuda" or torch.compiler.is_compiling() or C.capturing(device):
+    a miss would make host time depend on the secret length), under tracing, or inside a compiled graph's op
+    (``runtime.keeps_buffers``). Nor is a kept one handed to a call being captured: the graph would hold no reference
+    to it, and once evicted its memory could be reused."""
+    if secure is not False or not keeps_buffers(device):
         return torch.full((batch,), value, dtype=torch.int32, device=device)
     key = (value, batch, device.index, current_stream(device))
     return _LENGTHS.get_or_build(key, lambda: torch.full((batch,), value, dtype=torch.int32, device=device))
@@ -417,10 +421,11 @@ def _kvcache_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tens
                 return_lse: bool, secure: bool, backend: str) -> tuple[Tensor, Tensor]:
     opt = dict(k=k, v=v, page_table=page_table, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
                cu_seqlens_q=cu_seqlens_q, k_descale=k_descale, v_descale=v_descale)
-    out, lse = kvcache_call(q, k_cache, v_cache, cache_seqlens, opt,
-                            max_seqlen_q=max_seqlen_q if cu_seqlens_q is not None else None, causal=causal,
-                            scale=scale, num_splits=num_splits, return_lse=True, out=None, secure=secure,
-                            backend=backend, validate=False)
+    with inside_compiled_graph():  # keeps no buffer past the call (runtime.launcher.inside_compiled_graph)
+        out, lse = kvcache_call(q, k_cache, v_cache, cache_seqlens, opt,
+                                max_seqlen_q=max_seqlen_q if cu_seqlens_q is not None else None, causal=causal,
+                                scale=scale, num_splits=num_splits, return_lse=True, out=None, secure=secure,
+                                backend=backend, validate=False)
     return out, (lse if return_lse else q.new_empty((0,), dtype=torch.float32))
 
 

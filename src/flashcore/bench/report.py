@@ -357,3 +357,20 @@ def bench_markdown_table(doc: dict) -> str:
                     f"{peer_us} | {vs_sdpa} | {vs_peer} | {pair(fc, sdpa, 'cuda_graph_us', '{:.1f}')} | "
                     f"{pair(fc, sdpa, 'host_latency_us', '{:.0f}')} | {secure} |")
     return "\n".join(rows)
+
+
+def generate_markdown_table(doc: dict) -> str:
+    """The README's table of one transformers ``generate`` run (``bench.experiments.hf_generate``): per
+    implementation and batch, prefill and decode tokens/s, each against sdpa's at the same batch in the same run, the
+    decode step's time, and how many leading greedy tokens equal sdpa's in every sequence (``agree``)."""
+    rows = ["| impl | batch | prefill tok/s | x sdpa | decode tok/s | x sdpa | ms/step | agree |",
+            "|---|---|---|---|---|---|---|---|"]
+    base = {(r["batch"], r.get("padded", False)): r for r in doc["rows"] if r["impl"] == "sdpa"}
+    for r in doc["rows"]:
+        s = base.get((r["batch"], r.get("padded", False)))
+        pre = f"{r['prefill_tok_s'] / s['prefill_tok_s']:.2f}" if s else "-"
+        dec = f"{r['decode_tok_s'] / s['decode_tok_s']:.2f}" if s else "-"
+        batch = f"{r['batch']}{' padded' if r.get('padded') else ''}"
+        rows.append(f"| {r['impl']} | {batch} | {r['prefill_tok_s']:.0f} | {pre} | {r['decode_tok_s']:.0f} | {dec} | "
+                    f"{r['decode_ms_per_step']:.2f} | {r.get('agree', '-')} |")
+    return "\n".join(rows)

@@ -372,7 +372,11 @@ def _traced_decode(q, k, v, pm, causal: bool, scale, backend):
         raise ValueError("under torch.compile flashcore's integration takes only its own padding mask [B, kv_length]")
     pos = torch.arange(K, device=pm.device, dtype=torch.int32)
     end = torch.where(pm, pos + 1, 0).amax(dim=1).to(torch.int32)
-    start = torch.minimum(torch.where(pm, pos, K).amin(dim=1).to(torch.int32), end)
+    # one run of True positions per sequence (trusted here): it starts `count` before its end. Not the eager path's
+    # where(pm, pos, K).amin: once a cache length recompiles with dynamic shapes, K is a symbol (int64), and Inductor
+    # (torch 2.11) fused that into a reduction loop that starts int32 and carries int64, a Triton compile error on
+    # generate's third static cache length (perf-notes v60)
+    start = end - pm.sum(dim=1, dtype=torch.int32)
     return flashcore.attention_with_kvcache(q, k, v, cache_seqlens=end, cache_leftpad=start, causal=causal,
                                            scale=scale, backend=backend, validate=False)
 

@@ -14,7 +14,8 @@ import torch
 from ..launch.triton_decode import (COMBINE_STAGES, COMBINE_WARPS, DecodeConfig, DecodeShape, build_append,
                                     build_combine, build_split, fp8_gather_few_tiles, key_positions_needed,
                                     query_tiles, workspace_shapes)
-from ..runtime import KernelStep, capturing, cdiv, current_stream, device_arch, interpreting, sm_count
+from ..runtime import (KernelStep, capturing, cdiv, current_stream, device_arch, in_compiled_graph, interpreting,
+                       keeps_buffers, sm_count)
 from .build import clear_unowned_rows
 from .cache import PlanCache
 from .prefill import prefill_launch, prefill_serves, run_prefill
@@ -361,13 +362,14 @@ def workspace_views(shapes: tuple, device: torch.device) -> dict:
     reuse one buffer and its views per (shapes, device, stream, thread): the split and combine steps of one call run
     in stream order before the next call's, and calls from two threads on one stream would interleave, so each thread
     has its own (an allocation is ~7 us of a decode call's host time, measured on the H200's host; splitting it into
-    views ~5 us more on this CPU). Under graph capture a fresh buffer, which the graph's memory pool keeps."""
+    views ~5 us more on this CPU). Under graph capture, tracing, or inside a compiled graph's op
+    (``runtime.keeps_buffers``) a fresh buffer, which the graph's memory pool keeps for the graph alone."""
     def make():
         sizes = [math.prod(s) for _, s in shapes]
         flat = torch.empty(sum(sizes), dtype=torch.float32, device=device)
         return {name: part.view(s) for (name, s), part in zip(shapes, flat.split(sizes))}
 
-    if device.type != "cuda" or capturing(device) or torch.compiler.is_compiling():
+    if not keeps_buffers(device):  # CPU, capture, tracing, or a compiled graph's op (its pool must not keep it)
         return make()
     return _WORKSPACES.get_or_build((shapes, device.index, current_stream(device), threading.get_ident()), make)
 
@@ -385,12 +387,14 @@ def key_positions(n: int, device: torch.device) -> torch.Tensor:
     calling stream, which is then synchronised once so that a call on any other stream reads it filled; a table it
     replaces stays allocated (``_KEY_POSITIONS_KEPT``: graphs captured with it read its address). Under graph capture,
     when the device's table is too short, a fresh one that the graph fills itself (an arange node before the kernel),
-    kept as well."""
+    kept as well; inside a compiled graph's op (``runtime.inside_compiled_graph``) a fresh one, not kept: the compiled
+    graph's CUDA-graph pool holds it for that graph and refuses allocations that outlive the op."""
     t = _KEY_POSITIONS.get(device)
     if t is not None and t.numel() >= n:
         return t
     size = 1 << max(12, (n - 1).bit_length())
-    if device.type != "cuda" or torch.compiler.is_compiling():
+    if device.type != "cuda" or torch.compiler.is_compiling() or in_compiled_graph():
+        # (a compiled graph's op: its CUDA graphs' pool holds the table for the graph, and must not see it kept)
         return torch.arange(size, dtype=torch.int32, device=device)
     if capturing(device):  # kept too, so the graph's pool never hands its memory to a later allocation
         t = torch.arange(size, dtype=torch.int32, device=device)

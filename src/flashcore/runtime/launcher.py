@@ -2,7 +2,9 @@
 whether Triton interprets, the device's architecture, the current stream, and Triton's launch hooks."""
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 
 import torch
 
@@ -15,6 +17,36 @@ def interpreting() -> bool:
 def capturing(device: torch.device) -> bool:
     """Whether a CUDA graph is being captured on ``device``'s current stream (host syncs are not allowed)."""
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+_CALL = threading.local()
+
+
+@contextlib.contextmanager
+def inside_compiled_graph():
+    """Marks a call made by one of flashcore's ``torch.library`` ops as a compiled graph runs it: no buffer kept
+    from call to call (:func:`keeps_buffers`). torch.compile's CUDA graphs (``mode="reduce-overhead"``, cudagraph
+    trees: what transformers' static-cache generation compiles) first run the op eagerly in the graph's private
+    memory pool, then check that nothing allocated there outlives the run but the outputs; a workspace kept for the
+    next eager call would ("Detected 1 tensor(s) in the cudagraph pool not tracked as outputs", perf-notes v60)."""
+    before = getattr(_CALL, "compiled", False)
+    _CALL.compiled = True
+    try:
+        yield
+    finally:
+        _CALL.compiled = before
+
+
+def in_compiled_graph() -> bool:
+    """Whether this thread is inside :func:`inside_compiled_graph`."""
+    return getattr(_CALL, "compiled", False)
+
+
+def keeps_buffers(device: torch.device) -> bool:
+    """Whether a call may keep a buffer (a workspace, a lengths tensor) for later calls: an eager call on a GPU, not
+    under CUDA-graph capture, tracing, or inside a compiled graph's op (:func:`inside_compiled_graph`)."""
+    return (device.type == "cuda" and not in_compiled_graph() and not capturing(device)
+            and not torch.compiler.is_compiling())
 
 
 def device_arch(device: torch.device):

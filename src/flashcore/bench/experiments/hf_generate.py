@@ -20,6 +20,11 @@ decode step). Each is warmed up first (Triton compiles, flashcore's plans), then
 equal in every sequence, out of ``--new``; bf16 ties can make them part earlier).
 
     python -m flashcore.bench.experiments.hf_generate --out $OUT [--batches 1,32] [--prompt 2048] [--new 256]
+        [--cache dynamic|static]
+
+``--cache static``: generate with a StaticCache, whose decode step transformers compiles (CUDA graphs), so the
+step's host time (Python, launches) drops out and the kernels' device time is what differs; every generate length
+compiles once (in the warm-up or the first repeat, which the median over repeats leaves out).
 
 Writes ``hf_generate.json`` (environment, model, per implementation and batch) and prints a table.
 """
@@ -70,9 +75,11 @@ def prompts(batch: int, length: int, vocab: int, padded: bool, seed: int = 0):
     return ids.cuda(), mask.cuda()
 
 
-def measure(model, ids, mask, new: int, repeats: int) -> dict:
+def measure(model, ids, mask, new: int, repeats: int, cache: str = "dynamic") -> dict:
     B, P = ids.shape
     gen = dict(do_sample=False, pad_token_id=0)
+    if cache == "static":  # a StaticCache: transformers compiles the decode step (CUDA graphs), so host time drops out
+        gen["cache_implementation"] = "static"
 
     def prefill():
         return model(ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
@@ -113,6 +120,9 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3, help="measured runs per point, median (default 3)")
     ap.add_argument("--padded", action="store_true", help="also a left-padded batch (varlen prefill)")
     ap.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated subset of {','.join(IMPLS)}")
+    ap.add_argument("--cache", choices=("dynamic", "static"), default="dynamic",
+                    help="generate's KV cache: dynamic (transformers' default, eager decode steps) or static "
+                         "(transformers compiles the decode step; the first generate of each shape compiles)")
     a = ap.parse_args(argv)
 
     import transformers
@@ -136,8 +146,8 @@ def main(argv=None):
             model.set_attn_implementation(names[impl])
             torch.cuda.reset_peak_memory_stats()
             t0 = time.perf_counter()
-            row, tokens = measure(model, ids, mask, a.new, a.repeats)
-            row.update(impl=impl, batch=B, prompt=a.prompt, padded=padded, new_tokens=a.new,
+            row, tokens = measure(model, ids, mask, a.new, a.repeats, a.cache)
+            row.update(impl=impl, batch=B, prompt=a.prompt, padded=padded, new_tokens=a.new, cache=a.cache,
                        wall_s=time.perf_counter() - t0)
             if impl == "sdpa":
                 ref_tokens = tokens
@@ -150,7 +160,7 @@ def main(argv=None):
            "model": {"arch": "llama", "layers": a.layers, "hidden": 4096, "intermediate": 14336, "heads": [32, 8],
                      "head_dim": 128, "vocab": a.vocab, "dtype": "bfloat16", "params": sum(
                          p.numel() for p in model.parameters())},
-           "prompt": a.prompt, "new_tokens": a.new, "repeats": a.repeats, "rows": rows}
+           "prompt": a.prompt, "new_tokens": a.new, "repeats": a.repeats, "cache": a.cache, "rows": rows}
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "hf_generate.json"), "w") as f:
         json.dump(doc, f, indent=1)
@@ -164,7 +174,8 @@ def main(argv=None):
         label = f"{r['batch']}{'p' if r['padded'] else ''}"
         print(f"{r['impl']:>14} {label:>9} {r['prefill_tok_s']:>14.0f} {rp:>7} {r['decode_tok_s']:>13.0f} {rd:>7} "
               f"{r['decode_ms_per_step']:>8.2f} {str(r.get('agree', '-')):>6}")
-    print(f"\n({a.layers}-layer Llama, 4096 hidden, 32/8 heads x 128, bf16, prompt {a.prompt}, {a.new} new tokens; "
+    print(f"\n({a.layers}-layer Llama, 4096 hidden, 32/8 heads x 128, bf16, prompt {a.prompt}, {a.new} new tokens, "
+          f"{a.cache} cache; "
           f"JSON: {os.path.join(a.out, 'hf_generate.json')})")
 
 
