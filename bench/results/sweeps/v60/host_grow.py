@@ -1,7 +1,7 @@
 """session 44 (perf-notes v60): host time of each eager decode call on a cache one token longer per call (as
 transformers' DynamicCache), B=1 32/8 D128 bf16, K from 2048 up, the GPU kept busy; and the planner's config per
 capacity, to see which calls pay what. Then cProfile over the slowest stretch."""
-import cProfile, io, json, os, pstats, time
+import cProfile, io, json, os, pstats, statistics, time
 import torch
 import flashcore
 from flashcore.plan.cache import PLANS
@@ -20,17 +20,23 @@ def fc(K):
                                             causal=True, validate=False)
 
 
+def timed_pass():
+    """(K, host us) of one call per length K0..K1-1, the GPU kept busy (a sleep queued every 100 calls)."""
+    out = []
+    for K in range(K0, K1):
+        if (K - K0) % 100 == 0:
+            torch.cuda.synchronize()
+            torch.cuda._sleep(int(1.5e9 * 0.05))
+        t0 = time.perf_counter()
+        fc(K)
+        out.append((K, (time.perf_counter() - t0) * 1e6))
+    torch.cuda.synchronize()
+    return out
+
+
 fc(K0 - 1)
 torch.cuda.synchronize()
-times = []
-for K in range(K0, K1):
-    if (K - K0) % 100 == 0:
-        torch.cuda.synchronize()
-        torch.cuda._sleep(int(1.5e9 * 0.05))
-    t0 = time.perf_counter()
-    fc(K)
-    times.append((K, (time.perf_counter() - t0) * 1e6))
-torch.cuda.synchronize()
+times = timed_pass()
 cfgs = {}
 for p in PLANS.plans():
     cfg = getattr(p, "config", None)
@@ -40,22 +46,12 @@ for p in PLANS.plans():
 slow = sorted(times, key=lambda x: -x[1])[:15]
 print("slowest calls:", [(k, round(t)) for k, t in slow])
 # per 100-token window: median host time and the configs seen
-import statistics
 for w in range(K0, K1, 100):
     ts = [t for k, t in times if w <= k < w + 100]
     cs = sorted({cfgs.get(k, "?") for k in range(w, min(w + 100, K1))})
     print(f"K {w}-{w+99}: median {statistics.median(ts):7.1f} us  max {max(ts):8.1f}  configs {len(cs)}: {cs[0][:150] if cs else ''}")
 # a second pass over the same lengths: every plan is cached now (how much is the plan build?)
-torch.cuda.synchronize()
-times2 = []
-for K in range(K0, K1):
-    if (K - K0) % 100 == 0:
-        torch.cuda.synchronize()
-        torch.cuda._sleep(int(1.5e9 * 0.05))
-    t0 = time.perf_counter()
-    fc(K)
-    times2.append((time.perf_counter() - t0) * 1e6)
-torch.cuda.synchronize()
+times2 = [t for _, t in timed_pass()]
 print("second pass (plans cached): median", round(statistics.median(times2), 1), "us")
 PLANS.clear()
 Kp = int(os.environ.get("KP", 2300))
