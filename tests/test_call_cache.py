@@ -83,3 +83,36 @@ def test_scale_and_causal_are_part_of_the_signature():
     assert rel_err(b, flashcore.reference.attention(q, k, v, scale=0.05)) < 2e-3
     assert rel_err(c, flashcore.reference.attention(q, k, v, causal=True)) < 2e-3
     assert not torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_calls_inside_a_compiled_graphs_op_keep_no_buffer():
+    """flashcore's torch.library ops run inside runtime.inside_compiled_graph (perf-notes v60): there no workspace,
+    lengths tensor or key-position table is kept for a later call (a compiled graph's CUDA graphs refuse allocations
+    that outlive the op). The mark is per thread, nests, and is undone on leaving, exceptions included; CPU tensors
+    never keep buffers."""
+    import threading
+
+    from flashcore import ops
+    from flashcore.runtime import in_compiled_graph, inside_compiled_graph, keeps_buffers
+
+    assert not keeps_buffers(torch.device("cpu"))
+    assert not in_compiled_graph()
+    seen = []
+    with inside_compiled_graph():
+        assert in_compiled_graph()
+        with inside_compiled_graph():
+            assert in_compiled_graph()
+        assert in_compiled_graph()  # the inner exit restores the outer mark
+        t = threading.Thread(target=lambda: seen.append(in_compiled_graph()))
+        t.start()
+        t.join()
+    assert seen == [False]  # another thread is not marked
+    assert not in_compiled_graph()
+    with pytest.raises(RuntimeError):
+        with inside_compiled_graph():
+            raise RuntimeError("boom")
+    assert not in_compiled_graph()
+    # the decode op's body runs marked (its eager twin, kvcache_call, is what it wraps)
+    src = open(ops.__file__).read()
+    body = src[src.index("def _kvcache_op("):src.index("@_kvcache_op.register_fake")]
+    assert "with inside_compiled_graph():" in body
