@@ -4,5 +4,5 @@ kernels (:mod:`.tma`). Nothing here decides *what* runs: that is :mod:`flashcore
 from .launcher import (KernelStep, capturing, cdiv, current_stream, device_arch, in_compiled_graph,
                        inside_compiled_graph, interpreting, keeps_buffers, launch_hooks_active, sm_count)
 
-__all__ = ["KernelStep", "capturing", "cdiv", "current_stream", "device_arch", "in_compiled_graph", "inside_compiled_graph", "interpreting",
-           "keeps_buffers", "launch_hooks_active", "sm_count"]
+__all__ = ["KernelStep", "capturing", "cdiv", "current_stream", "device_arch", "in_compiled_graph",
+           "inside_compiled_graph", "interpreting", "keeps_buffers", "launch_hooks_active", "sm_count"]
