@@ -874,3 +874,79 @@ def test_fast_fp8_decode_v52_forms_match_the_reference_and_ignore_stale_slots(pa
     c = plan.config
     assert (c.block_n, c.num_warps) == ((64, 4) if splits == 1 else (128, 4)), c
     assert full_tiles(plan.shape, c) and reg_pages(plan.shape, c) == bool(page), c
+
+
+# ---- flashcore.kvcache_step: one step planned, run per layer ------------------------------------------------
+
+STEP_CASES = {  # B, cap, page, Sq, fp8, extra options
+    "b1_4k_splits": (1, 4096, 0, 1, False, {}),
+    "paged16": (3, 1500, 16, 1, False, {}),
+    "fp8_paged16": (3, 1500, 16, 1, True, {}),
+    "append_sq2": (3, 1500, 0, 2, False, {}),
+    "secure": (3, 1500, 0, 1, False, {"secure": True}),
+    "leftpad_sq4_lse": (3, 1500, 0, 4, False, {"return_lse": True, "leftpad": True}),
+}
+
+
+@pytest.mark.parametrize("case", list(STEP_CASES))
+def test_kvcache_step_runs_give_each_layer_the_calls_bits_on_the_bound_launches(case, monkeypatch):
+    """Three layers' tensors (same shapes, other values, FP8 descales per layer, new tokens per layer) through one
+    step: each run's output (lse, caches after an append) equal bit for bit to attention_with_kvcache's, every run on
+    the bound launches (BoundDecode.run); a run on another stream takes the full path with the same bits; lengths
+    changed in place are read by the next run."""
+    from flashcore.plan.decode import BoundDecode
+
+    B, cap, page, Sq, fp8, extra = STEP_CASES[case]
+    extra = dict(extra)
+    layers = [_case(B, 32, 8, 128, cap, page, Sq=Sq, fp8=fp8, seed=s) for s in range(3)]
+    _, _, _, table, lens, _ = layers[0]
+    kw = dict(cache_seqlens=lens, page_table=table, causal=Sq > 1, **extra)
+    if kw.pop("leftpad", False):
+        kw["cache_leftpad"] = (torch.rand(B, device=DEV) * lens).int()
+    if case.startswith("append"):
+        lens.clamp_(max=cap - Sq)
+    g = torch.Generator(device=DEV).manual_seed(7)
+    new = [dict(k=torch.randn(B, Sq, 8, 128, device=DEV, generator=g, dtype=torch.bfloat16),
+                v=torch.randn(B, Sq, 8, 128, device=DEV, generator=g, dtype=torch.bfloat16))
+           if case.startswith("append") else {} for _ in layers]
+    q0, kc0, vc0, _, _, d0 = layers[0]
+    flashcore.attention_with_kvcache(q0, kc0.clone(), vc0.clone(), **kw, **d0, **new[0])  # compiles the plan
+    step = flashcore.kvcache_step(q0, kc0, vc0, **kw, **d0, **new[0])
+    bound = []
+    run = BoundDecode.run
+    monkeypatch.setattr(BoundDecode, "run", lambda self, *a: bound.append(1) or run(self, *a))
+
+    def both(q, kc, vc, d, kv):
+        kr, vr, kw_, vw_ = kc.clone(), vc.clone(), kc.clone(), vc.clone()
+        got = step.run(q, kr, vr, **d, **kv)
+        want = flashcore.attention_with_kvcache(q, kw_, vw_, **kw, **d, **kv)
+        got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+        for x, y in zip(got, want):
+            assert not torch.isnan(x).any() and torch.equal(x, y)
+        assert torch.equal(kr, kw_) and torch.equal(vr, vw_)
+
+    for i, (q, kc, vc, _, _, d) in enumerate(layers):
+        both(q, kc, vc, d, new[i])
+    assert len(bound) == len(layers)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        both(*layers[1][:3], layers[1][5], new[1])
+    torch.cuda.current_stream().wait_stream(s)
+    assert len(bound) == len(layers)  # another stream: the full path
+    lens.copy_(torch.randint(0, cap - Sq + 1, (B,), device=DEV).int())
+    if "cache_leftpad" in kw:
+        kw["cache_leftpad"].copy_((torch.rand(B, device=DEV) * lens).int())
+    both(*layers[2][:3], layers[2][5], new[2])
+    assert len(bound) == len(layers) + 1
+
+
+def test_kvcache_step_run_captured_in_a_graph_replays_with_new_lengths_and_page_tables():
+    """A run under CUDA-graph capture takes the full path (the graph's own workspace) and replays correctly."""
+    q, kc, vc, table, lens, _ = _case(4, 32, 8, 128, 4096, 16)
+    out = torch.empty_like(q)
+    lens_buf, table_buf = lens.clone(), table.clone()
+    step = flashcore.kvcache_step(q, kc, vc, cache_seqlens=lens_buf, page_table=table_buf, out=out)
+    step.run(q, kc, vc, out=out)
+    _replay_with_new_lengths_and_tables(lambda: step.run(q, kc, vc, out=out), q, kc, vc, out, lens_buf, table_buf,
+                                        lambda: table[torch.randperm(4, device=DEV)])

@@ -47,13 +47,19 @@ def name():
 @pytest.fixture
 def calls(monkeypatch):
     seen = []
-    for fn in ("attention", "attention_varlen", "attention_with_kvcache"):
+    for fn in ("attention", "attention_varlen", "attention_with_kvcache", "kvcache_step"):
         real = getattr(flashcore, fn)
 
         def spy(*args, _real=real, _fn=fn, **kwargs):
             seen.append(_fn)
             return _real(*args, **kwargs)
         monkeypatch.setattr(flashcore, fn, spy)
+    run = flashcore.KVCacheStep.run
+
+    def run_spy(self, *args, **kwargs):
+        seen.append("run")
+        return run(self, *args, **kwargs)
+    monkeypatch.setattr(flashcore.KVCacheStep, "run", run_spy)
     return seen
 
 
@@ -120,7 +126,10 @@ def test_greedy_generation_equals_sdpa_or_departs_at_a_tie(models, calls, length
     ids, mask = prompts(lengths, seed=1)
     want, want_logits = generate(ref, ids, mask)
     got, got_logits = generate(ours, ids, mask)
-    assert set(calls[SHAPE["num_hidden_layers"]:]) == {"attention_with_kvcache"}  # every decode step
+    decode = calls[SHAPE["num_hidden_layers"]:]
+    # every decode step on the KV-cache kernel: one step planned per forward pass, run by every layer
+    assert set(decode) == {"kvcache_step", "run"}
+    assert decode.count("run") == SHAPE["num_hidden_layers"] * decode.count("kvcache_step") > 0
     same_or_tied(arch, lengths, want, want_logits, got, got_logits)
 
 

@@ -34,14 +34,23 @@ def name():
 def calls(monkeypatch):
     """The flashcore entry points the integration called, with q's shape, during the test."""
     seen = []
-    for fn in ("attention", "attention_varlen", "attention_with_kvcache"):
+    for fn in ("attention", "attention_varlen", "attention_with_kvcache", "kvcache_step"):
         real = getattr(flashcore, fn)
 
         def spy(*args, _real=real, _fn=fn, **kwargs):
             seen.append((_fn, tuple(args[0].shape)))
             return _real(*args, **kwargs)
         monkeypatch.setattr(flashcore, fn, spy)
+    run = flashcore.KVCacheStep.run
+
+    def run_spy(self, q, *args, **kwargs):
+        seen.append(("run", tuple(q.shape)))
+        return run(self, q, *args, **kwargs)
+    monkeypatch.setattr(flashcore.KVCacheStep, "run", run_spy)
     return seen
+
+
+DECODE = ["kvcache_step", "run", "run"]  # a decode forward pass of the 2-layer models: one step planned, run per layer
 
 
 def config(**kw):
@@ -170,7 +179,7 @@ def test_logits_chunked_with_cache(models, calls):
                 parts.append(logits(model, ids[:, lo:hi], mask[:, :hi], past_key_values=cache, use_cache=True))
         got.append(torch.cat(parts, 1))
     assert rel(got[1], got[0]) < TOL
-    assert [c[0] for c in calls] == ["attention_with_kvcache"] * 6 + ["attention_varlen"] * 2
+    assert [c[0] for c in calls] == DECODE * 3 + ["attention_varlen"] * 2
 
 
 # ---------------------------------------------------------------------------------------- greedy generation
@@ -181,7 +190,7 @@ def test_greedy_generation_batch1(models, calls):
     ids, mask = batch([21], 21, seed=4)
     assert_same_generation(ours, ref, ids, mask, 8)
     # prefill through the dense kernel, every decode step through the KV-cache kernel
-    assert [c[0] for c in calls] == ["attention"] * 2 + ["attention_with_kvcache"] * 14
+    assert [c[0] for c in calls] == ["attention"] * 2 + DECODE * 7
 
 
 @kernels
@@ -189,7 +198,7 @@ def test_greedy_generation_left_padded_batch(models, calls):
     ref, ours = models
     ids, mask = batch([23, 9, 3, 18], 23, seed=5)
     assert_same_generation(ours, ref, ids, mask, 8)
-    assert [c[0] for c in calls] == ["attention_varlen"] * 2 + ["attention_with_kvcache"] * 14
+    assert [c[0] for c in calls] == ["attention_varlen"] * 2 + DECODE * 7
     assert calls[-1][1] == (4, 1, 4, 16)
 
 
@@ -315,7 +324,7 @@ def test_unchecked_masks_skip_the_host_check(calls, monkeypatch):
     monkeypatch.setattr(fc_hf, "_host_lengths", lambda pm, spec: host.append(spec.host is None) or real(pm, spec))
     got = greedy(ours, ids, mask, 6)
     assert torch.equal(got[0], want[0]) and rel(got[1], want[1]) < TOL
-    assert [c[0] for c in calls] == ["attention_varlen"] * 2 + ["attention_with_kvcache"] * 10
+    assert [c[0] for c in calls] == ["attention_varlen"] * 2 + DECODE * 5
     assert host == [True, False]  # the prefill's layers (one sync, for the unpadding); none in the decode steps
 
 
@@ -459,4 +468,27 @@ def test_training_gradients_match_sdpa(name, calls, seq, padded):
     for n in grads[0]:
         err = ((grads[1][n] - grads[0][n]).norm() / grads[0][n].norm().clamp_min(1e-12)).item()
         assert err < 1e-4, f"{n}: {err:.2e}"
-    assert calls and all(fn != "attention_with_kvcache" for fn, _ in calls)
+    assert calls and all(fn not in ("attention_with_kvcache", "kvcache_step", "run") for fn, _ in calls)
+
+
+@kernels
+@pytest.mark.parametrize("B,K", [(1, 1), (3, 7), (4, 37), (2, 5000)])
+def test_mask_bounds_in_one_launch_match_pytorchs(B, K):
+    """The first and one-past-last True position and the count of each row, in one launch (the integration's
+    lengths of a forward pass): rows empty, full, one position, random, and a mask sliced out of a wider one."""
+    g = torch.Generator().manual_seed(B * 7919 + K)
+    wide = torch.rand(B, K + 5, generator=g) < 0.5
+    pm = wide[:, 3:K + 3]
+    pm[0] = False
+    if B > 1:
+        pm[1] = True
+    if B > 2:
+        pm[2] = False
+        pm[2, K // 2] = True
+    start, end, count = fc_hf._mask_bounds(pm)
+    pos = torch.arange(K)
+    want_end = torch.where(pm, pos + 1, 0).amax(1)
+    want_start = torch.minimum(torch.where(pm, pos, K).amin(1), want_end)
+    assert start.dtype == end.dtype == count.dtype == torch.int32
+    assert torch.equal(start.long(), want_start) and torch.equal(end.long(), want_end)
+    assert torch.equal(count.long(), pm.sum(1))

@@ -22,6 +22,7 @@ import torch
 from . import _checks as C
 from . import ops
 from . import reference as _ref
+from .kvcache_step import KVCacheStep, make_step
 from .plan.build import Plan
 from .plan.cache import PLANS
 from .problem import dense_key, varlen_key
@@ -250,3 +251,50 @@ def attention_with_kvcache(
     return ops.kvcache_call(q, k_cache, v_cache, cache_seqlens, opt, max_seqlen_q=max_seqlen_q, causal=causal,
                             scale=scale, num_splits=num_splits, return_lse=return_lse, out=out, secure=secure,
                             backend=backend, validate=validate)
+
+
+def kvcache_step(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    *,
+    cache_seqlens,
+    k: Optional[Tensor] = None,
+    v: Optional[Tensor] = None,
+    page_table: Optional[Tensor] = None,
+    cache_batch_idx: Optional[Tensor] = None,
+    cache_leftpad: Optional[Tensor] = None,
+    cu_seqlens_q: Optional[Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    causal: bool = True,
+    scale: Optional[float] = None,
+    num_splits: int = 0,
+    k_descale: Optional[Tensor] = None,
+    v_descale: Optional[Tensor] = None,
+    return_lse: bool = False,
+    out: Optional[Tensor] = None,
+    secure: bool = False,
+    backend: str = "auto",
+    validate: bool = True,
+) -> KVCacheStep:
+    """Plan one decode step of :func:`attention_with_kvcache` (same arguments, same checks, nothing launched) and
+    return a :class:`~flashcore.kvcache_step.KVCacheStep` whose ``run(q, k_cache, v_cache, *, k=None, v=None,
+    k_descale=None, v_descale=None, out=None)`` attends each layer's tensors with this step's metadata
+    (``cache_seqlens``, ``page_table``, ``cache_batch_idx``, ``cache_leftpad``, ``cu_seqlens_q``) and options::
+
+        step = flashcore.kvcache_step(q0, k_cache[0], v_cache[0], cache_seqlens=lens, page_table=table)
+        for layer in range(num_layers):
+            out = step.run(q[layer], k_cache[layer], v_cache[layer])
+
+    The tensors given here fix the facts every run's tensors must share (dtype, device, shape, strides, 16-byte
+    alignment; ``out=None`` or a buffer); a run whose tensors differ, or that runs under CUDA-graph capture,
+    torch.compile or on another stream, takes ``attention_with_kvcache``'s full path with its checks. Values
+    (``validate``) are checked once, here; the kernels read the bound tensors at each launch."""
+    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool) and isinstance(q, Tensor):
+        batch = cu_seqlens_q.shape[0] - 1 if isinstance(cu_seqlens_q, Tensor) else q.shape[0]
+        cache_seqlens = ops.lengths_tensor(cache_seqlens, batch, q.device, secure=secure)
+    opt = dict(k=k, v=v, page_table=page_table, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
+               cu_seqlens_q=cu_seqlens_q, k_descale=k_descale, v_descale=v_descale)
+    return make_step(q, k_cache, v_cache, cache_seqlens, opt, max_seqlen_q=max_seqlen_q, causal=causal, scale=scale,
+                     num_splits=num_splits, return_lse=return_lse, out=out, secure=secure, backend=backend,
+                     validate=validate)

@@ -21,12 +21,16 @@ there, naming it.
 
 **How a call maps onto flashcore.** Per sequence ``b`` the padding mask must be one run of True positions
 ``[start_b, end_b)`` (left padding, right padding, or none); anything else raises. The first layer of a
-forward pass derives ``start``/``end`` from the mask on the device and keeps them on the mask for the others.
+forward pass derives ``start``/``end`` from the mask on the device (one launch: ``kernels/triton/mask_bounds.py``)
+and keeps them on the mask for the others.
 
-* decode (at most ``DECODE_MAX_QUERIES`` new tokens per sequence): ``flashcore.attention_with_kvcache``
-  (the split-KV decode kernel) with ``cache_leftpad=start``, ``cache_seqlens=end`` (int32 on the device,
-  never copied to the host) on the ``[B, S, H, D]`` views of transformers' K/V, ``validate=False``: the
-  lengths lie in ``[0, S]`` with ``start <= end`` by construction;
+* decode (at most ``DECODE_MAX_QUERIES`` new tokens per sequence): the split-KV decode kernel, as
+  ``flashcore.attention_with_kvcache`` with ``cache_leftpad=start``, ``cache_seqlens=end`` (int32 on the
+  device, never copied to the host) on the ``[B, S, H, D]`` views of transformers' K/V, ``validate=False``
+  (the lengths lie in ``[0, S]`` with ``start <= end`` by construction). The first layer of a forward pass plans
+  it as a ``flashcore.kvcache_step`` kept on the mask (without a mask: the thread's last step, for the same
+  length, batch and options) and every layer runs that step on its own tensors, which the step checks against
+  the planned ones (an eager step's host time per layer: docs/perf-notes.md v61);
 * prefill without padding: ``flashcore.attention`` (dense, ``layout="bshd"`` on the same views);
 * prefill with padding: ``flashcore.attention_varlen`` on the unpadded tokens (the padding rows' outputs are
   zero: they see no key). Rows after a sequence's last real token (right padding) see all of its tokens, as
@@ -55,6 +59,7 @@ more than ``DECODE_MAX_QUERIES`` queries, a 4-D or a bidirectional mask raises.
 """
 from __future__ import annotations
 
+import threading
 import warnings
 from dataclasses import dataclass, field
 from typing import Optional
@@ -63,11 +68,13 @@ import torch
 
 import flashcore
 
-from .._checks import wants_grad
+from ..plan.cache import PlanCache
+from ..runtime import KernelStep, interpreting
 
 NAME = "fcore"
 DECODE_MAX_QUERIES = 16  # new tokens per sequence up to which a call runs the KV-cache (split-KV) kernel
 _RESERVED = ("flash", "sdpa", "eager", "flex_attention", "paged", "|", "/")
+_STEPS = threading.local()  # .last: (arguments, flashcore.KVCacheStep) of this thread's last decode call without a mask
 
 
 @dataclass
@@ -292,9 +299,33 @@ def _mask_spec(attention_mask, is_causal: bool, B: int, Hq: int, Sq: int, K: int
     return cached, cached._flashcore
 
 
+_BOUNDS = PlanCache(limit=64)  # (B, K, row stride, device) -> the mask-bounds launch (KernelStep)
+
+
+def _mask_bounds(pm: torch.Tensor):
+    """(start, end, count) of each row of the bool matrix ``pm`` in one launch (kernels/triton/mask_bounds.py): on
+    CUDA tensors, and on CPU ones under Triton's interpreter; None elsewhere (PyTorch's ops then)."""
+    if not (pm.is_cuda or interpreting()) or pm.shape[0] == 0 or pm.shape[1] >= 2 ** 31:
+        return None
+    from ..kernels.triton.mask_bounds import mask_bounds_kernel
+
+    if pm.stride(1) != 1:
+        pm = pm.contiguous()
+    B, K = pm.shape
+    out = torch.empty(3, B, dtype=torch.int32, device=pm.device)
+    block = min(4096, max(16, 1 << (K - 1).bit_length()))
+    step = _BOUNDS.get_or_build((B, K, pm.stride(0), pm.device), lambda: KernelStep(
+        mask_bounds_kernel, (B, 1), (None, None, K, pm.stride(0), B), 2, dict(BLOCK=block), 4 if block <= 1024 else 8,
+        1))
+    step.run((pm.view(torch.uint8), out), pm.device)
+    return out[0], out[1], out[2]
+
+
 def _device_lengths(pm: torch.Tensor, spec: _MaskSpec):
     """(start, end, count): int32 [B] on the device: each sequence's first and one-past-last True position, and
     its number of True positions (a single run iff count == end - start). Empty rows: start = end = 0."""
+    if spec.dev is None:
+        spec.dev = _mask_bounds(pm)
     if spec.dev is None:
         K = pm.shape[1]
         pos = torch.arange(K, device=pm.device, dtype=torch.int32)
@@ -334,7 +365,7 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # [B, S, H, D] views, no copies
     backend = _options.backend
     # Training: the KV-cache kernel is inference-only, so calls that record a backward take the prefill routes
-    training = bool(wants_grad({"query": query, "key": key, "value": value}))
+    training = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
     if torch.compiler.is_compiling():
         if training and attention_mask is None:
             out = flashcore.attention(q, k, v, causal=bool(is_causal), scale=scaling, layout="bshd", backend=backend)
@@ -343,16 +374,25 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     pm, spec = _mask_spec(attention_mask, bool(is_causal), B, Hq, Sq, K)
     if pm is None:  # no padding; a causal mask ends at the last key
         if Sq <= DECODE_MAX_QUERIES and not training:
-            out = flashcore.attention_with_kvcache(q, k, v, cache_seqlens=K, causal=spec.causal, scale=scaling,
-                                                   backend=backend, validate=False)
-        else:
-            out = flashcore.attention(q, k, v, causal=spec.causal, scale=scaling, layout="bshd", backend=backend)
+            # the same decode step in every layer: a step planned by the first layer, run by the others
+            # (flashcore.kvcache_step; its run checks each layer's tensors against the planned ones)
+            args = (K, B, spec.causal, scaling, backend)
+            last = getattr(_STEPS, "last", None)
+            if last is None or last[0] != args:
+                last = _STEPS.last = (args, flashcore.kvcache_step(q, k, v, cache_seqlens=K, causal=spec.causal,
+                                                                    scale=scaling, backend=backend, validate=False))
+            return last[1].run(q, k, v), None
+        out = flashcore.attention(q, k, v, causal=spec.causal, scale=scaling, layout="bshd", backend=backend)
         return out, None
     if Sq <= DECODE_MAX_QUERIES and not training and _decode_fits(pm, spec, Sq, _options):
-        start, end, _ = _device_lengths(pm, spec)
-        out = flashcore.attention_with_kvcache(q, k, v, cache_seqlens=end, cache_leftpad=start, causal=spec.causal,
-                                               scale=scaling, backend=backend, validate=False)
-        return out, None
+        # one step per forward pass (its mask), planned by the first layer and run by every layer
+        step = spec.extra.get("step")
+        if step is None or step[0] != (scaling, backend):
+            start, end, _ = _device_lengths(pm, spec)
+            step = spec.extra["step"] = ((scaling, backend), flashcore.kvcache_step(
+                q, k, v, cache_seqlens=end, cache_leftpad=start, causal=spec.causal, scale=scaling, backend=backend,
+                validate=False))
+        return step[1].run(q, k, v), None
     return _padded_prefill(q, k, v, pm, spec, scaling, backend), None
 
 

@@ -354,6 +354,74 @@ class DecodePlan:
         return out, lse
 
 
+class BoundDecode:
+    """A :class:`DecodePlan` with one step's metadata bound (``cache_seqlens``, page table, batch indices, left pads,
+    packed query offsets), its workspace and its stream: :meth:`run` launches the plan on each layer's q, caches and
+    descales with the pointer tuples made once (``flashcore.kvcache_step``: transformers' decode step calls the
+    same plan once per layer). Made only for eager calls on a GPU (``runtime.keeps_buffers``); the caller checks that
+    every tensor has the planned facts and that the stream, thread and device are the bound ones.
+
+    Without a launch hook the pointers go to Triton's launcher as integers: for a tensor it calls ``data_ptr`` and
+    asks the driver whether the address is device memory (``cuPointerGetAttribute``), ~15 times per split launch;
+    the planned facts already say each tensor lies on the plan's device. The bound tensors stay referenced here."""
+    __slots__ = ("plan", "stream", "thread", "device", "dummy", "split_fixed", "combine_fixed", "append_fixed",
+                 "keypos", "ints")
+
+    def __init__(self, plan: DecodePlan, t: dict, device: torch.device):
+        self.plan, self.device = plan, device
+        self.stream, self.thread = current_stream(device), threading.get_ident()
+        dummy = self.dummy = t["cache_seqlens"]
+
+        def get(name):
+            x = t.get(name)
+            return dummy if x is None else x
+
+        ws = workspace_views(plan.workspace, device) if plan.workspace else {}
+        part_o, part_lse = ws.get("part_o", dummy), ws.get("part_lse", dummy)
+        self.keypos = key_positions(plan.key_positions, device) if plan.key_positions else dummy
+        # the split step's pointers: (q, k_cache, v_cache, out, lse) per run, these, (k_descale, v_descale) per run,
+        # the key positions; the combine step's: these, (out, lse) per run, cu_seqlens_q; the append step's: (k, v,
+        # k_cache, v_cache) per run, these
+        self.split_fixed = (part_o, part_lse, dummy, get("page_table"), get("cache_batch_idx"), get("cache_leftpad"),
+                            get("cu_seqlens_q"))
+        self.combine_fixed = (part_o, part_lse)
+        self.append_fixed = (dummy, get("page_table"), get("cache_batch_idx"), get("cu_seqlens_q"))
+        self.ints = tuple(tuple(x.data_ptr() for x in group) for group in (
+            self.split_fixed, self.combine_fixed, self.append_fixed, (dummy, self.keypos)))
+
+    def ready(self) -> bool:
+        """Whether every step has its compiled kernel (a first :class:`DecodePlan` call compiles and keeps them)."""
+        p = self.plan
+        return (p.prefill is None and not p.shape.packed and p.split.compiled is not None
+                and (p.combine is None or p.combine.compiled is not None)
+                and (p.append is None or p.append.compiled is not None))
+
+    def run(self, q, k_cache, v_cache, k, v, k_descale, v_descale, out, hooks: bool):
+        p = self.plan
+        device = self.device
+        if out is None:
+            out = torch.empty(p.out_shape, dtype=q.dtype, device=device)
+        lse = None if p.lse_shape is None else torch.empty(p.lse_shape, dtype=torch.float32, device=device)
+        stream = self.stream
+        if hooks:  # tensors, for the hooks' launch metadata
+            split_fixed, combine_fixed, append_fixed = self.split_fixed, self.combine_fixed, self.append_fixed
+            dummy, keypos = self.dummy, self.keypos
+            tensors = (q, k_cache, v_cache, out, lse, k, v, k_descale, v_descale)
+        else:
+            split_fixed, combine_fixed, append_fixed, (dummy, keypos) = self.ints
+            tensors = tuple(x if x is None else x.data_ptr()
+                            for x in (q, k_cache, v_cache, out, lse, k, v, k_descale, v_descale))
+        q_, kc_, vc_, out_, lse_, k_, v_, kd_, vd_ = tensors
+        lse_ = dummy if lse_ is None else lse_
+        if p.append is not None:
+            p.append.launch((k_, v_, kc_, vc_, *append_fixed), stream, hooks)
+        p.split.launch((q_, kc_, vc_, out_, lse_, *split_fixed, dummy if kd_ is None else kd_,
+                        dummy if vd_ is None else vd_, keypos), stream, hooks)
+        if p.combine is not None:
+            p.combine.launch((*combine_fixed, out_, lse_, split_fixed[6]), stream, hooks)
+        return out, lse
+
+
 _WORKSPACES = PlanCache(limit=16)  # (workspace shapes, device index, raw stream, thread) -> {name: float32 view}
 
 
@@ -430,7 +498,7 @@ def plan_kvcache(a, q, k_cache, v_cache, k, v, page_table, cache_batch_idx, cach
     return plan
 
 
-__all__ = ["DecodePlan", "choose_config", "plan_kvcache", "query_tiles"]
+__all__ = ["BoundDecode", "DecodePlan", "choose_config", "plan_kvcache", "query_tiles"]
 
 
 # --- dense calls with a short query -------------------------------------------------------------------------

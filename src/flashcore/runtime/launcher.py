@@ -67,12 +67,23 @@ def cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b
 
 
+_KNOBS = None  # triton.knobs, imported on the first launch (importing it per launch cost ~1 us of host time)
+
+
+def _triton_knobs():
+    global _KNOBS
+    if _KNOBS is None:
+        from triton import knobs
+
+        _KNOBS = knobs
+    return _KNOBS
+
+
 def launch_hooks_active() -> bool:
     """Whether a profiler or user registered a Triton launch hook. Triton 3.6 keeps the hooks as
     ``HookChain`` objects that are never None, so an empty chain counts as no hook."""
-    from triton import knobs
-
-    for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
+    rt = _triton_knobs().runtime
+    for hook in (rt.launch_enter_hook, rt.launch_exit_hook):
         if hook is not None and getattr(hook, "calls", True):
             return True
     return False
@@ -148,14 +159,20 @@ class KernelStep:
                 return
             compiled, self.tail = known
             self.compiled = compiled
-        args = (*ptrs, *self.scalars, *self.tail)
-        stream = current_stream(device)
-        if launch_hooks_active():
-            from triton import knobs
+        self.launch(ptrs, current_stream(device), launch_hooks_active())
 
+    def launch(self, ptrs, stream: int, hooks: bool) -> None:
+        """Launch the kept compiled kernel (``self.compiled``, set by a first :meth:`run`) on ``stream``: the host
+        path of a repeat launch, for callers that read the stream and the hooks once for several launches."""
+        grid, compiled = self.grid, self.compiled
+        if grid[0] == 0 or grid[1] == 0:
+            return
+        args = (*ptrs, *self.scalars, *self.tail)
+        if hooks:
+            rt = _triton_knobs().runtime
             compiled.run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata,
-                         compiled.launch_metadata(grid, stream, *args), knobs.runtime.launch_enter_hook,
-                         knobs.runtime.launch_exit_hook, *args)
+                         compiled.launch_metadata(grid, stream, *args), rt.launch_enter_hook, rt.launch_exit_hook,
+                         *args)
         else:  # no hook to call: skip building launch metadata and calling two empty hook chains
             compiled.run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
                          *args)
