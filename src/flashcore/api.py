@@ -190,6 +190,15 @@ def attention_varlen(
     return (res, lse) if a.return_lse else res
 
 
+def _kvcache_inputs(q, cache_seqlens, secure, **opt):
+    """(cache_seqlens as a tensor where an int was given, the optional tensors by name) of a KV-cache call."""
+    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool) and isinstance(q, Tensor):
+        cu = opt["cu_seqlens_q"]
+        batch = cu.shape[0] - 1 if isinstance(cu, Tensor) else q.shape[0]
+        cache_seqlens = ops.lengths_tensor(cache_seqlens, batch, q.device, secure=secure)
+    return cache_seqlens, opt
+
+
 def attention_with_kvcache(
     q: Tensor,
     k_cache: Tensor,
@@ -243,11 +252,9 @@ def attention_with_kvcache(
     Skipped under CUDA-graph capture and torch.compile, where the kernels clamp every index to the cache
     (an out-of-range value gives a wrong result, never an out-of-bounds access).
     """
-    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool) and isinstance(q, Tensor):
-        batch = cu_seqlens_q.shape[0] - 1 if isinstance(cu_seqlens_q, Tensor) else q.shape[0]
-        cache_seqlens = ops.lengths_tensor(cache_seqlens, batch, q.device, secure=secure)
-    opt = dict(k=k, v=v, page_table=page_table, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
-               cu_seqlens_q=cu_seqlens_q, k_descale=k_descale, v_descale=v_descale)
+    cache_seqlens, opt = _kvcache_inputs(q, cache_seqlens, secure, k=k, v=v, page_table=page_table,
+                                         cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
+                                         cu_seqlens_q=cu_seqlens_q, k_descale=k_descale, v_descale=v_descale)
     return ops.kvcache_call(q, k_cache, v_cache, cache_seqlens, opt, max_seqlen_q=max_seqlen_q, causal=causal,
                             scale=scale, num_splits=num_splits, return_lse=return_lse, out=out, secure=secure,
                             backend=backend, validate=validate)
@@ -290,11 +297,9 @@ def kvcache_step(
     alignment; ``out=None`` or a buffer); a run whose tensors differ, or that runs under CUDA-graph capture,
     torch.compile or on another stream, takes ``attention_with_kvcache``'s full path with its checks. Values
     (``validate``) are checked once, here; the kernels read the bound tensors at each launch."""
-    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool) and isinstance(q, Tensor):
-        batch = cu_seqlens_q.shape[0] - 1 if isinstance(cu_seqlens_q, Tensor) else q.shape[0]
-        cache_seqlens = ops.lengths_tensor(cache_seqlens, batch, q.device, secure=secure)
-    opt = dict(k=k, v=v, page_table=page_table, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
-               cu_seqlens_q=cu_seqlens_q, k_descale=k_descale, v_descale=v_descale)
+    cache_seqlens, opt = _kvcache_inputs(q, cache_seqlens, secure, k=k, v=v, page_table=page_table,
+                                         cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
+                                         cu_seqlens_q=cu_seqlens_q, k_descale=k_descale, v_descale=v_descale)
     return make_step(q, k_cache, v_cache, cache_seqlens, opt, max_seqlen_q=max_seqlen_q, causal=causal, scale=scale,
                      num_splits=num_splits, return_lse=return_lse, out=out, secure=secure, backend=backend,
                      validate=validate)

@@ -357,6 +357,19 @@ def lengths_tensor(value: int, batch: int, device: torch.device, *, secure: bool
     return _LENGTHS.get_or_build(key, lambda: torch.full((batch,), value, dtype=torch.int32, device=device))
 
 
+def _kvcache_hit(q, k_cache, v_cache, cache_seqlens, opt: dict, out, backend, validate, flags: tuple):
+    """(plan key, the plan an earlier call made under it or None). On a hit the metadata checks are skipped (the key
+    holds every fact they read) and the values checked when ``validate`` (eager, not under capture)."""
+    key = kvcache_key(backend, q, k_cache, v_cache, tuple(opt[n] for n in KV_OPTIONAL) + (cache_seqlens,), out,
+                      flags=flags)
+    plan = PLANS.get(key) if key is not None else None
+    if plan is not None and validate and not C.capturing(q.device):
+        C.check_kvcache_values(plan.args, cache_seqlens, opt["page_table"], opt["cache_batch_idx"],
+                               opt["cache_leftpad"], opt["cu_seqlens_q"], q.shape[0], k_cache.shape[0],
+                               k_cache.shape[0])
+    return key, plan
+
+
 def kvcache_call(q, k_cache, v_cache, cache_seqlens, opt: dict, *, max_seqlen_q, causal, scale, num_splits,
                  return_lse, out, secure, backend, validate):
     """:func:`flashcore.attention_with_kvcache` after its argument conversion: check, then the reference, the
@@ -367,17 +380,11 @@ def kvcache_call(q, k_cache, v_cache, cache_seqlens, opt: dict, *, max_seqlen_q,
     ``validate``) and the launches."""
     key = None
     if not torch.compiler.is_compiling():
-        key = kvcache_key(backend, q, k_cache, v_cache, tuple(opt[n] for n in KV_OPTIONAL) + (cache_seqlens,), out,
-                          flags=(max_seqlen_q, causal, scale, num_splits, return_lse, secure, validate))
-        plan = PLANS.get(key) if key is not None else None
+        key, plan = _kvcache_hit(q, k_cache, v_cache, cache_seqlens, opt, out, backend, validate,
+                                 (max_seqlen_q, causal, scale, num_splits, return_lse, secure, validate))
         if plan is not None:
-            a = plan.args
-            if validate and not C.capturing(q.device):
-                C.check_kvcache_values(a, cache_seqlens, opt["page_table"], opt["cache_batch_idx"],
-                                       opt["cache_leftpad"], opt["cu_seqlens_q"], q.shape[0], k_cache.shape[0],
-                                       k_cache.shape[0])
             res, lse = plan(q, k_cache, v_cache, dict(opt, cache_seqlens=cache_seqlens), out)
-            return (res, lse) if a.return_lse else res
+            return (res, lse) if plan.args.return_lse else res
     a = C.check_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, **opt, max_seqlen_q=max_seqlen_q,
                         causal=causal, scale=scale, num_splits=num_splits, return_lse=return_lse, out=out,
                         secure=secure, backend=backend)
@@ -423,17 +430,11 @@ def kvcache_prepare(q, k_cache, v_cache, cache_seqlens, opt: dict, *, max_seqlen
     too when ``validate``, a sync), then the cached plan. Returns ``(args, plan, key)``; ``plan`` None where no
     kernel plan runs (the reference; tracing; a call that cannot be keyed). A key that an earlier call planned skips
     the metadata checks, as :func:`kvcache_call` does (the key holds every fact they read)."""
+    flags = (max_seqlen_q, causal, scale, num_splits, return_lse, secure, validate)
     if not torch.compiler.is_compiling():
-        key = kvcache_key(backend, q, k_cache, v_cache, tuple(opt[n] for n in KV_OPTIONAL) + (cache_seqlens,), out,
-                          flags=(max_seqlen_q, causal, scale, num_splits, return_lse, secure, validate))
-        plan = PLANS.get(key) if key is not None else None
+        key, plan = _kvcache_hit(q, k_cache, v_cache, cache_seqlens, opt, out, backend, validate, flags)
         if plan is not None:
-            a = plan.args
-            if validate and not C.capturing(q.device):
-                C.check_kvcache_values(a, cache_seqlens, opt["page_table"], opt["cache_batch_idx"],
-                                       opt["cache_leftpad"], opt["cu_seqlens_q"], q.shape[0], k_cache.shape[0],
-                                       k_cache.shape[0])
-            return a, plan, key
+            return plan.args, plan, key
     a = C.check_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, **opt, max_seqlen_q=max_seqlen_q,
                         causal=causal, scale=scale, num_splits=num_splits, return_lse=return_lse, out=out,
                         secure=secure, backend=backend)
@@ -444,7 +445,7 @@ def kvcache_prepare(q, k_cache, v_cache, cache_seqlens, opt: dict, *, max_seqlen
         C.check_kvcache_values(a, cache_seqlens, opt["page_table"], opt["cache_batch_idx"], opt["cache_leftpad"],
                                opt["cu_seqlens_q"], q.shape[0], k_cache.shape[0], k_cache.shape[0])
     key = kvcache_key(backend, q, k_cache, v_cache, tuple(opt[n] for n in KV_OPTIONAL) + (cache_seqlens,), out,
-                      flags=(max_seqlen_q, causal, scale, num_splits, return_lse, secure, validate))
+                      flags=flags)
     if not a.kernel or key is None:
         return a, None, key
     return a, _kvcache_plan(a, q, k_cache, v_cache, opt, out, key), key
