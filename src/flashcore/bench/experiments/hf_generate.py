@@ -37,6 +37,7 @@ import time
 
 import torch
 
+from ..report import generate_markdown_table
 from ..results import collect_environment
 from . import parser
 
@@ -164,16 +165,7 @@ def main(argv=None):
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "hf_generate.json"), "w") as f:
         json.dump(doc, f, indent=1)
-    print(f"\n{'impl':>14} {'batch':>9} {'prefill tok/s':>14} {'x sdpa':>7} {'decode tok/s':>13} {'x sdpa':>7} "
-          f"{'ms/step':>8} {'agree':>6}")
-    base = {(r["batch"], r["padded"]): r for r in rows if r["impl"] == "sdpa"}
-    for r in rows:
-        s = base.get((r["batch"], r["padded"]))
-        rp = f"{r['prefill_tok_s'] / s['prefill_tok_s']:.2f}" if s else "-"
-        rd = f"{r['decode_tok_s'] / s['decode_tok_s']:.2f}" if s else "-"
-        label = f"{r['batch']}{'p' if r['padded'] else ''}"
-        print(f"{r['impl']:>14} {label:>9} {r['prefill_tok_s']:>14.0f} {rp:>7} {r['decode_tok_s']:>13.0f} {rd:>7} "
-              f"{r['decode_ms_per_step']:>8.2f} {str(r.get('agree', '-')):>6}")
+    print("\n" + generate_markdown_table(doc))  # the README's table of this run
     print(f"\n({a.layers}-layer Llama, 4096 hidden, 32/8 heads x 128, bf16, prompt {a.prompt}, {a.new} new tokens, "
           f"{a.cache} cache; "
           f"JSON: {os.path.join(a.out, 'hf_generate.json')})")
