@@ -16,7 +16,7 @@ from ..kernels.triton.fwd import LOG2E
 from ..plan.knobs import GluonSwitches, gluon_switches
 from .secure_prepass import key_weights_shape
 from ..plan.tables import gluon_config_error, secure_prepass_pdl, v_stages
-from ..runtime import KernelStep, cdiv, current_stream, launch_hooks_active, sm_count
+from ..runtime import KernelStep, cdiv, current_stream, keeps_buffers, launch_hooks_active, sm_count
 from ..runtime.tma import EncodedDescriptors, make_descriptors, unwrap_tensordesc_launcher
 
 # Register budgets per partition (setmaxnreg): the loader needs almost nothing, the consumers get
@@ -229,9 +229,11 @@ class GluonLaunch:
         if w is None and self.key_weights_shape is not None:
             if self.step.constexprs["SECURE"]:
                 raise ValueError("the secure Gluon launch needs the pre-pass's key weights (key_weights=)")
-            if self.ones is None or self.ones.device != q.device:
-                self.ones = torch.ones(self.key_weights_shape, dtype=q.dtype, device=q.device)
             w = self.ones
+            if w is None or w.device != q.device:
+                w = torch.ones(self.key_weights_shape, dtype=q.dtype, device=q.device)
+                if keeps_buffers(q.device):  # not under capture, tracing or a compiled graph's op (its pool)
+                    self.ones = w
         fast, step = self.fast, self.step
         # Triton's own path: until compiled, where its launcher has another shape, and whenever a
         # profiler's hooks want their launch metadata
