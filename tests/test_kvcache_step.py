@@ -89,3 +89,15 @@ def test_a_run_whose_tensors_differ_is_checked_in_full(gen):
     assert torch.equal(step.run(q2, kc, vc), flashcore.attention_with_kvcache(q2, kc, vc, cache_seqlens=lens))
     lens.fill_(32)  # the bound lengths are read at each run
     assert torch.equal(step.run(q, kc, vc), flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=32))
+
+
+def test_no_gradient_is_dropped_by_a_step(gen):
+    """attention_with_kvcache has no backward: a step refuses inputs that want a gradient, when made and when run."""
+    (q, kc, vc), = _layers(1, 2, 32, 4, 2, 16, 1, gen)
+    with pytest.raises(RuntimeError, match="q requires grad"):
+        flashcore.kvcache_step(q.requires_grad_(), kc, vc, cache_seqlens=5)
+    step = flashcore.kvcache_step(q.detach(), kc, vc, cache_seqlens=5)
+    with pytest.raises(RuntimeError, match="q requires grad"):
+        step.run(q, kc, vc)
+    with torch.no_grad():
+        assert torch.equal(step.run(q, kc, vc), flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=5))
