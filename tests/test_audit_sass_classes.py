@@ -789,3 +789,49 @@ def test_a_small_warp_specialised_kernel_keeps_its_data_area():
     assert rep.ok, str(rep)
     rep = sass_taint(fn, sig, {"WHERE": 1, "LAYOUT": nv}, {"X"})
     assert "branch" in kinds(rep), str(rep)
+
+
+# ---------------------------------------------------------------------------------------------
+# the binary that runs, again: Triton's debug builds (a review's finding, 2026-12-01)
+# ---------------------------------------------------------------------------------------------
+
+
+def _assert_kernel(debug):
+    @triton.jit(debug=debug)
+    def k_assert(S, P, Y, BLOCK: tl.constexpr, LEAK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        s = tl.load(S + offs)
+        v = s if LEAK else tl.load(P + offs)
+        tl.device_assert(v < 1000, "big")  # a debug build keeps it: a branch on v
+        tl.store(Y + offs, s)
+    return k_assert
+
+
+@triton.jit(debug=True)
+def k_debug_arith(S, P, Y, BLOCK: tl.constexpr, LEAK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    s = tl.load(S + offs)
+    v = s if LEAK else tl.load(P + offs)
+    tl.store(Y + offs, (v * 3 + 7) ^ s)  # a debug build checks the multiply and add for overflow: branches on v
+
+
+SIG_DEBUG = {"S": "*i32", "P": "*i32", "Y": "*i32", "BLOCK": "constexpr", "LEAK": "constexpr"}
+
+
+@pytest.mark.parametrize("kernel", ["assert", "arith"])
+def test_debug_builds_are_audited_as_launched(kernel):
+    """A kernel marked ``debug=True`` launches a debug build (asserts kept, integer overflow checked): the gate
+    audits that build, so a secret reaching an assert or a checked multiply is a branch; its public twin is clean."""
+    fn = _assert_kernel(True) if kernel == "assert" else k_debug_arith
+    rep = sass_taint(fn, SIG_DEBUG, {"BLOCK": 128, "LEAK": True}, {"S"})
+    assert "branch" in kinds(rep), str(rep)
+    assert "branch" not in kinds(sass_taint(fn, SIG_DEBUG, {"BLOCK": 128, "LEAK": False}, {"S"}))
+
+
+def test_triton_debug_knob_makes_every_kernel_a_debug_build(monkeypatch):
+    from triton import knobs
+
+    fn = _assert_kernel(False)
+    assert sass_taint(fn, SIG_DEBUG, {"BLOCK": 128, "LEAK": True}, {"S"}).ok  # a release build drops the assert
+    monkeypatch.setattr(knobs.runtime, "debug", True)
+    assert "branch" in kinds(sass_taint(fn, SIG_DEBUG, {"BLOCK": 128, "LEAK": True}, {"S"}))

@@ -54,3 +54,15 @@ def test_audited_gpus_are_silent_and_others_are_named(monkeypatch):
     monkeypatch.setattr(C, "device_arch", lambda device: (8, 0))
     with pytest.warns(NotConstantTimeWarning, match="sm_80 GPU, whose machine code the constant-time gates never"):
         C.warn_not_constant_time(True, cuda)
+
+
+def test_triton_debug_builds_are_named(monkeypatch):
+    """On an audited GPU, Triton's debug mode (its builds branch on values: asserts, overflow checks) warns."""
+    from triton import knobs
+
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(C, "interpreting", lambda: False)
+    monkeypatch.setattr(C, "device_arch", lambda device: (9, 0))
+    monkeypatch.setattr(knobs.runtime, "debug", True)
+    with pytest.warns(NotConstantTimeWarning, match="Triton builds in its debug mode"):
+        C.warn_not_constant_time(True, cuda)

@@ -359,6 +359,17 @@ def _compiler_mode():
             setattr(owner, name, v)
 
 
+def launch_debug(fn) -> bool:
+    """Whether Triton's launcher builds ``fn`` in debug mode (``@triton.jit(debug=True)``, or the knob
+    ``triton.knobs.runtime.debug``, ``TRITON_DEBUG=1``): a launch without a ``debug=`` keyword compiles with
+    ``fn.debug or knobs.runtime.debug`` (Triton 3.6-3.9), and that binary keeps ``device_assert`` and checks integer
+    arithmetic for overflow, each a branch on the operands' values. The audit compiles the same (a launch's own
+    ``debug=True`` keyword, which flashcore never passes, is not visible here)."""
+    from triton import knobs
+
+    return bool(getattr(_unwrap_jit(fn), "debug", False)) or bool(knobs.runtime.debug)
+
+
 def compile_cubin(fn, signature: dict, constexprs: dict | None = None, target=(9, 0), num_warps: int = 4,
                   num_stages: int = 3, attrs: dict | None = None, maxnreg: int | None = None) -> _Compiled:
     """Compile ``fn`` for ``sm_<target>`` (``a`` variant on 9.0) without a GPU; cached per process.
@@ -373,8 +384,9 @@ def compile_cubin(fn, signature: dict, constexprs: dict | None = None, target=(9
 
     jfn = _unwrap_jit(fn)
     cap = target if isinstance(target, int) else int(target[0]) * 10 + int(target[1])
+    debug = launch_debug(jfn)
     key = (id(jfn), jfn.cache_key, _freeze(signature), _freeze(constexprs or {}), cap, num_warps, num_stages,
-           _freeze(attrs or {}), maxnreg)
+           _freeze(attrs or {}), maxnreg, debug)
     hit = _CUBIN_CACHE.get(key)
     if hit is not None:
         return hit
@@ -384,6 +396,8 @@ def compile_cubin(fn, signature: dict, constexprs: dict | None = None, target=(9
         from triton.experimental.gluon._runtime import GluonASTSource as source
     src = source(jfn, signature=dict(signature), constexprs=dict(constexprs or {}), attrs=dict(attrs or {}))
     options = {"num_warps": num_warps, "num_stages": num_stages}
+    if debug:  # the binary a launch runs: device_assert kept, integer overflow checks added (branches on values)
+        options["debug"] = True
     if maxnreg is not None:
         options["maxnreg"] = maxnreg
     with _compiler_mode():
