@@ -79,7 +79,7 @@ def make_step(q, k_cache, v_cache, cache_seqlens, opt: dict, *, max_seqlen_q, ca
     """:func:`flashcore.kvcache_step` after its argument conversion."""
     options = dict(max_seqlen_q=max_seqlen_q, causal=causal, scale=scale, num_splits=num_splits,
                    return_lse=return_lse, secure=secure, backend=backend, validate=validate)
-    a, plan, _ = ops.kvcache_prepare(q, k_cache, v_cache, cache_seqlens, opt, out=out, **options)
+    plan = ops.kvcache_prepare(q, k_cache, v_cache, cache_seqlens, opt, out=out, **options)
     meta = {n: opt[n] for n in _META}
     bound = facts = None
     if plan is not None and keeps_buffers(q.device) and q.device.index == torch.cuda.current_device():

@@ -427,28 +427,27 @@ def _kvcache_run(a, q, k_cache, v_cache, cache_seqlens, opt: dict, out, key):
 def kvcache_prepare(q, k_cache, v_cache, cache_seqlens, opt: dict, *, max_seqlen_q, causal, scale, num_splits,
                     return_lse, out, secure, backend, validate):
     """What :func:`kvcache_call` does before it launches, for ``flashcore.kvcache_step``: every check (the values
-    too when ``validate``, a sync), then the cached plan. Returns ``(args, plan, key)``; ``plan`` None where no
-    kernel plan runs (the reference; tracing; a call that cannot be keyed). A key that an earlier call planned skips
-    the metadata checks, as :func:`kvcache_call` does (the key holds every fact they read)."""
-    flags = (max_seqlen_q, causal, scale, num_splits, return_lse, secure, validate)
+    too when ``validate``, a sync), then the cached plan; None where no kernel plan runs (the reference; tracing; a
+    call that cannot be keyed). A key that an earlier call planned skips the metadata checks, as
+    :func:`kvcache_call` does (the key holds every fact they read)."""
+    key = None
     if not torch.compiler.is_compiling():
-        key, plan = _kvcache_hit(q, k_cache, v_cache, cache_seqlens, opt, out, backend, validate, flags)
+        key, plan = _kvcache_hit(q, k_cache, v_cache, cache_seqlens, opt, out, backend, validate,
+                                 (max_seqlen_q, causal, scale, num_splits, return_lse, secure, validate))
         if plan is not None:
-            return plan.args, plan, key
+            return plan
     a = C.check_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, **opt, max_seqlen_q=max_seqlen_q,
                         causal=causal, scale=scale, num_splits=num_splits, return_lse=return_lse, out=out,
                         secure=secure, backend=backend)
     validate = C.check_flag("validate", validate)
     if torch.compiler.is_compiling():
-        return a, None, None
+        return None
     if validate and not C.capturing(q.device):
         C.check_kvcache_values(a, cache_seqlens, opt["page_table"], opt["cache_batch_idx"], opt["cache_leftpad"],
                                opt["cu_seqlens_q"], q.shape[0], k_cache.shape[0], k_cache.shape[0])
-    key = kvcache_key(backend, q, k_cache, v_cache, tuple(opt[n] for n in KV_OPTIONAL) + (cache_seqlens,), out,
-                      flags=flags)
     if not a.kernel or key is None:
-        return a, None, key
-    return a, _kvcache_plan(a, q, k_cache, v_cache, opt, out, key), key
+        return None
+    return _kvcache_plan(a, q, k_cache, v_cache, opt, out, key)
 
 
 @torch.library.custom_op("flashcore::attention_with_kvcache", mutates_args=("k_cache", "v_cache"))
