@@ -314,3 +314,46 @@ def test_readme_performance_table_is_the_committed_run():
     assert doc["complete"] and doc["environment"]["gpu"]["name"].startswith("NVIDIA H100")
     assert {"flashcore", "flashcore-secure", "sdpa-default", "fa4", "flex"} <= set(doc["config"]["backends"])
     assert m.group(2).strip() == bench_markdown_table(doc).strip(), "README's performance table is stale"
+
+
+def test_interleaved_rounds_alternate_implementations_and_drop_the_warm_up(monkeypatch):
+    """hf_generate.interleaved_rounds (the generate A/Bs of perf-notes v61-v62): each round runs every implementation
+    in turn, with its patch active only while it generates; per round (generate(new + 1) - generate(1)) / new ms;
+    the warm-up rounds are not kept; the tokens are the last round's first 16 after the prompt."""
+    import contextlib
+
+    import torch
+
+    from flashcore.bench.experiments import hf_generate as hg
+
+    clock = [0.0]
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(hg.time, "perf_counter", lambda: clock[0])
+    active, log = [], []
+
+    class Model:
+        impl = None
+
+        def set_attn_implementation(self, impl):
+            self.impl = impl
+
+        def generate(self, ids, attention_mask=None, max_new_tokens=0, **kw):
+            log.append((self.impl, tuple(active), max_new_tokens))
+            cost = {"a": 1.0, "b": 2.0}[self.impl] * (1 + len(active))  # seconds per generated token
+            clock[0] += cost * max_new_tokens
+            return torch.arange(ids.shape[1] + max_new_tokens).repeat(ids.shape[0], 1) + (self.impl == "b")
+
+    @contextlib.contextmanager
+    def patch():
+        active.append("p")
+        try:
+            yield
+        finally:
+            active.pop()
+
+    ids = torch.zeros(2, 5, dtype=torch.long)
+    res, tokens = hg.interleaved_rounds(Model(), ids, None, {"a": ("a", None), "b": ("b", patch)}, new=4, rounds=3,
+                                        warmup=2)
+    assert log[:4] == [("a", (), 1), ("a", (), 5), ("b", ("p",), 1), ("b", ("p",), 5)] and len(log) == 4 * 5
+    assert res == {"a": [1000.0] * 3, "b": [4000.0] * 3} and not active
+    assert tokens["a"] == [list(range(5, 10))] * 2 and tokens["b"] == [list(range(6, 11))] * 2  # new + 1 = 5

@@ -105,6 +105,63 @@ def measure(model, ids, mask, new: int, repeats: int, cache: str = "dynamic") ->
             "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30}, tokens
 
 
+def interleaved_rounds(model, ids, mask, impls: dict, new: int, rounds: int, warmup: int = 2):
+    """Decode ms per step of several implementations interleaved round by round in one process (for A/Bs whose
+    differences are smaller than a host's drift between runs). ``impls`` maps a name to ``(attn_implementation,
+    patch)``: ``patch`` None or a context-manager factory active while that implementation generates (a shim of
+    the path before a change). Per round and implementation: ``(generate(new + 1) - generate(1)) / new``; the
+    first ``warmup`` rounds (compiles, plans, sdpa's cuDNN graphs per key length) are not kept. Returns ({name: ms
+    per step per kept round}, {name: the last round's first 16 decoded tokens of each sequence})."""
+    import contextlib
+
+    P = ids.shape[1]
+
+    def generate(n):
+        with torch.no_grad():
+            return model.generate(ids, attention_mask=mask, do_sample=False, pad_token_id=0, max_new_tokens=n,
+                                  min_new_tokens=n)
+
+    res, tokens = {n: [] for n in impls}, {}
+    for r in range(rounds + warmup):
+        for name, (impl, patch) in impls.items():
+            model.set_attn_implementation(impl)
+            with (patch() if patch is not None else contextlib.nullcontext()):
+                t1, _ = _sync_time(lambda: generate(1))
+                tn, out = _sync_time(lambda: generate(new + 1))
+            tokens[name] = out[:, P:P + 16].tolist()
+            if r >= warmup:
+                res[name].append((tn - t1) / new * 1e3)
+    return res, tokens
+
+
+def ab_setup():
+    """The interleaved A/B scripts' common start (bench/results/sweeps/v61, v62): B, P, NEW, ROUNDS from the
+    environment (1, 2048, 128, 5), the 8-layer model, flashcore registered as "fcore" and "fcore_nocheck"
+    (validate_masks=False), and the prompts (no padding; transformers 5.17 passes the all-ones mask on)."""
+    import types
+
+    from ...integrations import transformers as fc_hf
+
+    env = os.environ
+    ab = types.SimpleNamespace(B=int(env.get("B", 1)), P=int(env.get("P", 2048)), NEW=int(env.get("NEW", 128)),
+                               ROUNDS=int(env.get("ROUNDS", 5)))
+    ab.model, _ = make_model(8, 32000)
+    ab.check, ab.nocheck = fc_hf.register("fcore"), fc_hf.register("fcore_nocheck", validate_masks=False)
+    ab.ids, ab.mask = prompts(ab.B, ab.P, 32000, False)
+    return ab
+
+
+def ab_report(ab, res: dict, tokens: dict) -> None:
+    """Print the medians (and each one's ratio to sdpa's) and write ``$OUT/hf_ab_B{B}.json``."""
+    summary = {n: round(statistics.median(v), 3) for n, v in res.items()}
+    for n in res:
+        print(f"B{ab.B} {n:22s} {summary[n]:7.3f} ms/step  x sdpa {summary['sdpa'] / summary[n]:.3f}  rounds "
+              f"{[round(x, 3) for x in res[n]]}")
+    with open(os.path.join(os.environ.get("OUT", "."), f"hf_ab_B{ab.B}.json"), "w") as f:
+        json.dump(dict(B=ab.B, P=ab.P, NEW=ab.NEW, ROUNDS=ab.ROUNDS, summary=summary, rounds=res, tokens=tokens,
+                       git=os.environ.get("FLASHCORE_GIT_SHA")), f, indent=1)
+
+
 def agree(tokens, ref) -> int:
     """Leading tokens equal in every sequence."""
     same = (tokens == ref).all(dim=0).tolist()
