@@ -206,3 +206,13 @@ def test_varlen_k_alone_requiring_grad_with_out_is_refused_on_the_kernel_route()
         flashcore.attention_varlen(q, k, k.detach().clone(), torch.tensor([0, 4, 10], dtype=torch.int32),
                                    torch.tensor([0, 5, 12], dtype=torch.int32), 6, 7, backend="triton",
                                    out=torch.empty_like(q))
+
+
+@every_backend
+def test_out_overlapping_an_input_is_refused_after_a_call_with_the_same_facts(backend):
+    """A repeat call (a plan-cache hit: its key holds out's alignment, not its address) checks out's memory against
+    q, k and v as a first call does (a warm call with out=q wrote into q while it was read, review of session 46)."""
+    q, k, v = (x.clone() for x in (GOOD["q"], GOOD["k"], GOOD["v"]))
+    flashcore.attention(q, k, v, out=torch.empty_like(q), backend=backend)  # the same facts, a separate out
+    with pytest.raises(ValueError, match="out must not overlap q"):
+        flashcore.attention(q, k, v, out=q, backend=backend)

@@ -333,3 +333,49 @@ def test_num_splits_at_its_maximum_is_accepted():
         out = flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, num_splits=MAX_SPLITS, backend=backend)
         ref = flashcore.reference.attention_with_kvcache(q, kc.clone(), vc.clone(), cache_seqlens=lens)
         assert torch.allclose(out.double(), ref, atol=1e-5)
+
+
+OVERLAPS = [c for c in CASES if "overlapping" in c[0]]
+
+
+def _separate(x):
+    """A tensor with x's facts (shape, strides, dtype, 16-byte alignment) in memory of its own."""
+    y = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype)
+    assert y.data_ptr() % 16 == x.data_ptr() % 16
+    return y.copy_(x)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name,paged,over,exc,match", OVERLAPS, ids=[c[0] for c in OVERLAPS])
+def test_kvcache_overlap_is_refused_after_a_call_with_the_same_facts(name, paged, over, exc, match, backend):
+    """The address checks hold on a repeat call (a plan-cache hit, whose key holds alignments, not addresses) and on
+    a KVCacheStep's runs: a warm call with the same facts on separate buffers first, then the overlapping one
+    raises and writes nothing (before session 46 a warm call wrote out into the cache it read)."""
+    a = base(paged)
+    bad = over(a)
+    a["backend"] = backend
+    call(dict(a, **{n: _separate(x) for n, x in bad.items()}))
+    step_args = dict(a, **{n: _separate(x) for n, x in bad.items()})
+    q0, kc0, vc0 = step_args.pop("q"), step_args.pop("k_cache"), step_args.pop("v_cache")
+    step = flashcore.kvcache_step(q0, kc0, vc0, **step_args)
+    before = [bits(a[n]).clone() for n in ("k_cache", "v_cache")]
+    with pytest.raises(exc, match=match):
+        call(dict(a, **bad))
+    run = {n: x for n, x in bad.items() if n in ("k", "v", "out")}
+    with pytest.raises(exc, match=match):
+        step.run(bad.get("q", a["q"]), a["k_cache"], a["v_cache"], **{**{n: a[n] for n in ("k", "v")}, **run})
+    assert all(torch.equal(x, bits(a[n])) for x, n in zip(before, ("k_cache", "v_cache")))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("which", ["k_descale", "v_descale"])
+def test_fp8_descale_requiring_grad_is_refused(backend, which):
+    """attention_with_kvcache has no backward: a descale that requires grad raises as q does, never a result whose
+    gradient is silently lost (review of session 46: the kernel route returned an output without a grad_fn)."""
+    a = dict(base(), **fp8(base()), backend=backend, k_descale=torch.rand(B, HKV) + 0.5,
+             v_descale=torch.rand(B, HKV) + 0.5)
+    a[which] = a[which].requires_grad_()
+    with pytest.raises(RuntimeError, match=f"{which} requires grad"):
+        call(a)
+    with torch.no_grad():
+        assert call(a).shape == a["q"].shape

@@ -950,3 +950,42 @@ def test_kvcache_step_run_captured_in_a_graph_replays_with_new_lengths_and_page_
     step.run(q, kc, vc, out=out)
     _replay_with_new_lengths_and_tables(lambda: step.run(q, kc, vc, out=out), q, kc, vc, out, lens_buf, table_buf,
                                         lambda: table[torch.randperm(4, device=DEV)])
+
+
+def test_kvcache_step_bound_runs_keep_the_calls_checks_and_follow_moved_metadata(monkeypatch):
+    """Review of session 46, on the bound launches: a run whose out overlaps q (the same facts as the planned out)
+    raises as a call does; a bound page table moved to other memory in place (``set_``) is followed (the run takes
+    the full path), not read at its old address; an int ``cache_seqlens`` is converted again for a run on another
+    stream (a tensor filled on that stream), not the step's tensor filled on its own stream."""
+    from flashcore import ops
+    from flashcore.plan.decode import BoundDecode
+
+    q, kc, vc, table, lens, _ = _case(3, 32, 8, 128, 1500, 16, seed=3)
+    out = torch.empty_like(q)
+    step = flashcore.kvcache_step(q, kc, vc, cache_seqlens=lens, page_table=table, out=out)
+    step.run(q, kc, vc, out=out)  # compiles
+    bound = []
+    run = BoundDecode.run
+    monkeypatch.setattr(BoundDecode, "run", lambda self, *a: bound.append(1) or run(self, *a))
+    with pytest.raises(ValueError, match="out must not overlap q"):
+        step.run(q, kc, vc, out=q)
+    assert not bound
+    old = table.view_as(table)  # keeps the bound memory alive, with the old entries
+    table.set_(table[:, torch.randperm(table.shape[1], device=DEV)].contiguous())  # other memory, other order
+    got = step.run(q, kc, vc)
+    want = flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table)
+    assert not bound and torch.equal(got, want) and not torch.equal(old, table)
+    # an int length, run on another stream
+    q, kc, vc, _, _, _ = _case(1, 32, 8, 128, 4096, 0, seed=4)
+    step = flashcore.kvcache_step(q, kc, vc, cache_seqlens=4000)
+    step.run(q, kc, vc)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        key = (4000, 1, q.device.index, ops.current_stream(q.device))
+        assert ops._LENGTHS.get(key) is None
+        got = step.run(q, kc, vc)
+        made_on_s = ops._LENGTHS.get(key) is not None  # (the call below would make it too: checked before it)
+        want = flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=4000)
+    torch.cuda.current_stream().wait_stream(s)
+    assert torch.equal(got, want) and made_on_s

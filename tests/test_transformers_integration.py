@@ -492,3 +492,30 @@ def test_mask_bounds_in_one_launch_match_pytorchs(B, K):
     assert start.dtype == end.dtype == count.dtype == torch.int32
     assert torch.equal(start.long(), want_start) and torch.equal(end.long(), want_end)
     assert torch.equal(count.long(), pm.sum(1))
+
+
+@kernels
+@pytest.mark.parametrize("masked", [False, True], ids=["no mask", "padding mask"])
+def test_decode_layers_of_two_kinds_each_plan_their_own_step(name, calls, masked):
+    """A decode forward pass whose layers alternate between two kinds (other head dims here; other head counts,
+    dtypes or devices alike): one step is planned per kind and every layer runs its kind's step (before session 46
+    the first kind's step served both, so the other kind's layers took the full path on every call, and a layer on
+    another GPU failed on its lengths' device), and each layer's output equals sdpa's."""
+    g = torch.Generator().manual_seed(11)
+    B, K = 2, 24
+    pad = torch.ones(B, K, dtype=torch.bool)
+    pad[0, :5] = False
+    args = dict(batch_size=B, q_length=1, kv_length=K, q_offset=K - 1, kv_offset=0,
+                mask_function=mu.causal_mask_function, attention_mask=pad if masked else None,
+                allow_is_causal_skip=False, device="cpu")
+    ours = mu.ALL_MASK_ATTENTION_FUNCTIONS[name](**args)
+    theirs = mu.sdpa_mask(**dict(args, attention_mask=pad if masked else torch.ones(B, K, dtype=torch.bool)))
+    module = _Module(is_causal=True)
+    fc_hf._STEPS.__dict__.clear()
+    for layer in range(4):
+        D = (16, 32)[layer % 2]
+        q = torch.randn(B, 4, 1, D, generator=g)
+        k, v = torch.randn(B, 2, K, D, generator=g), torch.randn(B, 2, K, D, generator=g)
+        got, want = _sdpa_and_ours(name, module, q, k, v, theirs, ours)
+        assert (got - want).abs().max().item() < 1e-5
+    assert [c[0] for c in calls] == ["kvcache_step", "run", "kvcache_step", "run", "run", "run"]

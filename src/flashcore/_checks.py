@@ -268,9 +268,27 @@ def check_out(out, q: torch.Tensor, inputs: dict | None = None) -> None:
                          f"got {tuple(out.shape)}/{out.dtype}/{out.device}")
     if not out.is_contiguous():
         raise ValueError("out must be contiguous")
-    for name, t in (inputs or {}).items():
-        if _overlaps(out, t):
+    check_out_overlaps(out, inputs or {})
+
+
+def check_out_overlaps(out: torch.Tensor, inputs: dict) -> None:
+    """``out`` shares no memory with any of ``inputs``. Checked on every call that takes ``out``, a plan-cache hit
+    and a ``KVCacheStep`` run included: the plan keys hold alignments, not addresses."""
+    for name, t in inputs.items():
+        if t is not None and _overlaps(out, t):
             raise ValueError(f"out must not overlap {name} (other tiles still read {name} while out is written)")
+
+
+def check_kvcache_aliasing(q, k_cache, v_cache, k, v, out) -> None:
+    """A KV-cache call's address checks: ``out`` overlaps no input, appended ``k``/``v`` no cache (they are written
+    into it). On every call that takes ``out`` or ``k``/``v``, plan-cache hits and step runs included."""
+    if out is not None:
+        check_out_overlaps(out, {"q": q, "k_cache": k_cache, "v_cache": v_cache, "k": k, "v": v})
+    if k is not None:
+        for name, t in (("k", k), ("v", v)):
+            for cname, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+                if t is not None and _overlaps(t, c):
+                    raise ValueError(f"{name} must not overlap {cname} (it is written into it)")
 
 
 def check_cu_seqlens(cu_q, cu_k, total_q: int, total_k: int, max_q: int, max_k: int) -> int:
@@ -616,17 +634,10 @@ def check_kvcache(q, k_cache, v_cache, *, cache_seqlens, k, v, page_table, cache
     if num_splits > MAX_SPLITS:
         raise ValueError(f"num_splits must be in [0, {MAX_SPLITS}] (0: chosen from the shapes), got {num_splits}")
     kernel = check_backend(backend, q)
-    check_grad({"q": q, "k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache},
-               inference_only="attention_with_kvcache is inference-only (no backward pass)")
-    inputs = {"q": q, "k_cache": k_cache, "v_cache": v_cache}
-    if append:
-        inputs.update(k=k, v=v)
-    check_out(out, q, inputs)
-    if append:
-        for name, t in (("k", k), ("v", v)):
-            for cname, c in (("k_cache", k_cache), ("v_cache", v_cache)):
-                if _overlaps(t, c):
-                    raise ValueError(f"{name} must not overlap {cname} (it is written into it)")
+    check_grad({"q": q, "k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache, "k_descale": k_descale,
+                "v_descale": v_descale}, inference_only="attention_with_kvcache is inference-only (no backward pass)")
+    check_out(out, q)
+    check_kvcache_aliasing(q, k_cache, v_cache, k if append else None, v if append else None, out)
     if secure:
         warn_not_constant_time(kernel, q.device)
     return KvcacheArgs(B, Sq, Hq, Hkv, D, packed, paged, page_size, capacity, fp8, append, causal, scale, num_splits,

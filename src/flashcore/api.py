@@ -86,6 +86,8 @@ def attention(
                         validate=validate_seqlens, deterministic=deterministic)
         plan = PLANS.get(key) if key is not None else None
         if plan is not None:
+            if out is not None:  # the key holds out's alignment, not its address
+                C.check_out_overlaps(out, {"q": q, "k": k, "v": v})
             res, lse = plan(q, k, v, seqlens_q, seqlens_k, out)
             return (res, lse) if return_lse else res
 
@@ -192,11 +194,7 @@ def attention_varlen(
 
 def _kvcache_inputs(q, cache_seqlens, secure, **opt):
     """(cache_seqlens as a tensor where an int was given, the optional tensors by name) of a KV-cache call."""
-    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool) and isinstance(q, Tensor):
-        cu = opt["cu_seqlens_q"]
-        batch = cu.shape[0] - 1 if isinstance(cu, Tensor) else q.shape[0]
-        cache_seqlens = ops.lengths_tensor(cache_seqlens, batch, q.device, secure=secure)
-    return cache_seqlens, opt
+    return ops.kvcache_lengths(q, cache_seqlens, secure, opt["cu_seqlens_q"]), opt
 
 
 def attention_with_kvcache(
@@ -297,9 +295,10 @@ def kvcache_step(
     alignment; ``out=None`` or a buffer); a run whose tensors differ, or that runs under CUDA-graph capture,
     torch.compile or on another stream, takes ``attention_with_kvcache``'s full path with its checks. Values
     (``validate``) are checked once, here; the kernels read the bound tensors at each launch."""
+    given = cache_seqlens
     cache_seqlens, opt = _kvcache_inputs(q, cache_seqlens, secure, k=k, v=v, page_table=page_table,
                                          cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
                                          cu_seqlens_q=cu_seqlens_q, k_descale=k_descale, v_descale=v_descale)
     return make_step(q, k_cache, v_cache, cache_seqlens, opt, max_seqlen_q=max_seqlen_q, causal=causal, scale=scale,
                      num_splits=num_splits, return_lse=return_lse, out=out, secure=secure, backend=backend,
-                     validate=validate)
+                     validate=validate, given_lengths=given)

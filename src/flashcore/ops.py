@@ -343,6 +343,15 @@ KV_OPTIONAL = ("k", "v", "page_table", "cache_batch_idx", "cache_leftpad", "cu_s
 _LENGTHS = PlanCache(limit=64)  # (value, batch, device index, raw stream) -> int32 [batch] tensor, made on that stream
 
 
+def kvcache_lengths(q, cache_seqlens, secure, cu_seqlens_q):
+    """``cache_seqlens`` as the tensor the kernels read: an int becomes :func:`lengths_tensor`'s (on q's device and
+    the current stream), anything else is returned as given (the checks judge it)."""
+    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool) and isinstance(q, Tensor):
+        batch = cu_seqlens_q.shape[0] - 1 if isinstance(cu_seqlens_q, Tensor) else q.shape[0]
+        return lengths_tensor(cache_seqlens, batch, q.device, secure=secure)
+    return cache_seqlens
+
+
 def lengths_tensor(value: int, batch: int, device: torch.device, *, secure: bool) -> torch.Tensor:
     """``cache_seqlens`` given as an int, as the int32 ``[batch]`` tensor the kernels read. Eager calls share one
     per (value, batch, device, stream): transformers passes the same int to every layer of a decode step, and a
@@ -359,14 +368,19 @@ def lengths_tensor(value: int, batch: int, device: torch.device, *, secure: bool
 
 def _kvcache_hit(q, k_cache, v_cache, cache_seqlens, opt: dict, out, backend, validate, flags: tuple):
     """(plan key, the plan an earlier call made under it or None). On a hit the metadata checks are skipped (the key
-    holds every fact they read) and the values checked when ``validate`` (eager, not under capture)."""
+    holds every fact they read), the address checks are not (``out`` against the inputs, appended ``k``/``v`` against
+    the caches: the key holds no addresses), and the values are checked when ``validate`` (eager, not under
+    capture)."""
     key = kvcache_key(backend, q, k_cache, v_cache, tuple(opt[n] for n in KV_OPTIONAL) + (cache_seqlens,), out,
                       flags=flags)
     plan = PLANS.get(key) if key is not None else None
-    if plan is not None and validate and not C.capturing(q.device):
-        C.check_kvcache_values(plan.args, cache_seqlens, opt["page_table"], opt["cache_batch_idx"],
-                               opt["cache_leftpad"], opt["cu_seqlens_q"], q.shape[0], k_cache.shape[0],
-                               k_cache.shape[0])
+    if plan is not None:
+        if out is not None or opt["k"] is not None:
+            C.check_kvcache_aliasing(q, k_cache, v_cache, opt["k"], opt["v"], out)
+        if validate and not C.capturing(q.device):
+            C.check_kvcache_values(plan.args, cache_seqlens, opt["page_table"], opt["cache_batch_idx"],
+                                   opt["cache_leftpad"], opt["cu_seqlens_q"], q.shape[0], k_cache.shape[0],
+                                   k_cache.shape[0])
     return key, plan
 
 

@@ -28,9 +28,10 @@ and keeps them on the mask for the others.
   ``flashcore.attention_with_kvcache`` with ``cache_leftpad=start``, ``cache_seqlens=end`` (int32 on the
   device, never copied to the host) on the ``[B, S, H, D]`` views of transformers' K/V, ``validate=False``
   (the lengths lie in ``[0, S]`` with ``start <= end`` by construction). The first layer of a forward pass plans
-  it as a ``flashcore.kvcache_step`` kept on the mask (without a mask: the thread's last step, for the same
-  length, batch and options) and every layer runs that step on its own tensors, which the step checks against
-  the planned ones (an eager step's host time per layer: docs/perf-notes.md v61);
+  it as a ``flashcore.kvcache_step`` kept on the mask (without a mask: kept per thread), one per kind of layer
+  (q's and the cache's shapes, dtypes and device, and the options), and every layer of that kind runs it on its
+  own tensors, which the step checks against the planned ones (an eager step's host time per layer:
+  docs/perf-notes.md v61);
 * prefill without padding: ``flashcore.attention`` (dense, ``layout="bshd"`` on the same views);
 * prefill with padding: ``flashcore.attention_varlen`` on the unpadded tokens (the padding rows' outputs are
   zero: they see no key). Rows after a sequence's last real token (right padding) see all of its tokens, as
@@ -74,7 +75,24 @@ from ..runtime import KernelStep, interpreting
 NAME = "fcore"
 DECODE_MAX_QUERIES = 16  # new tokens per sequence up to which a call runs the KV-cache (split-KV) kernel
 _RESERVED = ("flash", "sdpa", "eager", "flex_attention", "paged", "|", "/")
-_STEPS = threading.local()  # .last: (arguments, flashcore.KVCacheStep) of this thread's last decode call without a mask
+_STEPS = threading.local()  # .by_kind: {layer kind: flashcore.KVCacheStep} of this thread's decode calls without a mask
+_MAX_KINDS = 8  # kept steps per thread (or per mask): a model's kinds of attention layer, the kinds of models in turn
+
+
+def _layer_kind(q, k, *options) -> tuple:
+    """What a decode step is planned for beside its metadata: the layer's q and cache shapes, dtypes and device
+    (layers of other head counts, head dims or devices get steps of their own, not a run that falls back to the full
+    path every time) and the options."""
+    return (tuple(q.shape), q.dtype, q.device, tuple(k.shape), k.dtype, *options)
+
+
+def _kept_step(steps: dict, kind: tuple, make):
+    step = steps.get(kind)
+    if step is None:
+        if len(steps) >= _MAX_KINDS:
+            steps.clear()
+        step = steps[kind] = make()
+    return step
 
 
 @dataclass
@@ -374,25 +392,26 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     pm, spec = _mask_spec(attention_mask, bool(is_causal), B, Hq, Sq, K)
     if pm is None:  # no padding; a causal mask ends at the last key
         if Sq <= DECODE_MAX_QUERIES and not training:
-            # the same decode step in every layer: a step planned by the first layer, run by the others
-            # (flashcore.kvcache_step; its run checks each layer's tensors against the planned ones)
-            args = (K, B, spec.causal, scaling, backend)
-            last = getattr(_STEPS, "last", None)
-            if last is None or last[0] != args:
-                last = _STEPS.last = (args, flashcore.kvcache_step(q, k, v, cache_seqlens=K, causal=spec.causal,
-                                                                    scale=scaling, backend=backend, validate=False))
-            return last[1].run(q, k, v), None
+            # the same decode step in every layer: a step planned by the first layer of each kind, run by the others
+            # (flashcore.kvcache_step; its run checks each layer's tensors against the planned ones). K is in the
+            # kind (k's shape): a growing cache plans a new step each forward pass
+            steps = getattr(_STEPS, "by_kind", None)
+            if steps is None:
+                steps = _STEPS.by_kind = {}
+            step = _kept_step(steps, _layer_kind(q, k, spec.causal, scaling, backend), lambda: flashcore.kvcache_step(
+                q, k, v, cache_seqlens=K, causal=spec.causal, scale=scaling, backend=backend, validate=False))
+            return step.run(q, k, v), None
         out = flashcore.attention(q, k, v, causal=spec.causal, scale=scaling, layout="bshd", backend=backend)
         return out, None
     if Sq <= DECODE_MAX_QUERIES and not training and _decode_fits(pm, spec, Sq, _options):
-        # one step per forward pass (its mask), planned by the first layer and run by every layer
-        step = spec.extra.get("step")
-        if step is None or step[0] != (scaling, backend):
+        # one step per forward pass (its mask) and kind of layer, planned by the first such layer, run by the others
+        def make():
             start, end, _ = _device_lengths(pm, spec)
-            step = spec.extra["step"] = ((scaling, backend), flashcore.kvcache_step(
-                q, k, v, cache_seqlens=end, cache_leftpad=start, causal=spec.causal, scale=scaling, backend=backend,
-                validate=False))
-        return step[1].run(q, k, v), None
+            return flashcore.kvcache_step(q, k, v, cache_seqlens=end, cache_leftpad=start, causal=spec.causal,
+                                          scale=scaling, backend=backend, validate=False)
+
+        step = _kept_step(spec.extra.setdefault("steps", {}), _layer_kind(q, k, scaling, backend), make)
+        return step.run(q, k, v), None
     return _padded_prefill(q, k, v, pm, spec, scaling, backend), None
 
 

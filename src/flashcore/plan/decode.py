@@ -365,7 +365,7 @@ class BoundDecode:
     asks the driver whether the address is device memory (``cuPointerGetAttribute``), ~15 times per split launch;
     the planned facts already say each tensor lies on the plan's device. The bound tensors stay referenced here."""
     __slots__ = ("plan", "stream", "thread", "device", "dummy", "split_fixed", "combine_fixed", "append_fixed",
-                 "keypos", "ints")
+                 "keypos", "ints", "metadata")
 
     def __init__(self, plan: DecodePlan, t: dict, device: torch.device):
         self.plan, self.device = plan, device
@@ -388,6 +388,14 @@ class BoundDecode:
         self.append_fixed = (dummy, get("page_table"), get("cache_batch_idx"), get("cu_seqlens_q"))
         self.ints = tuple(tuple(x.data_ptr() for x in group) for group in (
             self.split_fixed, self.combine_fixed, self.append_fixed, (dummy, self.keypos)))
+        # the metadata tensors' memory and layout as bound (resize_/set_ in place would move them under the
+        # pointers above)
+        self.metadata = tuple((x, x.data_ptr(), x.shape, x.stride()) for x in (t.get(n) for n in (
+            "cache_seqlens", "page_table", "cache_batch_idx", "cache_leftpad", "cu_seqlens_q")) if x is not None)
+
+    def metadata_in_place(self) -> bool:
+        """Whether every bound metadata tensor still has the memory, shape and strides it was bound with."""
+        return all(x.data_ptr() == p and x.shape == s and x.stride() == st for x, p, s, st in self.metadata)
 
     def ready(self) -> bool:
         """Whether every step has its compiled kernel (a first :class:`DecodePlan` call compiles and keeps them)."""
