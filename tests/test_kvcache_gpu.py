@@ -989,3 +989,31 @@ def test_kvcache_step_bound_runs_keep_the_calls_checks_and_follow_moved_metadata
         want = flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=4000)
     torch.cuda.current_stream().wait_stream(s)
     assert torch.equal(got, want) and made_on_s
+
+
+def test_dense_short_query_plan_made_under_capture_serves_later_eager_calls():
+    """A dense call with a short query runs on the decode kernel (DenseDecodePlan). When its plan is first made
+    while a CUDA graph is captured, a later eager call with the same key (a plan-cache hit) must not read a lengths
+    tensor that only the graph's replay fills (an audit of the plan-cache hits, session 46: that call returned
+    zeros), and the graph's replay gives the same answer."""
+    g = torch.Generator(device=DEV).manual_seed(12)
+    Sk = 2048 + 40  # a key no other test plans
+
+    def inputs(B):
+        return (torch.randn(B, 32, 1, 128, device=DEV, dtype=torch.bfloat16, generator=g),
+                torch.randn(B, 8, Sk, 128, device=DEV, dtype=torch.bfloat16, generator=g),
+                torch.randn(B, 8, Sk, 128, device=DEV, dtype=torch.bfloat16, generator=g))
+
+    flashcore.attention(*inputs(3))  # compiles the kernels (another key)
+    q, k, v = inputs(2)
+    out, out2 = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        flashcore.attention(q, k, v, out=out)
+    eager = flashcore.attention(q, k, v, out=out2)  # the same key, before any replay
+    torch.cuda.synchronize()
+    ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), enable_gqa=True)
+    assert ((eager.double() - ref).norm() / ref.norm()).item() < 1e-2
+    graph.replay()
+    torch.cuda.synchronize()
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2

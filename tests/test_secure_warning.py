@@ -66,3 +66,42 @@ def test_triton_debug_builds_are_named(monkeypatch):
     monkeypatch.setattr(knobs.runtime, "debug", True)
     with pytest.warns(NotConstantTimeWarning, match="Triton builds in its debug mode"):
         C.warn_not_constant_time(True, cuda)
+
+
+@pytest.mark.skipif(not INTERP, reason="the kernel route on CPU needs the interpreter (plans are cached there)")
+def test_secure_warns_on_every_call_not_only_on_the_plans_first():
+    """A repeat call takes the cached plan and skips the checks that warn; it warns all the same (an audit of the
+    plan-cache hits, session 46: the second secure call, and a step planned after a call, were silent)."""
+    q = torch.randn(1, 2, 16, 32)
+    lens = torch.tensor([9], dtype=torch.int32)
+    qk, cache = torch.randn(2, 1, 4, 32), torch.randn(2, 64, 2, 32)
+    calls = [lambda: flashcore.attention(q, q, q, secure=True, seqlens_k=lens, backend="triton"),
+             lambda: flashcore.attention_with_kvcache(qk, cache, cache.clone(), cache_seqlens=17, secure=True,
+                                                      backend="triton")]
+    step = [None]
+
+    def step_run():
+        if step[0] is None:
+            step[0] = flashcore.kvcache_step(qk, cache, cache.clone(), cache_seqlens=17, secure=True, backend="triton")
+        return step[0].run(qk, cache, cache.clone())
+
+    for fn in (*calls, step_run):
+        for _ in range(3):
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                fn()
+            assert [w.category for w in seen].count(NotConstantTimeWarning) >= 1
+
+
+def test_triton_debug_mode_is_part_of_every_plan_key(monkeypatch):
+    """Turning Triton's debug mode on or off reaches a new plan (whose kernels are built as the mode says, and whose
+    first call warns), not the plan built under the other mode: the mode is in the knobs' snapshot every plan key
+    holds, and in the launcher's key for sharing compiled kernels."""
+    from triton import knobs
+
+    from flashcore.plan.knobs import snapshot
+
+    monkeypatch.setattr(knobs.runtime, "debug", False)
+    off = snapshot()
+    monkeypatch.setattr(knobs.runtime, "debug", True)
+    assert snapshot() != off

@@ -88,6 +88,8 @@ def attention(
         if plan is not None:
             if out is not None:  # the key holds out's alignment, not its address
                 C.check_out_overlaps(out, {"q": q, "k": k, "v": v})
+            if secure:  # said on every call, as Python's warning filters expect, not only on the plan's first
+                C.warn_not_constant_time(True, q.device)
             res, lse = plan(q, k, v, seqlens_q, seqlens_k, out)
             return (res, lse) if return_lse else res
 

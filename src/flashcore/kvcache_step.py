@@ -74,6 +74,8 @@ class KVCacheStep:
                 and b.metadata_in_place()):
             if out is not None or k is not None:  # the facts hold alignments, not addresses
                 C.check_kvcache_aliasing(q, k_cache, v_cache, k, v, out)
+            if self._options["secure"]:  # on every run, as on every call
+                C.warn_not_constant_time(True, q.device)
             res, lse = b.run(q, k_cache, v_cache, k, v, k_descale, v_descale, out, launch_hooks_active())
             return (res, lse) if self.return_lse else res
         opt = dict(self._meta, k=k, v=v, k_descale=k_descale, v_descale=v_descale)

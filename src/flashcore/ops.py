@@ -17,7 +17,7 @@ from .launch.triton_bwd import BackwardLaunch
 from .plan.backward import backward_config
 from .plan.build import Plan, build
 from .plan.cache import PLANS, PlanCache
-from .plan.decode import decode_serves, dense_decode_plan, plan_kvcache
+from .plan.decode import _LENGTHS, decode_serves, dense_decode_plan, lengths_tensor, plan_kvcache
 from .problem import DTYPE_NAMES, Problem, backward_key, dense_key, kvcache_key, varlen_key
 from .runtime import current_stream, device_arch, inside_compiled_graph, keeps_buffers
 
@@ -340,9 +340,6 @@ def _(d_out, q, k, v, out, lse, d_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
 
 KV_OPTIONAL = ("k", "v", "page_table", "cache_batch_idx", "cache_leftpad", "cu_seqlens_q", "k_descale", "v_descale")
 
-_LENGTHS = PlanCache(limit=64)  # (value, batch, device index, raw stream) -> int32 [batch] tensor, made on that stream
-
-
 def kvcache_lengths(q, cache_seqlens, secure, cu_seqlens_q):
     """``cache_seqlens`` as the tensor the kernels read: an int becomes :func:`lengths_tensor`'s (on q's device and
     the current stream), anything else is returned as given (the checks judge it)."""
@@ -350,20 +347,6 @@ def kvcache_lengths(q, cache_seqlens, secure, cu_seqlens_q):
         batch = cu_seqlens_q.shape[0] - 1 if isinstance(cu_seqlens_q, Tensor) else q.shape[0]
         return lengths_tensor(cache_seqlens, batch, q.device, secure=secure)
     return cache_seqlens
-
-
-def lengths_tensor(value: int, batch: int, device: torch.device, *, secure: bool) -> torch.Tensor:
-    """``cache_seqlens`` given as an int, as the int32 ``[batch]`` tensor the kernels read. Eager calls share one
-    per (value, batch, device, stream): transformers passes the same int to every layer of a decode step, and a
-    fill is a kernel launch. None is shared under graph capture (a fill made there runs only at replay), none
-    across streams (the fill is ordered on its own stream only), and none in secure mode (a hit or
-    a miss would make host time depend on the secret length), under tracing, or inside a compiled graph's op
-    (``runtime.keeps_buffers``). Nor is a kept one handed to a call being captured: the graph would hold no reference
-    to it, and once evicted its memory could be reused."""
-    if secure is not False or not keeps_buffers(device):
-        return torch.full((batch,), value, dtype=torch.int32, device=device)
-    key = (value, batch, device.index, current_stream(device))
-    return _LENGTHS.get_or_build(key, lambda: torch.full((batch,), value, dtype=torch.int32, device=device))
 
 
 def _kvcache_hit(q, k_cache, v_cache, cache_seqlens, opt: dict, out, backend, validate, flags: tuple):
@@ -377,6 +360,8 @@ def _kvcache_hit(q, k_cache, v_cache, cache_seqlens, opt: dict, out, backend, va
     if plan is not None:
         if out is not None or opt["k"] is not None:
             C.check_kvcache_aliasing(q, k_cache, v_cache, opt["k"], opt["v"], out)
+        if plan.args.secure:  # said on every call, not only on the plan's first
+            C.warn_not_constant_time(True, q.device)
         if validate and not C.capturing(q.device):
             C.check_kvcache_values(plan.args, cache_seqlens, opt["page_table"], opt["cache_batch_idx"],
                                    opt["cache_leftpad"], opt["cu_seqlens_q"], q.shape[0], k_cache.shape[0],

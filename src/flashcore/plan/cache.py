@@ -5,7 +5,7 @@ goes stale and nothing needs clearing when a knob changes. Reads are lock-free (
 GIL); inserts take a lock, so threads planning the same key concurrently keep one plan. At ``limit`` plans
 the oldest goes: a KV cache that grows by a token per step (transformers' DynamicCache) makes a key per
 length, and a server would otherwise stop caching once it had seen ``limit`` lengths. The class also serves as the
-bounded cache of the KV-cache path's shared tensors (``ops.lengths_tensor``, ``plan.decode.workspace``)."""
+bounded cache of the KV-cache path's shared tensors (``plan.decode.lengths_tensor``, ``plan.decode.workspace``)."""
 from __future__ import annotations
 
 import threading

@@ -506,7 +506,7 @@ def plan_kvcache(a, q, k_cache, v_cache, k, v, page_table, cache_batch_idx, cach
     return plan
 
 
-__all__ = ["BoundDecode", "DecodePlan", "choose_config", "plan_kvcache", "query_tiles"]
+__all__ = ["BoundDecode", "DecodePlan", "choose_config", "lengths_tensor", "plan_kvcache", "query_tiles"]
 
 
 # --- dense calls with a short query -------------------------------------------------------------------------
@@ -536,14 +536,32 @@ class DecodeSelection:
                 f"splits={c.num_splits} (not {self.rejected[0][0]}: {self.rejected[0][1]})")
 
 
+_LENGTHS = PlanCache(limit=64)  # (value, batch, device index, raw stream) -> int32 [batch] tensor, made on that stream
+
+
+def lengths_tensor(value: int, batch: int, device: torch.device, *, secure: bool) -> torch.Tensor:
+    """``cache_seqlens`` given as an int, as the int32 ``[batch]`` tensor the kernels read. Eager calls share one
+    per (value, batch, device, stream): transformers passes the same int to every layer of a decode step, and a
+    fill is a kernel launch. None is shared under graph capture (a fill made there runs only at replay), none
+    across streams (the fill is ordered on its own stream only), and none in secure mode (a hit or
+    a miss would make host time depend on the secret length), under tracing, or inside a compiled graph's op
+    (``runtime.keeps_buffers``). Nor is a kept one handed to a call being captured: the graph would hold no reference
+    to it, and once evicted its memory could be reused."""
+    if secure is not False or not keeps_buffers(device):
+        return torch.full((batch,), value, dtype=torch.int32, device=device)
+    key = (value, batch, device.index, current_stream(device))
+    return _LENGTHS.get_or_build(key, lambda: torch.full((batch,), value, dtype=torch.int32, device=device))
+
+
 class DenseDecodePlan:
     """A dense :func:`flashcore.attention` call run as KV-cache attention: K/V are a full contiguous cache
-    (every sequence's length is Sk, a constant tensor made once), causal stays bottom-right. Replayed like
-    :class:`~flashcore.plan.build.Plan`: ``plan(q, k, v, out=...)`` returns ``(out, lse or None)``."""
-    __slots__ = ("problem", "selection", "decode", "lens", "bshd")
+    (every sequence's length is Sk: :func:`lengths_tensor`'s, per call, so a plan first made under CUDA-graph capture
+    or inside a compiled graph never hands later calls a tensor that only a replay fills), causal stays bottom-right.
+    Replayed like :class:`~flashcore.plan.build.Plan`: ``plan(q, k, v, out=...)`` returns ``(out, lse or None)``."""
+    __slots__ = ("problem", "selection", "decode", "seqlen_k", "batch", "bshd")
 
-    def __init__(self, problem, decode: DecodePlan, lens: torch.Tensor, bshd: bool):
-        self.problem, self.decode, self.lens, self.bshd = problem, decode, lens, bshd
+    def __init__(self, problem, decode: DecodePlan, seqlen_k: int, batch: int, bshd: bool):
+        self.problem, self.decode, self.seqlen_k, self.batch, self.bshd = problem, decode, seqlen_k, batch, bshd
         self.selection = DecodeSelection(decode.config)
 
     @property
@@ -558,7 +576,8 @@ class DenseDecodePlan:
         if out is None:
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         view = (lambda t: t) if self.bshd else (lambda t: t.transpose(1, 2))  # noqa: E731  [B, S, H, D] views
-        _, lse = self.decode(view(q), view(k), view(v), {"cache_seqlens": self.lens}, view(out))
+        lens = lengths_tensor(self.seqlen_k, self.batch, q.device, secure=False)
+        _, lse = self.decode(view(q), view(k), view(v), {"cache_seqlens": lens}, view(out))
         return out, lse
 
 
@@ -573,5 +592,4 @@ def dense_decode_plan(problem, q, k, v, out, *, causal: bool, scale: float, retu
                         has_leftpad=False, causal=causal, secure=False, fp8=False, return_lse=return_lse,
                         fp32=q.dtype == torch.float32, scale=scale)
     cfg = choose_config(shape, 0, q.device)
-    lens = torch.full((B,), Sk, dtype=torch.int32, device=q.device)
-    return DenseDecodePlan(problem, DecodePlan(shape, cfg, qd, kd, view(v), None, None, od, None), lens, bshd)
+    return DenseDecodePlan(problem, DecodePlan(shape, cfg, qd, kd, view(v), None, None, od, None), Sk, B, bshd)

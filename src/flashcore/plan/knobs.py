@@ -149,9 +149,22 @@ if not (isinstance(_ENV_DATA, dict) and os.name == "posix"):
 
 def snapshot() -> tuple:
     """Every knob's current value: part of every plan key (environment values as bytes on POSIX, as str
-    elsewhere: the same within one process, which is all a key needs)."""
+    elsewhere: the same within one process, which is all a key needs), and Triton's debug mode (a plan keeps its
+    compiled kernels, so turning it on or off must reach a new plan: its kernels, and secure mode's warning)."""
     if _ENV_DATA is not None:
         get = _ENV_DATA.get
-        return (*(get(k) for k in _ENV_KEYS), _switches)
+        return (*(get(k) for k in _ENV_KEYS), _switches, _triton_debug())
     get = os.environ.get
-    return (*(get(n) for n in _ENV_NAMES), _switches)
+    return (*(get(n) for n in _ENV_NAMES), _switches, _triton_debug())
+
+
+_RUNTIME = None  # triton.knobs.runtime, imported once
+
+
+def _triton_debug() -> bool:
+    global _RUNTIME
+    if _RUNTIME is None:
+        from triton import knobs
+
+        _RUNTIME = knobs.runtime
+    return bool(_RUNTIME.debug)

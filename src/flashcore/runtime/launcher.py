@@ -182,8 +182,11 @@ class KernelStep:
         if device.type != "cuda" or interpreting():
             return None
         try:
+            # Triton's debug mode is part of what its launcher compiles (device asserts, overflow checks): a kernel
+            # built with it on is not shared with launches after it is turned off, nor the other way round
             cls = (self.fn, device.index, tuple(sorted(self.constexprs.items())), self.num_warps, self.num_stages,
-                   tuple(sorted(self.options.items())), tuple(_arg_class(a) for a in (*ptrs, *self.scalars)))
+                   tuple(sorted(self.options.items())), tuple(_arg_class(a) for a in (*ptrs, *self.scalars)),
+                   bool(_triton_knobs().runtime.debug))
             hash(cls)
         except TypeError:
             return None
