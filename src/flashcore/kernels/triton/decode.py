@@ -44,9 +44,11 @@ def _widen_fp8_pairs(u, ASM: tl.constexpr):
     is not its contiguous one (V's keys) byte by byte (an ``ld.shared.b8`` per value); 16-bit tiles load with
     ``ldmatrix``, as a bf16 cache's do.
 
-    ``ASM`` (a GPU): the hardware convert (``cvt.rn.f16x2.e4m3x2``, exact), two per instruction, and two byte
-    permutes that part the even from the odd values. Measured on H200 at B64 16k (docs/perf-notes.md v24): 530 us
-    against 565 for the same bit moves as below in 32-bit inline assembly and 720 for Triton's integer operations.
+    ``ASM`` (a GPU): the hardware convert (``cvt.rn.f16x2.e4m3x2``, exact), two values per instruction, after one
+    byte permute that parts the even from the odd values of the two pairs a register holds (each convert then makes
+    one output register: the two even values, or the two odd ones; v62: one permute per four values, not two after
+    the converts). Measured on H200 at B64 16k (docs/perf-notes.md v24): 530 us against 565 for the same bit moves as
+    below in 32-bit inline assembly and 720 for Triton's integer operations.
     Without ``ASM`` (Triton's CPU interpreter, which runs no inline assembly) the values x 2**-8 (``FP8_WIDEN_C``)
     by moving bits: exact for every finite value, subnormals included (e4m3's exponent bias 7 is float16's 15
     minus 8)."""
@@ -54,12 +56,11 @@ def _widen_fp8_pairs(u, ASM: tl.constexpr):
         return tl.inline_asm_elementwise(
             """{
             .reg .b16 a, b;
-            .reg .b32 r, q;
-            mov.b32 {a, b}, $2;
-            cvt.rn.f16x2.e4m3x2 r, a;
-            cvt.rn.f16x2.e4m3x2 q, b;
-            prmt.b32 $0, r, q, 0x5410;
-            prmt.b32 $1, r, q, 0x7632;
+            .reg .b32 t;
+            prmt.b32 t, $2, 0, 0x3120;
+            mov.b32 {a, b}, t;
+            cvt.rn.f16x2.e4m3x2 $0, a;
+            cvt.rn.f16x2.e4m3x2 $1, b;
             }""", "=r,=r,r", [u], dtype=(tl.float16, tl.float16), is_pure=True, pack=2)
     else:
         lo = ((u & 0x80) << 8) | ((u & 0x7F) << 7)
