@@ -13,7 +13,7 @@ import torch
 
 from .kernels import forward_dtype_names, forward_head_dims, head_dim_text
 from .problem import DTYPE_NAMES
-from .runtime.launcher import capturing, device_arch, interpreting
+from .runtime.launcher import capturing, device_arch, interpreting, triton_debug
 
 TORCH_DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 SUPPORTED_HEAD_DIMS = forward_head_dims()
@@ -139,13 +139,6 @@ class NotConstantTimeWarning(UserWarning):
 AUDITED_ARCHS = ((9, 0),)
 
 
-def _triton_debug() -> bool:
-    """Whether Triton's launcher builds kernels in debug mode (``audit.sass.compile.launch_debug``'s knob)."""
-    from triton import knobs
-
-    return bool(knobs.runtime.debug)
-
-
 def warn_not_constant_time(kernel: bool, device: torch.device) -> None:
     """Say so, loudly, when ``secure=True`` runs something that is not constant-time: the float64 reference, the
     CPU interpreter, Triton's debug builds, or a GPU the gates never audited. (Not while tracing: dynamo would break
@@ -156,7 +149,7 @@ def warn_not_constant_time(kernel: bool, device: torch.device) -> None:
         where = "the float64 PyTorch reference (backend='reference', or CPU tensors with backend='auto')"
     elif interpreting() or device.type != "cuda":
         where = "the Triton interpreter on the CPU (TRITON_INTERPRET=1)"
-    elif _triton_debug():
+    elif triton_debug():
         where = ("kernels that Triton builds in its debug mode (TRITON_DEBUG=1 or triton.knobs.runtime.debug: device "
                  "asserts and integer overflow checks, each a branch on values; the gates audit the release build)")
     else:

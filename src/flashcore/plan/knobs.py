@@ -22,6 +22,8 @@ import os
 import threading
 from dataclasses import dataclass, fields, replace
 
+from ..runtime.launcher import triton_debug
+
 SECURE_V_ZEROING_ENV = "FLASHCORE_SECURE_V_ZEROING"
 SECURE_V_ZEROING_MODES = ("auto", "prepass", "in_loop")
 HOPPER_KERNEL_ENV = "FLASHCORE_HOPPER_KERNEL"
@@ -153,18 +155,6 @@ def snapshot() -> tuple:
     compiled kernels, so turning it on or off must reach a new plan: its kernels, and secure mode's warning)."""
     if _ENV_DATA is not None:
         get = _ENV_DATA.get
-        return (*(get(k) for k in _ENV_KEYS), _switches, _triton_debug())
+        return (*(get(k) for k in _ENV_KEYS), _switches, triton_debug())
     get = os.environ.get
-    return (*(get(n) for n in _ENV_NAMES), _switches, _triton_debug())
-
-
-_RUNTIME = None  # triton.knobs.runtime, imported once
-
-
-def _triton_debug() -> bool:
-    global _RUNTIME
-    if _RUNTIME is None:
-        from triton import knobs
-
-        _RUNTIME = knobs.runtime
-    return bool(_RUNTIME.debug)
+    return (*(get(n) for n in _ENV_NAMES), _switches, triton_debug())

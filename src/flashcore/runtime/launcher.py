@@ -79,6 +79,12 @@ def _triton_knobs():
     return _KNOBS
 
 
+def triton_debug() -> bool:
+    """Whether Triton's launcher builds kernels in its debug mode (``triton.knobs.runtime.debug``, ``TRITON_DEBUG=1``:
+    device asserts and integer overflow checks; ``audit.sass.compile.launch_debug`` reads the same knob)."""
+    return bool(_triton_knobs().runtime.debug)
+
+
 def launch_hooks_active() -> bool:
     """Whether a profiler or user registered a Triton launch hook. Triton 3.6 keeps the hooks as
     ``HookChain`` objects that are never None, so an empty chain counts as no hook."""
@@ -186,7 +192,7 @@ class KernelStep:
             # built with it on is not shared with launches after it is turned off, nor the other way round
             cls = (self.fn, device.index, tuple(sorted(self.constexprs.items())), self.num_warps, self.num_stages,
                    tuple(sorted(self.options.items())), tuple(_arg_class(a) for a in (*ptrs, *self.scalars)),
-                   bool(_triton_knobs().runtime.debug))
+                   triton_debug())
             hash(cls)
         except TypeError:
             return None
