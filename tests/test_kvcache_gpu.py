@@ -957,8 +957,8 @@ def test_kvcache_step_bound_runs_keep_the_calls_checks_and_follow_moved_metadata
     raises as a call does; a bound page table moved to other memory in place (``set_``) is followed (the run takes
     the full path), not read at its old address; an int ``cache_seqlens`` is converted again for a run on another
     stream (a tensor filled on that stream), not the step's tensor filled on its own stream."""
-    from flashcore import ops
-    from flashcore.plan.decode import BoundDecode
+    from flashcore.plan.decode import _LENGTHS, BoundDecode
+    from flashcore.runtime import current_stream
 
     q, kc, vc, table, lens, _ = _case(3, 32, 8, 128, 1500, 16, seed=3)
     out = torch.empty_like(q)
@@ -982,10 +982,10 @@ def test_kvcache_step_bound_runs_keep_the_calls_checks_and_follow_moved_metadata
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        key = (4000, 1, q.device.index, ops.current_stream(q.device))
-        assert ops._LENGTHS.get(key) is None
+        key = (4000, 1, q.device.index, current_stream(q.device))
+        assert _LENGTHS.get(key) is None
         got = step.run(q, kc, vc)
-        made_on_s = ops._LENGTHS.get(key) is not None  # (the call below would make it too: checked before it)
+        made_on_s = _LENGTHS.get(key) is not None  # (the call below would make it too: checked before it)
         want = flashcore.attention_with_kvcache(q, kc, vc, cache_seqlens=4000)
     torch.cuda.current_stream().wait_stream(s)
     assert torch.equal(got, want) and made_on_s

@@ -16,10 +16,10 @@ from . import reference as _ref
 from .launch.triton_bwd import BackwardLaunch
 from .plan.backward import backward_config
 from .plan.build import Plan, build
-from .plan.cache import PLANS, PlanCache
-from .plan.decode import _LENGTHS, decode_serves, dense_decode_plan, lengths_tensor, plan_kvcache
+from .plan.cache import PLANS
+from .plan.decode import decode_serves, dense_decode_plan, lengths_tensor, plan_kvcache
 from .problem import DTYPE_NAMES, Problem, backward_key, dense_key, kvcache_key, varlen_key
-from .runtime import current_stream, device_arch, inside_compiled_graph, keeps_buffers
+from .runtime import device_arch, inside_compiled_graph
 
 Tensor = torch.Tensor
 _OP_ROUTE = "op"  # plan-key route of the custom ops (the eager entry points key by their backend)
