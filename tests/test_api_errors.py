@@ -120,6 +120,16 @@ def test_triton_backend_on_cpu_without_interpreter_is_explained(monkeypatch):
         call(backend="triton")
 
 
+@pytest.mark.interp
+def test_switching_the_interpreter_off_reaches_a_warm_call(monkeypatch):
+    """A call whose plan was made under the interpreter is refused, not served from that plan, once it is off."""
+    q = t(1, 2, 16, 32)
+    flashcore.attention(q, q, q, backend="triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        flashcore.attention(q, q, q, backend="triton")
+
+
 def _varlen(backend="reference", **kw):
     q, k = t(10, 4, 32), t(12, 2, 32)
     args = dict(q=q, k=k, v=k.clone(), cu_seqlens_q=torch.tensor([0, 4, 10], dtype=torch.int32),

@@ -217,6 +217,27 @@ def test_decode_schema_errors_name_the_key(break_it, where):
         R.validate_document(doc)
 
 
+def test_flushed_cases_are_timed_again_with_a_clean_l2(fake_gpu):
+    """A case larger than the L2 (flushed) gets a second time with a clean L2 for every correct backend, and the
+    README's table shows it; a rotated case gets none."""
+    from flashcore.bench.report import decode_markdown_table
+
+    cases = [D.case(2, 64, heads=(4, 2), D=16), D.case(2, 512, heads=(4, 2), D=16)]  # 16 KiB and 128 KiB of K/V
+    doc = DR.run_decode_suite(cases, ["flashcore", "sdpa-default", "wrong"], torch.float16, progress=False,
+                              tolerance=2e-2, time_budget_s=None)
+    R.validate_document(doc)
+    rotated, flushed = doc["results"]
+    assert rotated["method"] == "rotate" and flushed["method"] == "l2-flush"
+    assert all("timing_clean_l2" not in r for r in rotated["backends"].values())
+    for name, us in (("flashcore", 40.0), ("sdpa-default", 80.0)):
+        assert flushed["backends"][name]["timing_clean_l2"]["median_us"] == pytest.approx(0.8 * us)
+    assert "timing_clean_l2" not in flushed["backends"]["wrong"]
+    assert fake_gpu.timed.count("flashcore clean") == 1 and "wrong clean" not in fake_gpu.timed
+    rows = decode_markdown_table(doc).splitlines()
+    assert rows[0].endswith("| clean L2 µs: flashcore / SDPA |")
+    assert rows[2].endswith("| - |") and rows[3].endswith("| 32.0 / 64.0 |")
+
+
 def test_decode_tables_and_plot(tmp_path):
     from rich.console import Console
 
@@ -311,13 +332,13 @@ class FakeTimer:
     def __init__(self):
         self.timed = []
 
-    def measure(self, fns, *, flush, rep_ms=100.0, warmup_ms=25.0):
-        assert flush == (len(fns) == 1)
+    def measure(self, fns, *, flush, rep_ms=100.0, warmup_ms=25.0, clean=False):
+        assert flush == (len(fns) == 1) and (flush or not clean)
         for fn in (fns[0], fns[-1]):
             assert fn() is not None
-        self.timed.append(fns[0].backend_name)
+        self.timed.append(fns[0].backend_name + (" clean" if clean else ""))
         us = {"flashcore": 40.0, "flashcore-secure": 50.0, "sdpa-default": 80.0}[fns[0].backend_name]
-        return [us / 1000.0 * f for f in (1.0, 0.9, 1.1)]
+        return [us / 1000.0 * f * (0.8 if clean else 1.0) for f in (1.0, 0.9, 1.1)]
 
 
 def _tagged(backend):

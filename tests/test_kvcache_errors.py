@@ -101,6 +101,20 @@ CASES = [
      "k must not overlap k_cache"),
     ("v overlapping v_cache", False, lambda a: dict(v=a["v_cache"][:, S - SQ:]), ValueError,
      "v must not overlap v_cache"),
+    ("q overlapping k_cache", False, lambda a: dict(q=a["k_cache"].view(-1)[: B * SQ * HQ * D].view(B, SQ, HQ, D)),
+     ValueError, "q must not overlap k_cache"),
+    ("q overlapping paged v_cache", True,
+     lambda a: dict(q=a["v_cache"].view(-1)[-B * SQ * HQ * D:].view(B, SQ, HQ, D)), ValueError,
+     "q must not overlap v_cache"),
+    ("v_cache is k_cache", False, lambda a: dict(v_cache=a["k_cache"]), ValueError,
+     "k_cache and v_cache must not share memory"),
+    ("paged v_cache is k_cache", True, lambda a: dict(v_cache=a["k_cache"]), ValueError,
+     "k_cache and v_cache must not share memory"),
+    ("v_cache one page after k_cache", True, lambda a: (lambda pool: dict(k_cache=pool[:5], v_cache=pool[1:]))(
+        t(6, 8, HKV, D)), ValueError, "k_cache and v_cache must not share memory"),
+    ("v_cache one token after k_cache", False, lambda a: (lambda pool: dict(
+        k_cache=pool[:, :S], v_cache=pool[:, 1:]))(t(B, S + 1, HKV, D)), ValueError,
+     "k_cache and v_cache must not share memory"),
     # q
     ("q int", False, dict(q=torch.ones(B, SQ, HQ, D, dtype=torch.int32)), TypeError, "q must be float16"),
     ("q float64", False, lambda a: dict(q=a["q"].double()), TypeError, "q must be float16"),
@@ -285,6 +299,68 @@ def test_kernel_route_refuses_what_the_interpreter_gets_wrong():
     a.update(q=a["q"].requires_grad_(), backend="triton")
     with pytest.raises(RuntimeError, match="q requires grad"):
         call(a)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("paged", [False, True])
+def test_packed_kv_pool_views_are_accepted(paged, backend):
+    """k_cache = kv[:, 0] and v_cache = kv[:, 1] of one packed pool (vLLM's and FlashInfer's layout) share a span
+    but no element: an append into them is allowed and gives the answer of two separate caches."""
+    a = base(paged)
+    pool = torch.stack([a["k_cache"], a["v_cache"]], dim=1 if paged else 2)  # [P, 2, page, H, D] / [B, S, 2, H, D]
+    packed = dict(a, k_cache=pool[:, 0] if paged else pool[:, :, 0], v_cache=pool[:, 1] if paged else pool[:, :, 1],
+                  backend=backend)
+    want = call(dict(a, backend=backend))
+    got = call(packed)
+    assert torch.equal(got, want)
+    assert torch.equal(packed["k_cache"], a["k_cache"]) and torch.equal(packed["v_cache"], a["v_cache"])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_tensor_for_both_caches_without_an_append_is_read(backend):
+    """Nothing is written without k/v, so one tensor may serve as both caches (K = V)."""
+    a = base()
+    a.update(k=None, v=None, v_cache=a["k_cache"], backend=backend)
+    want = call(dict(a, v_cache=a["k_cache"].clone()))
+    assert torch.equal(call(a), want)
+
+
+def test_share_elements_is_exact_for_nested_strides():
+    from flashcore._checks import _share_elements
+    kv = torch.zeros(3, 2, 4, 5, 6)
+    assert not _share_elements(kv[:, 0], kv[:, 1])
+    assert _share_elements(kv[:, 0], kv[:, 0])
+    assert _share_elements(kv[:2, 0], kv[1:, 0])  # one page apart: pages 1 of each
+    assert not _share_elements(kv[:2, 0], kv[1:, 1])
+    assert not _share_elements(kv[:, 0, :2], kv[:, 0, 2:])  # token rows 0-1 and 2-3 of each page
+    assert _share_elements(kv[:, 0, :3], kv[:, 0, 1:])
+    flat = torch.zeros(100)
+    assert _share_elements(flat[:50].view(5, 10), flat[45:95].view(5, 10))  # contiguous: the spans decide
+    assert not _share_elements(flat[:50].view(5, 10), flat[50:].view(5, 10))
+    assert _share_elements(flat[:60].view(6, 10)[:, :5], flat[:60].view(6, 10)[:, 4:9])
+    assert not _share_elements(flat[:60].view(6, 10)[:, :5], flat[:60].view(6, 10)[:, 5:])
+    assert _share_elements(flat.as_strided((4, 4), (3, 1)), flat.as_strided((4, 4), (3, 1), 50)) is False
+    assert _share_elements(flat.as_strided((4, 4), (3, 1)), flat.as_strided((4, 4), (3, 1), 2))  # not nested
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("append", [False, True])
+def test_switching_the_interpreter_off_reaches_a_warm_call(monkeypatch, append):
+    a = dict(base(), backend="triton")
+    if not append:
+        a.update(k=None, v=None)
+    call(a)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        call(a)
+    if append:
+        q, kc, vc = a.pop("q"), a.pop("k_cache"), a.pop("v_cache")
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        step = flashcore.kvcache_step(q, kc, vc, **a)
+        step.run(q, kc, vc, k=a["k"], v=a["v"])
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+            step.run(q, kc, vc, k=a["k"], v=a["v"])
 
 
 def test_triton_on_cpu_without_the_interpreter_is_explained(monkeypatch):

@@ -251,6 +251,33 @@ def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 < b1 and b0 < a1
 
 
+def _share_elements(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors may share an element: exact for two views of one shape and strides whose strides nest
+    (each larger than the reach of the smaller ones: the packed ``[..., 2, ...]`` K/V pools of vLLM and FlashInfer
+    split into ``kv[:, 0]`` and ``kv[:, 1]``), else :func:`_overlaps`'s conservative span test."""
+    if not _overlaps(a, b):
+        return False
+    es = a.element_size()
+    d, rem = divmod(b.data_ptr() - a.data_ptr(), es)
+    if (rem or es != b.element_size() or a.shape != b.shape or a.stride() != b.stride()
+            or any(s <= 0 for s, n in zip(a.stride(), a.shape) if n > 1)):
+        return True
+    dims = sorted(((s, n) for s, n in zip(a.stride(), a.shape) if n > 1), reverse=True)
+    reach = [0] * (len(dims) + 1)  # reach[i]: the largest offset the dims after i can add
+    for i in range(len(dims) - 1, -1, -1):
+        reach[i] = reach[i + 1] + dims[i][0] * (dims[i][1] - 1)
+    if any(s <= reach[i + 1] for i, (s, _) in enumerate(dims)):
+        return True  # strides that do not nest: the span test's answer
+
+    def reachable(i: int, r: int) -> bool:  # d = sum of s_i * delta_i with |delta_i| < n_i: at most two deltas a dim
+        if i == len(dims):
+            return r == 0
+        s, n = dims[i]
+        lo, hi = -((reach[i + 1] - r) // s), (r + reach[i + 1]) // s
+        return any(reachable(i + 1, r - s * delta) for delta in range(max(lo, 1 - n), min(hi, n - 1) + 1))
+    return reachable(0, d)
+
+
 def check_out(out, q: torch.Tensor, inputs: dict | None = None) -> None:
     if out is None:
         return
@@ -273,15 +300,20 @@ def check_out_overlaps(out: torch.Tensor, inputs: dict) -> None:
 
 
 def check_kvcache_aliasing(q, k_cache, v_cache, k, v, out) -> None:
-    """A KV-cache call's address checks: ``out`` overlaps no input, appended ``k``/``v`` no cache (they are written
-    into it). On every call that takes ``out`` or ``k``/``v``, plan-cache hits and step runs included."""
+    """A KV-cache call's address checks: ``out`` overlaps no input; with an append, neither ``k``/``v`` nor ``q``
+    overlaps a cache (k and v are written into them) and the two caches share no element. On every call that takes
+    ``out`` or ``k``/``v``, plan-cache hits and step runs included."""
     if out is not None:
         check_out_overlaps(out, {"q": q, "k_cache": k_cache, "v_cache": v_cache, "k": k, "v": v})
     if k is not None:
-        for name, t in (("k", k), ("v", v)):
+        for name, t in (("k", k), ("v", v), ("q", q)):
             for cname, c in (("k_cache", k_cache), ("v_cache", v_cache)):
                 if t is not None and _overlaps(t, c):
-                    raise ValueError(f"{name} must not overlap {cname} (it is written into it)")
+                    raise ValueError(f"{name} must not overlap {cname} (k and v are written into the caches while "
+                                     f"{name} is read)")
+        if _share_elements(k_cache, v_cache):
+            raise ValueError("k_cache and v_cache must not share memory when k and v are appended (v's writes would "
+                             "replace k's); views of one packed pool that share no element are fine")
 
 
 def check_cu_seqlens(cu_q, cu_k, total_q: int, total_k: int, max_q: int, max_k: int) -> int:

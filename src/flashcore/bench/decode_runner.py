@@ -47,6 +47,9 @@ NOTES = {
               "here",
     "fp8": f"float8_e4m3fn cache, descales K {K_DESCALE} / V {V_DESCALE} in every [B, Hkv] entry (one per tensor, "
            "so per-tensor-scale peers run the same problem)",
+    "timing_clean_l2": "flushed cases (K/V larger than the L2): the same calls timed again with the flush followed "
+                       "by an untimed read of 2x L2 (a cold, clean L2: the flush's dirty lines are not written back "
+                       "inside the call; what per-call ratios between caches of different sizes need)",
     "cuda_graph_us": f"small cases (K/V <= 256 MiB): {timing.GRAPH_CALLS} calls in one CUDA graph cycling through "
                      "the input sets, replay time / calls",
 }
@@ -136,7 +139,7 @@ def bench_case(case: DecodeCase, names: list, registry: dict, availability: dict
             result = empty_backend_result("skipped" if problem.startswith("skipped") else "error", problem)
         else:
             result = bench_backend(registry[name], run, timer, available=availability[name], rep_ms=rep_ms,
-                                   tolerance=tolerance, extras=extras, graph_cycle=True)
+                                   tolerance=tolerance, extras=extras, graph_cycle=True, clean_l2=True)
         entry["backends"][name] = decode_result_fields(result)
         _free_memory()
         if on_backend:

@@ -304,9 +304,15 @@ def versions_markdown_table(doc_a: dict, doc_b: dict) -> str:
 def decode_markdown_table(doc: dict) -> str:
     """The README's decode table from one ``--suite decode``/``decode-must`` run: flashcore's median time, secure
     mode's throughput against it, SDPA and FA4 (same run), flashcore against the fastest peer, and flashcore's KV
-    read rate with its fraction of the run's copy ceiling."""
+    read rate with its fraction of the run's copy ceiling; for the flushed cases (K/V larger than the L2) the times
+    with a clean L2 (flashcore / SDPA: no dirty write-back of the flush inside the call, ``timing_clean_l2``)."""
     rows = ["| case (B x Hq/Hkv x D, cache, Sq, layout, cache dtype) | flashcore µs | secure / fast | SDPA µs (dense) "
-            "| FA4 µs | vs fastest peer | KV TB/s (% of copy ceiling) |", "|---|---|---|---|---|---|---|"]
+            "| FA4 µs | vs fastest peer | KV TB/s (% of copy ceiling) | clean L2 µs: flashcore / SDPA |",
+            "|---|---|---|---|---|---|---|---|"]
+
+    def clean_us(r):
+        t = (r or {}).get("timing_clean_l2") if (r or {}).get("status") == "ok" else None
+        return f"{t['median_us']:.1f}" if t else None
 
     def us_or_status(r):
         r = r or {}
@@ -322,8 +328,10 @@ def decode_markdown_table(doc: dict) -> str:
         rate = "-"
         if fc.get("kv_gbps") and fc.get("frac_copy_ceiling"):
             rate = f"{fc['kv_gbps'] / 1e3:.2f} ({fc['frac_copy_ceiling'] * 100:.0f}%)"
+        clean = [clean_us(fc), clean_us(b.get("sdpa-default"))]
+        clean = " / ".join(c or "-" for c in clean) if any(clean) else "-"
         rows.append(f"| {e['label']} | {us_or_status(fc)} | {secure} | {us_or_status(b.get('sdpa-default'))} | "
-                    f"{us_or_status(b.get('fa4'))} | {ratio} | {rate} |")
+                    f"{us_or_status(b.get('fa4'))} | {ratio} | {rate} | {clean} |")
     return "\n".join(rows)
 
 

@@ -119,9 +119,10 @@ def _entry_skeleton(run: ShapeRun) -> dict:
 
 
 def bench_backend(backend: Backend, run: ShapeRun, timer: timing.Timer, *, available: tuple, rep_ms: float,
-                  tolerance: float, extras: bool = True, graph_cycle: bool = False) -> dict:
+                  tolerance: float, extras: bool = True, graph_cycle: bool = False, clean_l2: bool = False) -> dict:
     """Check one backend on one shape, then (only if correct) time it. ``graph_cycle``: the CUDA graph of a small
-    shape cycles through the input sets (as the event timing does) instead of replaying set 0 (warm L2)."""
+    shape cycles through the input sets (as the event timing does) instead of replaying set 0 (warm L2).
+    ``clean_l2``: a flushed shape is timed a second time with a clean L2 (``timing_clean_l2``)."""
     ok, why = available
     if not ok:
         return empty_backend_result("unavailable", why)
@@ -142,10 +143,11 @@ def bench_backend(backend: Backend, run: ShapeRun, timer: timing.Timer, *, avail
     except Exception as exc:
         return _failure(backend, exc)
     return _verify_then_time(backend, run, timer, fns, out, rep_ms=rep_ms, tolerance=tolerance, extras=extras,
-                             graph_cycle=graph_cycle)
+                             graph_cycle=graph_cycle, clean_l2=clean_l2)
 
 
-def _verify_then_time(backend, run, timer, fns, out, *, rep_ms, tolerance, extras, graph_cycle=False) -> dict:
+def _verify_then_time(backend, run, timer, fns, out, *, rep_ms, tolerance, extras, graph_cycle=False,
+                      clean_l2=False) -> dict:
     try:
         canonical = backend.to_canonical(out, run.inputs[0])
         mismatch = check.describe_mismatch(canonical, run.inputs[0])
@@ -167,6 +169,8 @@ def _verify_then_time(backend, run, timer, fns, out, *, rep_ms, tolerance, extra
     try:
         result["timing"] = summarize_ms(timer.measure(fns, flush=not run.rotate, rep_ms=rep_ms))
         result["timing"]["do_bench_median_us"] = timing.do_bench_median_us(fns[0], rep_ms)
+        if clean_l2 and not run.rotate:
+            result["timing_clean_l2"] = summarize_ms(timer.measure(fns, flush=True, clean=True, rep_ms=rep_ms))
     except Exception as exc:
         failed = _failure(backend, exc)
         failed["status"] = "oom" if failed["status"] == "oom" else "error"

@@ -8,6 +8,10 @@ Methodology (recorded in every result file):
   between two uses of a set ("rotate"; it avoids timing the write-back of the flush buffer's dirty
   lines, which inflates microsecond-scale kernels).
 * Each call is bracketed by its own pair of CUDA events; warm-up calls are not recorded.
+* "clean-l2" (the decode suite's second time of a flushed case): the flush, then an untimed read of 2x L2 of
+  another buffer, so the timed call evicts clean lines only. The flush's zeroing leaves the L2 full of dirty lines
+  whose write-back (~8 µs on an H200) lands inside the timed call and is the same for every kernel, which hides
+  ratios between calls that read different byte counts (an FP8 cache against a bf16 one).
 * The GPU queue is pre-filled: a spin kernel (``torch.cuda._sleep``) long enough to cover the
   host's enqueue time of a chunk of calls runs first, so host launch overhead never shows up
   in the event times (with do_bench it does whenever the host is slower than the flush).
@@ -36,6 +40,8 @@ SMALL_FLOPS = 2e10  # host latency and CUDA-graph time are measured below this
 METHOD_NOTES = {
     "l2-flush": "256 MB buffer zeroed before every timed call (triton.testing.do_bench's cache flush)",
     "rotate": "inputs cycled through N distinct sets (> 2x L2 between reuses), no flush",
+    "clean-l2": "timing_clean_l2 (decode, flushed cases): the l2-flush, then an untimed read of 2x L2 of another "
+                "buffer: the L2 is cold and clean (no dirty write-back inside the timed call)",
     "queue": "GPU queue pre-filled with torch.cuda._sleep so host launch overhead is excluded",
     "stat": "median of per-call CUDA-event times; warm-up excluded",
     "do_bench_median_us": "triton.testing.do_bench(fn, return_mode='median') on input set 0, for comparison",
@@ -79,9 +85,16 @@ class Timer:
         self.device = torch.device(device or "cuda")
         self.flush_buffer = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=self.device)
         self.cycles_per_ms = self._calibrate_sleep()
+        self._evict = None  # made on the first clean flush: 2x L2 of clean data
 
-    def flush(self) -> None:
+    def flush(self, clean: bool = False) -> None:
         self.flush_buffer.zero_()
+        if clean:
+            if self._evict is None:
+                l2 = torch.cuda.get_device_properties(self.device).L2_cache_size or DEFAULT_L2_BYTES
+                self._evict = torch.ones(2 * l2 // 4, dtype=torch.int32, device=self.device)
+                self._sink = torch.empty((), dtype=torch.int64, device=self.device)
+            torch.sum(self._evict, dtype=torch.int64, out=self._sink)
 
     @staticmethod
     def _calibrate_sleep() -> float:
@@ -97,47 +110,51 @@ class Timer:
             rate = cycles / max(start.elapsed_time(end), 1e-3)
         return rate
 
-    def _timed_calls(self, fns: Sequence[Callable], count: int, offset: int, flush: bool, events) -> None:
+    def _timed_calls(self, fns: Sequence[Callable], count: int, offset: int, flush: bool, events,
+                     clean: bool = False) -> None:
         n = len(fns)
         for i in range(count):
             fn = fns[(offset + i) % n]
             if flush:
-                self.flush()
+                self.flush(clean)
             events[i][0].record()
             fn()
             events[i][1].record()
 
-    def _estimate_ms(self, fns, flush: bool) -> float:
+    def _estimate_ms(self, fns, flush: bool, clean: bool = False) -> float:
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(5)]
         torch.cuda.synchronize()
-        self._timed_calls(fns, 5, 0, flush, events)
+        self._timed_calls(fns, 5, 0, flush, events, clean)
         torch.cuda.synchronize()
         return statistics.median(s.elapsed_time(e) for s, e in events)
 
-    def measure(self, fns: Sequence[Callable], *, flush: bool, rep_ms: float = 100.0, warmup_ms: float = 25.0) -> list:
-        """Per-call times in ms. ``fns`` are cycled through (one per input set when rotating)."""
+    def measure(self, fns: Sequence[Callable], *, flush: bool, rep_ms: float = 100.0, warmup_ms: float = 25.0,
+                clean: bool = False) -> list:
+        """Per-call times in ms. ``fns`` are cycled through (one per input set when rotating). ``clean``: each
+        flush is followed by an untimed read of 2x L2 (METHOD_NOTES["clean-l2"])."""
         fns = list(fns)
-        n_warmup, n_repeat = plan_repeats(self._estimate_ms(fns, flush), rep_ms, warmup_ms)
+        clean = clean and flush
+        n_warmup, n_repeat = plan_repeats(self._estimate_ms(fns, flush, clean), rep_ms, warmup_ms)
         chunk = min(CHUNK, n_repeat)
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(chunk)]
         # Warm-up with exactly the timed enqueue pattern; it also measures the host cost per call.
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for done in range(0, n_warmup, chunk):
-            self._timed_calls(fns, min(chunk, n_warmup - done), done, flush, events)
+            self._timed_calls(fns, min(chunk, n_warmup - done), done, flush, events, clean)
         host_ms = (time.perf_counter() - t0) * 1e3 / n_warmup
         torch.cuda.synchronize()
         samples = []
         for done in range(0, n_repeat, chunk):
             count = min(chunk, n_repeat - done)
             torch.cuda._sleep(sleep_cycles(host_ms, count, self.cycles_per_ms))
-            self._timed_calls(fns, count, done, flush, events)
+            self._timed_calls(fns, count, done, flush, events, clean)
             torch.cuda.synchronize()
             samples.extend(s.elapsed_time(e) for s, e in events[:count])
         return samples
 
-    def stats(self, fns, *, flush: bool, rep_ms: float = 100.0) -> dict:
-        return summarize_ms(self.measure(fns, flush=flush, rep_ms=rep_ms))
+    def stats(self, fns, *, flush: bool, rep_ms: float = 100.0, clean: bool = False) -> dict:
+        return summarize_ms(self.measure(fns, flush=flush, rep_ms=rep_ms, clean=clean))
 
 
 def do_bench_median_us(fn: Callable, rep_ms: float = 100.0) -> float:

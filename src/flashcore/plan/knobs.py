@@ -143,7 +143,9 @@ def secure_padding() -> SecurePadding:
 # twentieth of os.environ.get, and snapshot() runs on every call (measured: ~5 of a KV-cache call's host us).
 # Where that dict is not there or not bytes-keyed (another platform or implementation), os.environ.get.
 _ENV_DATA = getattr(os.environ, "_data", None)
-_ENV_NAMES = ENV_VARS
+# Triton's own switch too: a plan made under its CPU interpreter must not serve a call made after it is switched
+# off (that call is refused: kernels on CPU tensors need the interpreter), nor the other way round.
+_ENV_NAMES = ENV_VARS + ("TRITON_INTERPRET",)
 _ENV_KEYS = tuple(os.fsencode(n) for n in _ENV_NAMES)
 if not (isinstance(_ENV_DATA, dict) and os.name == "posix"):
     _ENV_DATA = None
@@ -151,7 +153,7 @@ if not (isinstance(_ENV_DATA, dict) and os.name == "posix"):
 
 def snapshot() -> tuple:
     """Every knob's current value: part of every plan key (environment values as bytes on POSIX, as str
-    elsewhere: the same within one process, which is all a key needs), and Triton's debug mode (a plan keeps its
+    elsewhere: the same within one process, which is all a key needs), Triton's interpreter switch and its debug mode (a plan keeps its
     compiled kernels, so turning it on or off must reach a new plan: its kernels, and secure mode's warning)."""
     if _ENV_DATA is not None:
         get = _ENV_DATA.get
