@@ -497,7 +497,7 @@ def decode_split_kernel(
                 else:
                     kt = tl.load(kp, mask=load_ok[:, None] & (tl.arange(0, BLOCK_D // 2)[None, :] < HEAD_DIM // 2),
                                  other=0)
-                k_lo, k_hi = _widen_fp8_pairs(kt, ASM)
+                k_lo, k_hi = _widen_fp8_pairs_two_permutes(kt, ASM)
                 s = tl.dot(q_hi, tl.trans(k_hi), tl.dot(q, tl.trans(k_lo), input_precision=PRECISION),
                            input_precision=PRECISION) * scale2
             else:
@@ -564,7 +564,7 @@ def decode_split_kernel(
                     vt = tl.where(seen_v[:, None], vt, 0)
                 else:
                     vt = tl.where(key_ok[:, None], vt, 0)
-                v_lo, v_hi = _widen_fp8_pairs(vt, ASM)
+                v_lo, v_hi = _widen_fp8_pairs_two_permutes(vt, ASM)
                 p16 = p.to(tl.float16)
                 acc = acc * alpha[:, None] + tl.dot(p16, v_lo, input_precision=PRECISION)
                 acc_hi = acc_hi * alpha[:, None] + tl.dot(p16, v_hi, input_precision=PRECISION)
@@ -659,3 +659,28 @@ CAPABILITIES = Capabilities(
     dtypes=("fp16", "bf16", "fp32"), head_dims=tuple(range(8, 257, 8)), archs=None,
     features=("causal", "gqa", "paged", "fp8_cache", "secure", "lse", "split_kv", "any_strides"),
     secret=("Q", "KC", "VC"), secret_secure=("CACHE_SEQLENS", "LEFTPAD"))
+
+
+# Below every kernel's code, so that adding it moved no line of theirs (each cubin carries its line table: the fast
+# forms' machine code and gate-1 analyses stay as they were).
+@triton.jit
+def _widen_fp8_pairs_two_permutes(u, ASM: tl.constexpr):
+    """:func:`_widen_fp8_pairs` as before v62 (two converts, then two byte permutes that part the even from the odd
+    values; the same values in the same registers), for the secure FP8 loops. v62's one permute before the converts
+    made the secure FP8 page gather with splits fail gate 2 on the SMs' L2 read sectors (``inf_pad`` about +350 of
+    267,000, p = 3e-6, B1 4k page 16, 2026-12-01; docs/security.md §5.26), which this form had passed (§5.20):
+    the effect the FP8 split forms showed at other stage counts (§5.15-§5.16), so the secure loops keep the
+    instruction stream the gate passed."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b16 a, b;
+            .reg .b32 r, q;
+            mov.b32 {a, b}, $2;
+            cvt.rn.f16x2.e4m3x2 r, a;
+            cvt.rn.f16x2.e4m3x2 q, b;
+            prmt.b32 $0, r, q, 0x5410;
+            prmt.b32 $1, r, q, 0x7632;
+            }""", "=r,=r,r", [u], dtype=(tl.float16, tl.float16), is_pure=True, pack=2)
+    else:
+        return _widen_fp8_pairs(u, ASM)
