@@ -91,3 +91,19 @@ def test_sleep_covers_the_host_enqueue_time_and_is_capped():
     assert timing.sleep_cycles(10.0, 50, cycles_per_ms) == int(timing.MAX_SLEEP_MS * cycles_per_ms)
     assert timing.sleep_cycles(0.0, 1, cycles_per_ms) >= 1
     assert math.isfinite(c)
+
+
+def test_clean_flush_zeroes_then_reads_twice_the_l2():
+    """The clean-L2 flush (the decode suite's ``timing_clean_l2``): the buffer zeroed as before, then a read of
+    2x L2 of other data (its sum lands in a preallocated scalar). Its first GPU run failed on the sum's overload."""
+    import torch
+
+    t = timing.Timer.__new__(timing.Timer)  # no GPU: the flush itself on CPU tensors
+    t.device, t.flush_buffer, t._evict = torch.device("cpu"), torch.full((16,), 7, dtype=torch.int32), None
+    t.flush()
+    assert t._evict is None and not t.flush_buffer.any()
+    t.flush_buffer.fill_(7)
+    t.flush(clean=True)
+    assert not t.flush_buffer.any()
+    assert t._evict.numel() * t._evict.element_size() == 2 * timing.DEFAULT_L2_BYTES
+    assert int(t._sink) == t._evict.numel()

@@ -455,3 +455,48 @@ def test_fp8_descale_requiring_grad_is_refused(backend, which):
         call(a)
     with torch.no_grad():
         assert call(a).shape == a["q"].shape
+
+
+
+def _element_offsets(t):
+    """Every element's offset in its storage (brute force)."""
+    grids = torch.meshgrid(*[torch.arange(n) for n in t.shape], indexing="ij")
+    return set((sum(g * s for g, s in zip(grids, t.stride())) + t.storage_offset()).flatten().tolist())
+
+
+def _nested(shape, strides):
+    dims = sorted((s, n) for s, n in zip(strides, shape) if n > 1)
+    reach = 0
+    for s, n in dims:
+        if s <= reach:
+            return False
+        reach += s * (n - 1)
+    return True
+
+
+def test_share_elements_never_misses_a_shared_element():
+    """Against a brute-force count on random strided views: never False where an element is shared, and exact where
+    the two views have one shape and strides that nest."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from flashcore._checks import _share_elements
+
+    @settings(max_examples=400, deadline=None)
+    @given(data=st.data())
+    def check(data):
+        shape = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=3))
+        strides = [data.draw(st.integers(1, 24)) for _ in shape]
+        same = data.draw(st.booleans())
+        shape_b = shape if same else [data.draw(st.integers(1, 4)) for _ in shape]
+        strides_b = strides if same else [data.draw(st.integers(1, 24)) for _ in shape]
+        off_a, off_b = data.draw(st.integers(0, 40)), data.draw(st.integers(0, 40))
+        pool = torch.zeros(400)
+        a, b = pool.as_strided(shape, strides, off_a), pool.as_strided(shape_b, strides_b, off_b)
+        shared = bool(_element_offsets(a) & _element_offsets(b))
+        got = _share_elements(a, b)
+        assert got or not shared, (shape, strides, off_a, shape_b, strides_b, off_b)
+        if same and _nested(shape, strides):
+            assert got == shared, (shape, strides, off_a, off_b)
+
+    check()

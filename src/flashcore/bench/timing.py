@@ -91,10 +91,11 @@ class Timer:
         self.flush_buffer.zero_()
         if clean:
             if self._evict is None:
-                l2 = torch.cuda.get_device_properties(self.device).L2_cache_size or DEFAULT_L2_BYTES
+                l2 = (torch.cuda.get_device_properties(self.device).L2_cache_size if self.device.type == "cuda"
+                      else 0) or DEFAULT_L2_BYTES
                 self._evict = torch.ones(2 * l2 // 4, dtype=torch.int32, device=self.device)
                 self._sink = torch.empty((), dtype=torch.int64, device=self.device)
-            torch.sum(self._evict, dtype=torch.int64, out=self._sink)
+            torch.sum(self._evict, 0, dtype=torch.int64, out=self._sink)
 
     @staticmethod
     def _calibrate_sleep() -> float:
