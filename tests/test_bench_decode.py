@@ -238,6 +238,22 @@ def test_flushed_cases_are_timed_again_with_a_clean_l2(fake_gpu):
     assert rows[2].endswith("| - |") and rows[3].endswith("| 32.0 / 64.0 |")
 
 
+def test_a_failed_clean_l2_time_keeps_the_first(fake_gpu, monkeypatch):
+    measure = fake_gpu.measure
+
+    def failing(fns, *, flush, clean=False, **kw):
+        if clean:
+            raise RuntimeError("CUDA out of memory (test)")
+        return measure(fns, flush=flush, **kw)
+
+    monkeypatch.setattr(fake_gpu, "measure", failing)
+    doc = DR.run_decode_suite([D.case(2, 512, heads=(4, 2), D=16)], ["flashcore"], torch.float16, progress=False,
+                              tolerance=2e-2, time_budget_s=None)
+    r = doc["results"][0]["backends"]["flashcore"]
+    assert r["status"] == "ok" and r["timing"]["median_us"] == pytest.approx(40.0)
+    assert "timing_clean_l2" not in r and "out of memory" in r["timing_clean_l2_error"]
+
+
 def test_decode_tables_and_plot(tmp_path):
     from rich.console import Console
 

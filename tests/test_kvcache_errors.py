@@ -115,6 +115,16 @@ CASES = [
     ("v_cache one token after k_cache", False, lambda a: (lambda pool: dict(
         k_cache=pool[:, :S], v_cache=pool[:, 1:]))(t(B, S + 1, HKV, D)), ValueError,
      "k_cache and v_cache must not share memory"),
+    ("expanded caches, two appends on one slot", False,
+     lambda a: dict(k_cache=t(1, S, HKV, D).expand(B, S, HKV, D), v_cache=t(1, S, HKV, D).expand(B, S, HKV, D),
+                    cache_seqlens=i32(3, 4)), ValueError,
+     r"sequence 0 \(position 4, row 0\) and sequence 1 \(position 4, row 1\) append into one slot of k_cache"),
+    ("one cache row, two appends on one slot", False,
+     lambda a: dict(k_cache=t(3, S, HKV, D), v_cache=t(3, S, HKV, D), cache_batch_idx=i32(1, 1),
+                    cache_seqlens=i32(3, 4)), ValueError,
+     r"sequence 0 \(position 4, row 1\) and sequence 1 \(position 4, row 1\) append into one slot"),
+    ("one page, two appends on one slot", True, dict(page_table=i32(4, 1, 4, 2).view(B, 2), cache_seqlens=i32(3, 4)),
+     ValueError, r"sequence 0 \(position 4, page 4\) and sequence 1 \(position 4, page 4\) append into one slot"),
     # q
     ("q int", False, dict(q=torch.ones(B, SQ, HQ, D, dtype=torch.int32)), TypeError, "q must be float16"),
     ("q float64", False, lambda a: dict(q=a["q"].double()), TypeError, "q must be float16"),
@@ -317,6 +327,18 @@ def test_packed_kv_pool_views_are_accepted(paged, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_pages_shared_for_reading_are_accepted_with_an_append(backend):
+    """A common prefix page in two page-table rows, where neither appends: the answer of two private copies."""
+    a = base(paged=True)
+    a.update(cache_seqlens=i32(8, 8), backend=backend)  # page 4 full in both rows; appends go to pages 1 and 2
+    shared = dict(a, page_table=i32(4, 1, 4, 2).view(B, 2), k_cache=a["k_cache"].clone(), v_cache=a["v_cache"].clone())
+    k6, v6 = (torch.cat([c, c[4:5]]) for c in (a["k_cache"], a["v_cache"]))  # page 5: a private copy of page 4
+    private = dict(a, page_table=i32(4, 1, 5, 2).view(B, 2), k_cache=k6, v_cache=v6)
+    assert torch.equal(call(shared), call(private))
+    assert torch.equal(shared["k_cache"], private["k_cache"][:5]) and torch.equal(shared["v_cache"], private["v_cache"][:5])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_one_tensor_for_both_caches_without_an_append_is_read(backend):
     """Nothing is written without k/v, so one tensor may serve as both caches (K = V)."""
     a = base()
@@ -335,11 +357,12 @@ def test_share_elements_is_exact_for_nested_strides():
     assert not _share_elements(kv[:, 0, :2], kv[:, 0, 2:])  # token rows 0-1 and 2-3 of each page
     assert _share_elements(kv[:, 0, :3], kv[:, 0, 1:])
     flat = torch.zeros(100)
-    assert _share_elements(flat[:50].view(5, 10), flat[45:95].view(5, 10))  # contiguous: the spans decide
-    assert not _share_elements(flat[:50].view(5, 10), flat[50:].view(5, 10))
+    assert _share_elements(flat[:50].view(5, 10), flat[45:95].view(5, 10))  # contiguous (nested): rows 4 and 0 meet
+    assert not _share_elements(flat[:50].view(5, 10), flat[50:].view(5, 10))  # disjoint spans
     assert _share_elements(flat[:60].view(6, 10)[:, :5], flat[:60].view(6, 10)[:, 4:9])
     assert not _share_elements(flat[:60].view(6, 10)[:, :5], flat[:60].view(6, 10)[:, 5:])
-    assert _share_elements(flat.as_strided((4, 4), (3, 1)), flat.as_strided((4, 4), (3, 1), 50)) is False
+    assert not _share_elements(flat.as_strided((2, 3), (10, 1)), flat.as_strided((2, 3), (10, 1), 4))  # spans meet
+    assert _share_elements(flat.as_strided((2, 3), (10, 1)), flat.as_strided((2, 3), (10, 1), 8))  # [1, 0] = [0, 2]
     assert _share_elements(flat.as_strided((4, 4), (3, 1)), flat.as_strided((4, 4), (3, 1), 2))  # not nested
 
 
@@ -353,7 +376,7 @@ def test_switching_the_interpreter_off_reaches_a_warm_call(monkeypatch, append):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="TRITON_INTERPRET"):
         call(a)
-    if append:
+    if append:  # a step's run (on CPU tensors it takes the full path: steps bind their fast path on CUDA only)
         q, kc, vc = a.pop("q"), a.pop("k_cache"), a.pop("v_cache")
         monkeypatch.setenv("TRITON_INTERPRET", "1")
         step = flashcore.kvcache_step(q, kc, vc, **a)
@@ -486,10 +509,10 @@ def test_share_elements_never_misses_a_shared_element():
     @given(data=st.data())
     def check(data):
         shape = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=3))
-        strides = [data.draw(st.integers(1, 24)) for _ in shape]
+        strides = [data.draw(st.integers(0, 24)) for _ in shape]
         same = data.draw(st.booleans())
         shape_b = shape if same else [data.draw(st.integers(1, 4)) for _ in shape]
-        strides_b = strides if same else [data.draw(st.integers(1, 24)) for _ in shape]
+        strides_b = strides if same else [data.draw(st.integers(0, 24)) for _ in shape]
         off_a, off_b = data.draw(st.integers(0, 40)), data.draw(st.integers(0, 40))
         pool = torch.zeros(400)
         a, b = pool.as_strided(shape, strides, off_a), pool.as_strided(shape_b, strides_b, off_b)

@@ -238,16 +238,24 @@ def check_seqlens(name: str, t, batch: int, device: torch.device) -> None:
         raise ValueError(f"{name} must be contiguous (the kernels read it as a packed array), got stride {t.stride(0)}")
 
 
+def _span(t: torch.Tensor) -> tuple:
+    """The byte range ``[lo, hi)`` a non-empty tensor's elements lie in."""
+    lo = hi = 0
+    for s, n in zip(t.stride(), t.shape):
+        if s > 0:
+            hi += s * (n - 1)
+        else:
+            lo += s * (n - 1)
+    p, es = t.data_ptr(), t.element_size()
+    return p + es * lo, p + es * (hi + 1)
+
+
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two tensors' memory spans intersect (a conservative test on their address ranges). False while
     torch.compile traces: fake tensors have no addresses (the custom ops check their real tensors again)."""
     if a.device != b.device or a.numel() == 0 or b.numel() == 0 or torch.compiler.is_compiling():
         return False
-    def span(t):
-        lo = t.data_ptr() + t.element_size() * sum(s * (n - 1) for s, n in zip(t.stride(), t.shape) if s < 0)
-        hi = t.data_ptr() + t.element_size() * (1 + sum(s * (n - 1) for s, n in zip(t.stride(), t.shape) if s > 0))
-        return lo, hi
-    (a0, a1), (b0, b1) = span(a), span(b)
+    (a0, a1), (b0, b1) = _span(a), _span(b)
     return a0 < b1 and b0 < a1
 
 
@@ -301,19 +309,25 @@ def check_out_overlaps(out: torch.Tensor, inputs: dict) -> None:
 
 def check_kvcache_aliasing(q, k_cache, v_cache, k, v, out) -> None:
     """A KV-cache call's address checks: ``out`` overlaps no input; with an append, neither ``k``/``v`` nor ``q``
-    overlaps a cache (k and v are written into them) and the two caches share no element. On every call that takes
-    ``out`` or ``k``/``v``, plan-cache hits and step runs included."""
+    overlaps a cache (k and v are written into them) and the two caches share no element (slots that two appended
+    tokens share are a value check: :func:`_check_append_slots`). On every call that takes ``out`` or ``k``/``v``,
+    plan-cache hits and step runs included (each span computed once: this runs on the warm paths' host time)."""
     if out is not None:
         check_out_overlaps(out, {"q": q, "k_cache": k_cache, "v_cache": v_cache, "k": k, "v": v})
-    if k is not None:
-        for name, t in (("k", k), ("v", v), ("q", q)):
-            for cname, c in (("k_cache", k_cache), ("v_cache", v_cache)):
-                if t is not None and _overlaps(t, c):
-                    raise ValueError(f"{name} must not overlap {cname} (k and v are written into the caches while "
-                                     f"{name} is read)")
-        if _share_elements(k_cache, v_cache):
-            raise ValueError("k_cache and v_cache must not share memory when k and v are appended (v's writes would "
-                             "replace k's); views of one packed pool that share no element are fine")
+    if k is None or torch.compiler.is_compiling():
+        return
+    caches = [(n, c, _span(c)) for n, c in (("k_cache", k_cache), ("v_cache", v_cache)) if c.numel()]
+    for name, t in (("k", k), ("v", v), ("q", q)):
+        if t is None or t.numel() == 0:
+            continue
+        t0, t1 = _span(t)
+        for cname, c, (c0, c1) in caches:
+            if t0 < c1 and c0 < t1 and t.device == c.device:
+                raise ValueError(f"{name} must not overlap {cname} (k and v are written into the caches while "
+                                 f"{name} is read)")
+    if len(caches) == 2 and _share_elements(k_cache, v_cache):
+        raise ValueError("k_cache and v_cache must not share memory when k and v are appended (v's writes would "
+                         "replace k's); views of one packed pool that share no element are fine")
 
 
 def check_cu_seqlens(cu_q, cu_k, total_q: int, total_k: int, max_q: int, max_k: int) -> int:
@@ -669,8 +683,38 @@ def check_kvcache(q, k_cache, v_cache, *, cache_seqlens, k, v, page_table, cache
                        return_lse, secure, kernel)
 
 
+def _check_append_slots(L, grow, page_table, cache_batch_idx, page_size: int, caches) -> None:
+    """No two appended tokens land on one cache slot: two sequences appending at the same positions of a shared
+    ``cache_batch_idx`` row or of a page two table rows name, or caches whose views put several rows or positions on
+    one address (an expanded view); for each cache, its slots by its own strides. Which write would win is a race.
+    (Sequences that share rows or pages otherwise are fine: every append lands before any sequence attends, so a
+    sequence sees what another appends inside its visible range; ``test_every_append_lands_before_any_sequence_attends``.)"""
+    steps = torch.arange(int(grow.max())).view(1, -1)
+    pos = L.view(-1, 1) + steps
+    writes = steps < grow.view(-1, 1)
+    if page_table is not None:
+        row = torch.gather(page_table.detach().to("cpu", torch.int64), 1, torch.where(writes, pos // page_size, 0))
+        tok = pos % page_size
+    else:
+        rows = (cache_batch_idx.detach().to("cpu", torch.int64) if cache_batch_idx is not None
+                else torch.arange(L.numel()))
+        row, tok = rows.view(-1, 1).expand_as(pos), pos
+    seq = torch.arange(L.numel()).view(-1, 1).expand_as(pos)[writes]
+    row, tok = row[writes], tok[writes]
+    for name, c in caches:
+        slot = row * c.stride(0) + tok * c.stride(1)
+        order = torch.argsort(slot, stable=True)
+        same = (slot[order][1:] == slot[order][:-1]).nonzero()
+        if same.numel():
+            x, y = (int(order[int(same[0]) + d]) for d in (0, 1))
+            where = "page" if page_table is not None else "row"
+            raise ValueError(f"sequence {int(seq[x])} (position {int(pos[writes][x])}, {where} {int(row[x])}) and "
+                             f"sequence {int(seq[y])} (position {int(pos[writes][y])}, {where} {int(row[y])}) append "
+                             f"into one slot of {name}: each appended token needs its own slot")
+
+
 def check_kvcache_values(a: KvcacheArgs, cache_seqlens, page_table, cache_batch_idx, cache_leftpad, cu_seqlens_q,
-                         total_q: int, num_pages: int, cache_rows: int) -> None:
+                         total_q: int, num_pages: int, cache_rows: int, caches: tuple = ()) -> None:
     """Host-side checks of a KV-cache call's values (a sync; eager only, skipped under CUDA-graph capture).
 
     Secure mode reads one bit of the secret lengths (all in range or not), and checks every page-table entry
@@ -720,3 +764,6 @@ def check_kvcache_values(a: KvcacheArgs, cache_seqlens, page_table, cache_batch_
             b, j = (int(x) for x in bad.nonzero()[0])
             raise ValueError(f"page_table[{b}, {j}]={int(t[b, j])} is not a page of the cache (it has {num_pages} "
                              "pages)")
+    if a.append and int(grow.max()) > 0:
+        _check_append_slots(L, grow, page_table if a.paged else None, cache_batch_idx, a.page_size,
+                            (("k_cache", caches[0]), ("v_cache", caches[1])) if caches else ())

@@ -365,7 +365,7 @@ def _kvcache_hit(q, k_cache, v_cache, cache_seqlens, opt: dict, out, backend, va
         if validate and not C.capturing(q.device):
             C.check_kvcache_values(plan.args, cache_seqlens, opt["page_table"], opt["cache_batch_idx"],
                                    opt["cache_leftpad"], opt["cu_seqlens_q"], q.shape[0], k_cache.shape[0],
-                                   k_cache.shape[0])
+                                   k_cache.shape[0], caches=(k_cache, v_cache))
     return key, plan
 
 
@@ -390,7 +390,8 @@ def kvcache_call(q, k_cache, v_cache, cache_seqlens, opt: dict, *, max_seqlen_q,
     validate = C.check_flag("validate", validate)
     if validate and not torch.compiler.is_compiling() and not C.capturing(q.device):
         C.check_kvcache_values(a, cache_seqlens, opt["page_table"], opt["cache_batch_idx"], opt["cache_leftpad"],
-                               opt["cu_seqlens_q"], q.shape[0], k_cache.shape[0], k_cache.shape[0])
+                               opt["cu_seqlens_q"], q.shape[0], k_cache.shape[0], k_cache.shape[0],
+                               caches=(k_cache, v_cache))
     if torch.compiler.is_compiling():
         # Both routes run inside the opaque op, on the route the caller chose: the reference's per-sequence loop
         # reads the lengths (data-dependent: fullgraph tracing cannot follow it).
@@ -443,7 +444,8 @@ def kvcache_prepare(q, k_cache, v_cache, cache_seqlens, opt: dict, *, max_seqlen
         return None
     if validate and not C.capturing(q.device):
         C.check_kvcache_values(a, cache_seqlens, opt["page_table"], opt["cache_batch_idx"], opt["cache_leftpad"],
-                               opt["cu_seqlens_q"], q.shape[0], k_cache.shape[0], k_cache.shape[0])
+                               opt["cu_seqlens_q"], q.shape[0], k_cache.shape[0], k_cache.shape[0],
+                               caches=(k_cache, v_cache))
     if not a.kernel or key is None:
         return None
     return _kvcache_plan(a, q, k_cache, v_cache, opt, out, key)

@@ -169,13 +169,18 @@ def _verify_then_time(backend, run, timer, fns, out, *, rep_ms, tolerance, extra
     try:
         result["timing"] = summarize_ms(timer.measure(fns, flush=not run.rotate, rep_ms=rep_ms))
         result["timing"]["do_bench_median_us"] = timing.do_bench_median_us(fns[0], rep_ms)
-        if clean_l2 and not run.rotate:
-            result["timing_clean_l2"] = summarize_ms(timer.measure(fns, flush=True, clean=True, rep_ms=rep_ms))
     except Exception as exc:
         failed = _failure(backend, exc)
         failed["status"] = "oom" if failed["status"] == "oom" else "error"
         failed["rel_err"] = err
         return failed
+    if clean_l2 and not run.rotate:  # a second time; its failure (an OOM for the 2x L2 buffer) keeps the first
+        try:
+            result["timing_clean_l2"] = summarize_ms(timer.measure(fns, flush=True, clean=True, rep_ms=rep_ms))
+        except Exception as exc:
+            if _is_fatal(exc):
+                raise FatalDeviceError(_first_line(exc)) from exc
+            result["timing_clean_l2_error"] = f"{type(exc).__name__}: {_first_line(exc, 200)}"
     if extras and run.small:
         _small_shape_extras(result, fns, graph_cycle)
     return result

@@ -153,8 +153,9 @@ if not (isinstance(_ENV_DATA, dict) and os.name == "posix"):
 
 def snapshot() -> tuple:
     """Every knob's current value: part of every plan key (environment values as bytes on POSIX, as str
-    elsewhere: the same within one process, which is all a key needs), Triton's interpreter switch and its debug mode (a plan keeps its
-    compiled kernels, so turning it on or off must reach a new plan: its kernels, and secure mode's warning)."""
+    elsewhere: the same within one process, which is all a key needs), Triton's interpreter switch and its debug
+    mode (a plan keeps its compiled kernels, so turning either on or off must reach a new plan: its kernels, the
+    interpreter's refusals, and secure mode's warning)."""
     if _ENV_DATA is not None:
         get = _ENV_DATA.get
         return (*(get(k) for k in _ENV_KEYS), _switches, triton_debug())
